@@ -1,0 +1,24 @@
+"""flashlab: a FlashAttention kernel built one optimisation at a time, every step measured.
+
+    import flashlab as fl
+    st = fl.stage(3)                  # or fl.stage("03_coarsened"); fl.stages() lists them all
+    attn = st.build()                 # compile kernels/03_coarsened.cu (cached)
+    o = attn(q, k, v, causal=False)   # (B, H, N, D) CUDA tensors
+    print(fl.check(attn))             # against float64, on fresh random inputs
+    fl.bench(attn, fl.TEACHING)       # median ms, TFLOP/s
+    fl.results.load()                 # the shared table, data/results.csv
+"""
+from . import results
+from .bench import SWEEP_NS, TEACHING, Config, bench, flops, sweep, teaching, time_fn
+from .check import check
+from .env import environment, gpu_available
+from .measure import measure_baselines, measure_stage, recorded, recorded_checks
+from .reference import naive_attention, reference, rel_err
+from .stages import Stage, stage, stages
+
+__all__ = [
+    "Config", "SWEEP_NS", "Stage", "TEACHING", "bench", "check", "environment", "flops",
+    "gpu_available", "measure_baselines", "measure_stage", "naive_attention", "recorded",
+    "recorded_checks", "reference", "rel_err", "results", "stage", "stages", "sweep", "teaching",
+    "time_fn",
+]

@@ -1,0 +1,107 @@
+"""Compile a stage's .cu file into a Python module with torch.utils.cpp_extension.load_inline.
+
+The .cu files hold no torch code: just CUDA plus the three C functions of kernels/flashlab.h.
+flashlab generates the binding — a few lines of pybind11 that pass raw pointers through — so
+nvcc never sees a torch header and a cold build takes seconds. The module name carries a hash
+of everything that goes into the build, so an edited kernel rebuilds and an unchanged one loads
+from torch's extension cache.
+"""
+import hashlib
+import os
+import re
+
+import torch
+
+from .paths import KERNELS
+
+BINDING = r"""
+#include <cstdint>
+#include <pybind11/pybind11.h>
+#include "flashlab.h"
+namespace py = pybind11;
+
+static FlashlabProblem problem(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t ws,
+                               int B, int H, int N, int D, int dtype, bool causal, float scale) {
+  return FlashlabProblem{(const void*)q, (const void*)k, (const void*)v, (void*)o, (void*)ws,
+                         B, H, N, D, dtype, causal ? 1 : 0, scale};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("unsupported", [](int B, int H, int N, int D, int dtype, bool causal) -> py::object {
+    FlashlabProblem p = problem(0, 0, 0, 0, 0, B, H, N, D, dtype, causal, 1.f);
+    const char* why = flashlab_unsupported(&p);
+    if (why) return py::str(why);
+    return py::none();
+  });
+  m.def("workspace_bytes", [](int B, int H, int N, int D, int dtype, bool causal) {
+    FlashlabProblem p = problem(0, 0, 0, 0, 0, B, H, N, D, dtype, causal, 1.f);
+    return flashlab_workspace_bytes(&p);
+  });
+  m.def("launch", [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t ws, int B,
+                     int H, int N, int D, int dtype, bool causal, float scale, uintptr_t stream) {
+    FlashlabProblem p = problem(q, k, v, o, ws, B, H, N, D, dtype, causal, scale);
+    const char* err = flashlab_launch(&p, (void*)stream);
+    if (err) throw std::runtime_error(err);
+  });
+}
+"""
+
+NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
+
+
+class BuildError(RuntimeError):
+    """nvcc or the linker rejected a stage; the message holds the compiler's own lines."""
+
+
+def arch_flags(capability=None):
+    """-gencode for the GPU present (or the given (major, minor)); flashlab needs sm_80 or newer."""
+    if capability is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("building a stage needs a CUDA GPU (none is visible to torch)")
+        capability = torch.cuda.get_device_capability()
+    major, minor = capability
+    if major < 8:
+        raise RuntimeError(f"flashlab needs compute capability 8.0 or newer, this GPU is {major}.{minor}")
+    cc = f"{major}{minor}"
+    return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
+
+
+def _headers():
+    return {p.name: p.read_text() for p in sorted(KERNELS.glob("*.h")) + sorted(KERNELS.glob("*.cuh"))}
+
+
+def _compiler_lines(message: str) -> str:
+    """The lines of a failed build that name a file and line, else the whole message."""
+    lines = [ln for ln in message.splitlines() if re.search(r"\.(cu|cuh|h|cpp)[(:]\d+", ln)]
+    return "\n".join(lines) if lines else message
+
+
+def build_module(source, verbose=False, capability=None):
+    """Compile `source` (a kernels/*.cu path) and return the loaded module."""
+    from torch.utils.cpp_extension import load_inline
+
+    source = os.fspath(source)
+    text = open(source).read()
+    flags = NVCC_FLAGS + arch_flags(capability)
+    digest = hashlib.sha256()
+    for part in [text, BINDING, repr(flags), torch.__version__, *_headers().values()]:
+        digest.update(part.encode())
+    stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(source))[0])
+    name = f"flashlab_{stem}_{digest.hexdigest()[:12]}"
+    # '#line' makes nvcc report errors against the real file, not the copy in the build folder.
+    cuda_source = f'#line 1 "{source}"\n{text}'
+    try:
+        return load_inline(
+            name=name,
+            cpp_sources=[BINDING],
+            cuda_sources=[cuda_source],
+            extra_cflags=["-O2"],
+            extra_cuda_cflags=flags,
+            extra_include_paths=[str(KERNELS)],
+            extra_ldflags=["-Wl,-Bsymbolic"],  # each stage calls its own flashlab_launch
+            with_cuda=True,
+            no_implicit_headers=True,
+            verbose=verbose,
+        )
+    except RuntimeError as err:
+        raise BuildError(f"building {source} failed:\n{_compiler_lines(str(err))}") from err

@@ -1,0 +1,101 @@
+"""Correctness: compare an attention function with the float64 reference on fresh random inputs.
+
+The output is poisoned with NaN before every call, so an element the kernel never writes makes
+the error infinite. Shapes include N = 1, 17 and 1000, which no tile size divides.
+"""
+import math
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .inputs import DTYPE_NAMES, dtype_of
+from .reference import naive_attention, reference, rel_err
+
+# (B, H, N); each is run at every head dim the function supports, causal and not.
+SHAPES = ((1, 1, 1), (2, 3, 17), (1, 2, 1000))
+FP32_TOL = 1e-4
+
+
+@dataclass
+class Case:
+    B: int
+    H: int
+    N: int
+    D: int
+    causal: bool
+    dtype: str
+    rel_err: float
+    tol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.rel_err <= self.tol  # False for NaN and inf
+
+
+@dataclass
+class CheckResult:
+    name: str
+    cases: list = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases)
+
+    @property
+    def max_rel_err(self) -> float:
+        return max((c.rel_err for c in self.cases), default=math.nan)
+
+    def failures(self):
+        return [c for c in self.cases if not c.passed]
+
+    def rows(self):
+        return [dict(asdict(c), passed=c.passed) for c in self.cases]
+
+    def __str__(self):
+        head = f"{self.name}: {'PASS' if self.passed else 'FAIL'} — {len(self.cases)} cases, " \
+               f"max relative error {self.max_rel_err:.2e}"
+        lines = [head]
+        for c in self.cases:
+            mark = "ok  " if c.passed else "FAIL"
+            lines.append(f"  {mark} B={c.B} H={c.H} N={c.N:<5} D={c.D:<3} {c.dtype} "
+                         f"causal={str(c.causal):5}  rel_err={c.rel_err:.2e}  tol={c.tol:.1e}")
+        return "\n".join(lines)
+
+    _repr_pretty_ = lambda self, p, cycle: p.text(str(self))  # noqa: E731  (notebook display)
+
+
+def tolerance(q, k, v, causal, ref) -> float:
+    """fp32: 1e-4 relative. fp16/bf16: the FlashAttention tests' rule — at most twice the error of
+    PyTorch's own attention computed in the same dtype (plus a hair, so an exact match passes)."""
+    if q.dtype == torch.float32:
+        return FP32_TOL
+    return 2 * rel_err(naive_attention(q, k, v, causal), ref) + 1e-6
+
+
+def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True), seed=None,
+          device="cuda", name=None) -> CheckResult:
+    """Run `attn` on fresh random inputs over `shapes` x head dims x causal; see CheckResult.
+
+    For a built stage, dtype / head dims / causal default to what the stage supports."""
+    st = getattr(attn, "stage", None)
+    name = name or (st.slug if st else getattr(attn, "__name__", repr(attn)))
+    dtypes = [dtype] if dtype is not None else list(st.dtypes if st else ["fp32"])
+    head_dims = head_dims or (st.head_dims if st else (64,))
+    if st is not None and not st.causal:
+        causal = (False,)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed if seed is not None else torch.seed())
+    result = CheckResult(name)
+    for dt in dtypes:
+        dt = dtype_of(dt)
+        for (B, H, N) in shapes:
+            for D in head_dims:
+                for c in causal:
+                    q, k, v = (torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
+                               for _ in range(3))
+                    out = torch.full_like(q, math.nan)
+                    got = attn(q, k, v, causal=c, out=out)
+                    ref = reference(q, k, v, causal=c)
+                    result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], rel_err(got, ref),
+                                             tolerance(q, k, v, c, ref)))
+    return result

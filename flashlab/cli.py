@@ -1,0 +1,167 @@
+"""The flashlab command line. Run `flashlab --help`."""
+import argparse
+import sys
+
+DESCRIPTION = """\
+flashlab: build a FlashAttention kernel one optimisation at a time, and measure every step.
+
+Each stage is a CUDA file in kernels/ (01_naive, 02_coalesced, ...). flashlab compiles it,
+checks it against a float64 reference, times it next to PyTorch's own attention, and keeps
+every number in data/results.csv, which the notebooks and figures read.
+
+commands:
+  flashlab list                 the stages, in order, and what each one adds
+  flashlab run                  build, check and time everything; update data/ and the figures
+                                (without a GPU: show the recorded results instead)
+  flashlab check 03             check stage 03 against the reference on fresh random inputs
+  flashlab bench 03 --N 4096    time stage 03 at one config (B, H, N, D, dtype, --causal)
+  flashlab plot                 redraw data/figures/*.png from data/results.csv
+  flashlab table                print the recorded results
+"""
+
+
+def _cmd_list(args):
+    from .stages import stages
+    for st in stages():
+        dims = "any D that fits" if st.any_head_dim else "D=" + "/".join(map(str, st.head_dims))
+        print(f"{st.slug:16} {st.title:32} {'/'.join(st.dtypes):10} {dims}")
+        print(f"{'':16} {st.idea}")
+    return 0
+
+
+def _need_gpu(what):
+    from .env import gpu_available
+    if not gpu_available():
+        print(f"flashlab {what} needs a CUDA GPU and none is visible; `flashlab table` and "
+              f"`flashlab plot` show the recorded results.", file=sys.stderr)
+        return False
+    return True
+
+
+def _cmd_run(args):
+    from .runner import run
+    run(args.stage or None, with_baselines=not args.no_baselines,
+        with_sweep=not args.no_sweep, progress=not args.no_progress)
+    return 0
+
+
+def _cmd_check(args):
+    if not _need_gpu("check"):
+        return 2
+    from .check import check
+    from .stages import stage
+    st = stage(args.stage)
+    result = check(st.build(), dtype=args.dtype, seed=args.seed,
+                   head_dims=tuple(args.D) if args.D else None)
+    print(result)
+    return 0 if result.passed else 1
+
+
+def _cmd_bench(args):
+    if not _need_gpu("bench"):
+        return 2
+    from . import results
+    from .baselines import NAMES, Baseline
+    from .bench import Config, bench
+    from .env import environment
+    from .stages import stage
+    cfg = Config(args.B, args.H, args.N, args.D, args.causal, args.dtype)
+    if args.stage in NAMES:
+        attn, kind = Baseline(args.stage), "baseline"
+    else:
+        attn, kind = stage(args.stage).build(), "stage"
+    m = bench(attn, cfg, min_runs=args.runs)
+    name = attn.stage.slug if kind == "stage" else attn.name
+    print(f"{name}  {cfg.label}\n  median {m['median_ms']:.4f} ms (p20 {m['p20_ms']:.4f}, "
+          f"p80 {m['p80_ms']:.4f}; {m['runs']} runs, {m['timer']})\n  {m['tflops']:.2f} TFLOP/s"
+          f"   relative error {m['rel_err']:.2e}")
+    if args.record:
+        results.upsert([dict(stage=name, kind=kind, dtype=cfg.dtype, B=cfg.B, H=cfg.H, N=cfg.N,
+                             D=cfg.D, causal=cfg.causal, status="ok", **m, **environment())])
+        print(f"recorded in {results.path()}")
+    return 0
+
+
+def _cmd_plot(args):
+    from . import plots
+    written = plots.save_all(gpu=args.gpu)
+    print("\n".join(map(str, written)) if written else "nothing recorded to plot")
+    return 0
+
+
+def _cmd_table(args):
+    from .runner import table
+    print(table(gpu=args.gpu, teaching_only=not args.all))
+    return 0
+
+
+def parser():
+    ap = argparse.ArgumentParser(prog="flashlab", description=DESCRIPTION,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("list", help="list the stages")
+    p.set_defaults(fn=_cmd_list)
+
+    p = sub.add_parser("run", help="build, check and time every stage and baseline; record; plot",
+                       description="The main job. On a CUDA GPU: for every stage, build it, check "
+                       "it against the float64 reference and, if it passes, time it at the "
+                       "standard configs; time PyTorch's baselines at the same configs; update "
+                       "data/results.csv and data/figures/, and print the table. Each stage runs "
+                       "in its own process, so one that crashes cannot take the others down. "
+                       "Without a GPU: print and plot the recorded results.")
+    p.add_argument("--stage", action="append", metavar="NN",
+                   help="only this stage (repeatable), e.g. --stage 03")
+    p.add_argument("--no-baselines", action="store_true", help="skip PyTorch's baselines and GPU peaks")
+    p.add_argument("--no-sweep", action="store_true", help="only the teaching config, not the N sweep")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(fn=_cmd_run)
+
+    p = sub.add_parser("check", help="check one stage against the float64 reference",
+                       description="Run a stage on fresh random inputs (N = 1, 17 and 1000, "
+                       "causal and not) and compare with attention computed in float64. "
+                       "Exit status 1 if any case fails.")
+    p.add_argument("stage", help="number or name, e.g. 03 or 03_coarsened")
+    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--D", type=int, action="append", help="head dim (repeatable)")
+    p.add_argument("--seed", type=int)
+    p.set_defaults(fn=_cmd_check)
+
+    p = sub.add_parser("bench", help="time one stage (or baseline) at one config",
+                       description="Median of at least --runs timed runs, L2 flushed between them. "
+                       "STAGE may also be a baseline: sdpa_flash, sdpa_cudnn, sdpa_efficient, "
+                       "sdpa_math, torch_naive.")
+    p.add_argument("stage")
+    p.add_argument("--B", type=int, default=4, help="batch (default 4)")
+    p.add_argument("--H", type=int, default=16, help="heads (default 16)")
+    p.add_argument("--N", type=int, default=1024, help="sequence length (default 1024)")
+    p.add_argument("--D", type=int, default=64, help="head dim (default 64)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--causal", action="store_true")
+    p.add_argument("--runs", type=int, default=20, help="at least this many timed runs (default 20)")
+    p.add_argument("--record", action="store_true", help="also write the row to data/results.csv")
+    p.set_defaults(fn=_cmd_bench)
+
+    p = sub.add_parser("plot", help="redraw the figures from the recorded results")
+    p.add_argument("--gpu", help="which GPU's rows (default: the most recent)")
+    p.set_defaults(fn=_cmd_plot)
+
+    p = sub.add_parser("table", help="print the recorded results")
+    p.add_argument("--gpu", help="which GPU's rows (default: the most recent)")
+    p.add_argument("--all", action="store_true", help="every config, not just the teaching one")
+    p.set_defaults(fn=_cmd_table)
+    return ap
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except ValueError as err:
+        print(f"flashlab: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

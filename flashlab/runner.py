@@ -1,0 +1,124 @@
+"""`flashlab run`: build, check and time every stage and the baselines, record, plot, print.
+Without a GPU it replays what data/ holds."""
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from . import paths, plots, results
+from .env import environment, gpu_available
+from .stages import stages as all_stages
+
+JOB_TIMEOUT_S = 1800
+TABLE_COLUMNS = ["stage", "dtype", "causal", "N", "D", "median_ms", "tflops", "pct_sdpa_best",
+                 "rel_err", "registers", "spill_bytes", "status"]
+
+
+def table(df=None, gpu=None, teaching_only=True) -> str:
+    """The results as text: one GPU, the teaching configs by default."""
+    df = results.load() if df is None else df
+    gpu = gpu or plots.latest_gpu(df)
+    df = df[df["gpu"] == gpu]
+    if teaching_only:
+        df = df[(df["B"] == 4) & (df["H"] == 16) & (df["N"] == 1024) & (df["D"] == 64)]
+    if df.empty:
+        return "(no recorded results)"
+    df = df.sort_values(["dtype", "causal", "N", "D", "kind", "stage"], ascending=[False, True, True, True, False, True])
+    shown = df[TABLE_COLUMNS].rename(columns={"median_ms": "ms", "tflops": "TFLOP/s",
+                                              "pct_sdpa_best": "% best SDPA", "registers": "regs",
+                                              "spill_bytes": "spills"})
+    fmt = {"ms": "{:.3f}".format, "TFLOP/s": "{:.2f}".format, "% best SDPA": "{:.1f}".format,
+           "rel_err": "{:.1e}".format}
+    header = f"{gpu}"
+    return header + "\n" + shown.to_string(index=False, formatters=fmt, na_rep="-")
+
+
+def describe_recording(df) -> str:
+    gpu = plots.latest_gpu(df)
+    if gpu is None:
+        return "nothing recorded yet"
+    rows = df[df["gpu"] == gpu].sort_values("time")
+    last = rows.iloc[-1]
+    return (f"{gpu} (compute capability {last.compute_capability}), torch {last.torch}, "
+            f"CUDA {last.cuda}, commit {last.commit}, {last.time}")
+
+
+def replay(out=print):
+    df = results.load()
+    out(f"No CUDA GPU here: replaying the results recorded in {paths.results_csv()}, measured on "
+        f"{describe_recording(df)}.")
+    out(table(df))
+    figs = plots.save_all(df)
+    if figs:
+        out("figures: " + ", ".join(str(f) for f in figs))
+    return df
+
+
+def _job(args, log, out):
+    """Run one worker, copying its output to the log and the screen; returns its exit code."""
+    cmd = [sys.executable, "-u", "-m", "flashlab.worker", *args]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    log.write(f"$ {' '.join(cmd)}\n")
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          env=env, cwd=paths.ROOT) as proc:
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                out(line.rstrip())
+            return proc.wait(timeout=JOB_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return -9
+
+
+def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, out=print):
+    """The main job. Returns the results table."""
+    if not gpu_available():
+        return replay(out)
+    from tqdm.auto import tqdm
+
+    chosen = [s for s in all_stages() if not stage_keys or any(
+        str(k) in (s.slug, str(s.number), f"{s.number:02d}") for k in stage_keys)]
+    jobs = [("peaks", ["peaks"])] if with_baselines else []
+    jobs += [(s.slug, [s.slug] + ([] if with_sweep else ["--no-sweep"])) for s in chosen]
+    if with_baselines:
+        jobs.append(("baselines", ["baselines"] + ([] if with_sweep else ["--no-sweep"])))
+    paths.runs_dir().mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    log_path = paths.runs_dir() / f"run-{stamp}.log"
+    env = environment()
+    failed = []
+    with open(log_path, "w") as log:
+        log.write(f"flashlab run on {env['gpu']} (cc {env['compute_capability']}), torch "
+                  f"{env['torch']}, CUDA {env['cuda']}, commit {env['commit']}, {env['time']}\n")
+        bar = tqdm(jobs, desc="flashlab run", unit="job", disable=not progress, file=sys.stderr)
+        for name, args in bar:
+            bar.set_postfix_str(name)
+            code = _job(args, log, bar.write if progress else out)
+            if code != 0:
+                failed.append(name)
+                msg = f"{name}: {'check failed' if code == 3 else f'crashed (exit {code})'}"
+                log.write(msg + "\n")
+                (bar.write if progress else out)(msg)
+                if code != 3 and name not in ("peaks", "baselines"):
+                    _record_crash(name, env, code)
+    df = results.load()
+    figs = plots.save_all(df)
+    out(table(df))
+    out(f"log: {log_path}")
+    out("figures: " + ", ".join(str(f) for f in figs))
+    if failed:
+        out("FAILED: " + ", ".join(failed))
+    return df
+
+
+def _record_crash(slug, env, code):
+    from .measure import configs_for
+    from .stages import stage
+    rows = [dict(stage=slug, kind="stage", dtype=c.dtype, B=c.B, H=c.H, N=c.N, D=c.D,
+                 causal=c.causal, status="error", note=f"worker exited with {code}", **env)
+            for c in configs_for(stage(slug))]
+    results.upsert(pd.DataFrame(rows))

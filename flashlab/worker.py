@@ -1,0 +1,34 @@
+"""One job of `flashlab run` in its own process, so that a stage that crashes the CUDA context
+takes only its own results with it. Usage: python -m flashlab.worker peaks|baselines|STAGE."""
+import argparse
+import sys
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m flashlab.worker")
+    ap.add_argument("job", help="'peaks', 'baselines' or a stage such as 03")
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args(argv)
+
+    from . import measure, peaks, stages
+
+    def log(msg):
+        print(msg, flush=True)
+
+    if args.job == "peaks":
+        rows = peaks.measure()
+        peaks.record(rows)
+        for r in rows:
+            log(f"{r['metric']:20} {r['value']:10.2f} {r['unit']}")
+        return 0
+    if args.job == "baselines":
+        measure.measure_baselines(measure.baseline_configs(not args.no_sweep), log=log)
+        return 0
+    st = stages.stage(args.job)
+    configs = [c for c in measure.configs_for(st) if not args.no_sweep or c.N == 1024 and c.B == 4]
+    chk, _ = measure.measure_stage(st, configs, log=log)
+    return 0 if chk.passed else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+// The contract between a stage's .cu file and flashlab's generated Python binding.
+//
+// This header is plain C++ (no CUDA, no torch) so that the binding compiles in a couple of
+// seconds. Every kernels/NN_slug.cu defines the three functions declared below; flashlab checks
+// devices, dtypes and shapes in Python before it calls them, so they only have to judge what is
+// specific to the stage (head dims, shared memory) and launch.
+#pragma once
+#include <cstddef>
+
+enum FlashlabDtype { FLASHLAB_F32 = 0, FLASHLAB_F16 = 1, FLASHLAB_BF16 = 2 };
+
+struct FlashlabProblem {
+  const void* q;     // (B, H, N, D), contiguous, dtype as below
+  const void* k;     // (B, H, N, D)
+  const void* v;     // (B, H, N, D)
+  void* o;           // (B, H, N, D), written by the stage
+  void* workspace;   // flashlab_workspace_bytes() bytes of scratch, uninitialised (may be null)
+  int B, H, N, D;
+  int dtype;         // FlashlabDtype
+  int causal;        // 1: query i attends to keys 0..i only
+  float scale;       // softmax scale, usually 1/sqrt(D)
+};
+
+extern "C" {
+// nullptr when the stage can run this problem on the current device, else a sentence saying why not.
+const char* flashlab_unsupported(const FlashlabProblem* p);
+// Bytes of scratch the stage needs in global memory (0 for none).
+size_t flashlab_workspace_bytes(const FlashlabProblem* p);
+// Launches on `stream` (a cudaStream_t). nullptr on success, else the CUDA error string.
+const char* flashlab_launch(const FlashlabProblem* p, void* stream);
+}

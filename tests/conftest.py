@@ -1,0 +1,38 @@
+import shutil
+
+import pytest
+import torch
+
+from flashlab import paths
+
+HAVE_CUDA = torch.cuda.is_available()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAVE_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A private copy of data/ that FLASHLAB_DATA points at, so tests never touch the real one."""
+    dst = tmp_path / "data"
+    shutil.copytree(paths.ROOT / "data", dst)
+    monkeypatch.setenv("FLASHLAB_DATA", str(dst))
+    return dst
+
+
+@pytest.fixture
+def empty_data_dir(tmp_path, monkeypatch):
+    dst = tmp_path / "data"
+    dst.mkdir()
+    monkeypatch.setenv("FLASHLAB_DATA", str(dst))
+    return dst
