@@ -9,3 +9,9 @@ for s in 01 01; do /usr/bin/time -f "build $s: %e s" python3 -c "import flashlab
 python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log" | tail -25
 for s in 01 02 03; do python3 -m flashlab bench $s; done 2>&1 | tee "$OUT/bench.log"
 python3 -m flashlab bench 03 --D 128 --N 4096 --B 4 --H 16
+python3 - <<'PY'
+import time, flashlab as fl, torch
+torch.cuda.init()
+for s in ("01", "03"):
+    t = time.perf_counter(); fl.stage(s).build(); print(f"in-process build/load of {s}: {time.perf_counter() - t:.2f} s")
+PY

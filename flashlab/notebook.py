@@ -1,0 +1,168 @@
+"""What the notebooks call: one line per step, live on a GPU and replayed from data/ without one.
+
+    from flashlab import notebook as nb
+    nb.banner()                       # says which mode this is, and where recorded numbers came from
+    nb.show_source("02_coalesced", "load_tile")   # a function of the .cu, highlighted
+    nb.show_diff("01_naive", "02_coalesced")      # what this stage changed
+    ev = nb.evaluate("02_coalesced")  # build + check + time + record (GPU) or the recorded rows
+    nb.compare()                      # every stage and baseline at the teaching config
+"""
+import difflib
+import re
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from . import measure, ptxas, results, runner
+from .env import environment, gpu_available
+from .stages import stage as _stage
+
+LIVE = None  # set by banner(); evaluate() and friends read gpu_available() themselves
+
+
+def banner():
+    """Print whether the notebook runs live on a GPU or replays recorded results."""
+    if gpu_available():
+        env = environment()
+        print(f"LIVE on {env['gpu']} (compute capability {env['compute_capability']}), torch "
+              f"{env['torch']}, CUDA {env['cuda']}, commit {env['commit']}.\n"
+              f"Measurements below are taken now and written to {results.path()}.")
+    else:
+        print("REPLAY: no CUDA GPU here, so the numbers below are the ones recorded in "
+              f"{results.path()}, measured on {runner.describe_recording(results.load())}.")
+
+
+def _source_text(st):
+    return st.source.read_text()
+
+
+def extract(text: str, name: str) -> str:
+    """The definition of `name` (a function, kernel or struct) in C++ source text: from the line
+    that declares it to its closing brace at column 0, with its leading comments."""
+    lines = text.splitlines()
+    pat = re.compile(rf"\b{re.escape(name)}\s*\(|\bstruct\s+{re.escape(name)}\b")
+    for i, line in enumerate(lines):
+        if pat.search(line) and not line.lstrip().startswith(("//", "return", "auto")) \
+                and not line.rstrip().endswith(";"):
+            start = i
+            while start > 0 and (lines[start - 1].startswith(("//", "template", "__global__"))
+                                 or lines[start - 1].startswith("__device__")):
+                start -= 1
+            end = i
+            while end < len(lines) and not (lines[end].startswith("}")):
+                end += 1
+            return "\n".join(lines[start:end + 1])
+    raise ValueError(f"no definition of {name!r} found")
+
+
+def _code(text, language="cuda"):
+    from IPython.display import Code, display
+    display(Code(text, language=language))
+
+
+def show_source(stage, name=None):
+    """Show a stage's .cu file, or just the definition of `name` in it."""
+    st = _stage(stage)
+    text = _source_text(st)
+    _code(extract(text, name) if name else text)
+
+
+def show_diff(old, new, context=3):
+    """A unified diff between two stages' .cu files: exactly what the newer stage changed."""
+    a, b = _stage(old), _stage(new)
+    diff = difflib.unified_diff(_source_text(a).splitlines(), _source_text(b).splitlines(),
+                                f"kernels/{a.slug}.cu", f"kernels/{b.slug}.cu", n=context,
+                                lineterm="")
+    _code("\n".join(diff), "diff")
+
+
+def resources(stage, archs=("sm_80", "sm_90")) -> pd.DataFrame:
+    """ptxas's registers / shared memory / spills for each kernel of the stage (needs nvcc only)."""
+    st = _stage(stage)
+    try:
+        rows = [r.__dict__ | {"spill_bytes": r.spill_bytes} for a in archs
+                for r in ptxas.resources(st.source, a)]
+        return pd.DataFrame(rows)
+    except (OSError, RuntimeError) as err:
+        rec = measure.recorded(st)[["gpu", "registers", "smem_static_bytes", "spill_bytes"]]
+        print(f"(nvcc unavailable: {err}; showing the recorded ptxas numbers)")
+        return rec.drop_duplicates()
+
+
+@dataclass
+class Evaluation:
+    """What evaluate() returns: the check cases and the timed rows, live or recorded."""
+    stage: str
+    live: bool
+    check: pd.DataFrame
+    rows: pd.DataFrame
+    build_s: float = float("nan")
+
+    @property
+    def passed(self) -> bool:
+        return bool(len(self.check)) and bool(self.check["passed"].all())
+
+    def timing(self, dtype="fp32") -> pd.Series:
+        """The row at the teaching config."""
+        r = self.rows
+        r = r[(r["B"] == 4) & (r["H"] == 16) & (r["N"] == 1024) & (r["D"] == 64)
+              & (r["dtype"] == dtype) & (~r["causal"].astype(bool))]
+        if r.empty:
+            raise LookupError(f"no {dtype} teaching-config row for {self.stage}")
+        return r.iloc[-1]
+
+    def __str__(self):
+        mode = "measured now" if self.live else "recorded"
+        lines = [f"{self.stage} ({mode}): check {'PASSED' if self.passed else 'FAILED'} on "
+                 f"{len(self.check)} cases, max relative error {self.check['rel_err'].max():.2e}"]
+        if self.live and self.build_s == self.build_s:
+            lines.append(f"build (or load from cache): {self.build_s:.1f} s")
+        for _, r in self.rows.iterrows():
+            if r.get("status", "ok") != "ok":
+                lines.append(f"  B={r.B} H={r.H} N={r.N} D={r.D} {r.dtype}: {r.status}")
+                continue
+            lines.append(f"  B={r.B} H={r.H} N={r.N} D={r.D} {r.dtype}{' causal' if r.causal else ''}: "
+                         f"{r.median_ms:.3f} ms (p20 {r.p20_ms:.3f}, p80 {r.p80_ms:.3f}), "
+                         f"{r.tflops:.2f} TFLOP/s, rel err {r.rel_err:.1e}, on {r.gpu}")
+        return "\n".join(lines)
+
+    _repr_pretty_ = lambda self, p, cycle: p.text(str(self))  # noqa: E731
+
+
+def evaluate(stage, configs=None) -> Evaluation:
+    """On a GPU: build, check, time at the standard configs (or `configs`) and record.
+    Without one: the same information from the recorded tables."""
+    st = _stage(stage)
+    if gpu_available():
+        t0 = time.perf_counter()
+        attn = st.build()
+        build_s = time.perf_counter() - t0
+        chk, rows = measure.measure_stage(st, configs, log=lambda msg: None, attn=attn)
+        return Evaluation(st.slug, True, pd.DataFrame(chk.rows()), rows, build_s)
+    checks = measure.recorded_checks(st)
+    rows = measure.recorded(st)
+    if checks.empty and rows.empty:
+        raise LookupError(f"nothing recorded for {st.slug} yet: run `flashlab run` on a GPU")
+    return Evaluation(st.slug, False, checks, rows)
+
+
+def compare(dtype="fp32", names=None) -> pd.DataFrame:
+    """Every stage and baseline at the teaching config, slowest first, as recorded now."""
+    df = results.load()
+    from .plots import latest_gpu
+    gpu = latest_gpu(df)
+    df = df[(df["gpu"] == gpu) & (df["B"] == 4) & (df["H"] == 16) & (df["N"] == 1024)
+            & (df["D"] == 64) & (df["dtype"] == dtype) & (~df["causal"].astype(bool))
+            & (df["status"].fillna("ok") == "ok")]
+    if names is not None:
+        df = df[df["stage"].isin(names)]
+    cols = ["stage", "kind", "median_ms", "tflops", "pct_sdpa_best", "rel_err", "registers",
+            "spill_bytes", "gpu"]
+    return df.sort_values("median_ms", ascending=False)[cols].reset_index(drop=True)
+
+
+def speedup(slower, faster, dtype="fp32") -> float:
+    """How many times faster `faster` ran than `slower` at the teaching config (recorded)."""
+    t = compare(dtype).set_index("stage")["median_ms"]
+    return float(t[slower] / t[faster])
