@@ -1,5 +1,6 @@
 """Facts about the machine a measurement was taken on; every recorded row carries them."""
 import functools
+import os
 import subprocess
 from datetime import datetime, timezone
 
@@ -15,7 +16,10 @@ def gpu_available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def commit() -> str:
-    """Short hash of the checkout, with '-dirty' when tracked files differ from it."""
+    """Short hash of the checkout, with '-dirty' when tracked files differ from it
+    (FLASHLAB_COMMIT overrides, for copies of the tree that travel without .git)."""
+    if os.environ.get("FLASHLAB_COMMIT"):
+        return os.environ["FLASHLAB_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, text=True,
                              capture_output=True, check=True).stdout.strip()
