@@ -68,8 +68,10 @@ def _with_percentages(df: pd.DataFrame) -> pd.DataFrame:
     flash = sdpa[sdpa["stage"] == "sdpa_flash"].set_index(cfg)["tflops"]
     best = sdpa.groupby(cfg)["tflops"].max()
     idx = pd.MultiIndex.from_frame(df[cfg])
-    df["pct_sdpa_flash"] = 100 * df["tflops"].to_numpy(dtype=float) / flash.reindex(idx).to_numpy(dtype=float)
-    df["pct_sdpa_best"] = 100 * df["tflops"].to_numpy(dtype=float) / best.reindex(idx).to_numpy(dtype=float)
+    rate = pd.to_numeric(df["tflops"], errors="coerce").to_numpy(dtype=float)
+    for col, ref in (("pct_sdpa_flash", flash), ("pct_sdpa_best", best)):
+        ref = pd.to_numeric(ref.reindex(idx), errors="coerce").to_numpy(dtype=float)
+        df[col] = 100 * rate / ref
     return df
 
 

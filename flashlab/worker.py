@@ -10,7 +10,8 @@ def main(argv=None):
     ap.add_argument("--no-sweep", action="store_true")
     args = ap.parse_args(argv)
 
-    from . import measure, peaks, stages
+    from . import measure, peaks
+    from .stages import stage
 
     def log(msg):
         print(msg, flush=True)
@@ -24,7 +25,7 @@ def main(argv=None):
     if args.job == "baselines":
         measure.measure_baselines(measure.baseline_configs(not args.no_sweep), log=log)
         return 0
-    st = stages.stage(args.job)
+    st = stage(args.job)
     configs = [c for c in measure.configs_for(st) if not args.no_sweep or c.N == 1024 and c.B == 4]
     chk, _ = measure.measure_stage(st, configs, log=log)
     return 0 if chk.passed else 3
