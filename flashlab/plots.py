@@ -52,7 +52,10 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None):
     other = "fp16" if dtype == "fp32" else "fp32"
     for d, alpha in ((dtype, 1.0), (other, 0.35)):
         base = _at(ok, teaching(d))
-        for _, r in base[base["kind"] == "baseline"].iterrows():
+        base = base[base["kind"] == "baseline"]
+        if d != dtype:
+            base = base[base["stage"].isin(["sdpa_flash", "sdpa_cudnn"])]
+        for _, r in base.iterrows():
             color, ls = BASELINE_STYLE.get(r.stage, ("k", "-"))
             ax.axhline(r.tflops, color=color, ls=ls, lw=1.2, alpha=alpha, zorder=1)
             ax.annotate(f"{r.stage} ({d}) {r.tflops:.1f}", (1.0, r.tflops), xycoords=("axes fraction", "data"),
@@ -102,7 +105,7 @@ def scaling(df=None, gpu=None, dtype="fp16"):
 
 
 def _intensity(r):
-    elem = 4 if r.dtype == "fp32" else 2
+    elem = 4 if r["dtype"] == "fp32" else 2  # r.dtype would be the Series' own dtype
     min_bytes = 4 * r.B * r.H * r.N * r.D * elem  # q, k, v read once, o written once
     flops = 4.0 * r.B * r.H * r.N ** 2 * r.D / (2 if r.causal else 1)
     return flops / min_bytes
@@ -134,8 +137,9 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
         else:
             color, marker = BASELINE_STYLE.get(r.stage, ("k", "-"))[0], "s"
         ax.scatter(_intensity(r), r.tflops, color=color, marker=marker, s=40, zorder=3)
-        ax.annotate(f"{r.stage} ({r.dtype})", (_intensity(r), r.tflops), fontsize=7,
-                    xytext=(4, -3), textcoords="offset points")
+        if r.kind == "stage" or r.stage in ("sdpa_flash", "sdpa_efficient"):
+            ax.annotate(f"{r.stage} ({r['dtype']})", (_intensity(r), r.tflops), fontsize=7,
+                        xytext=(5, -3), textcoords="offset points")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte of the unavoidable q, k, v, o traffic)")
@@ -143,7 +147,7 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
     ax.set_title(f"Roofline at the teaching config (B=4 H=16 N=1024 D=64) — {gpu}", fontsize=10)
     ax.grid(which="both", alpha=0.25)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="lower right")
+        ax.legend(fontsize=8, loc="upper left")
     ax.figure.tight_layout()
     return ax.figure
 

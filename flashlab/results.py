@@ -83,6 +83,7 @@ def _atomic_write(df: pd.DataFrame, p: Path):
             df.to_csv(f, index=False, float_format="%.6g")
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the table is meant to be shared
         os.replace(tmp, p)  # atomic: readers see the old table or the new one, never half of one
     except BaseException:
         if os.path.exists(tmp):
