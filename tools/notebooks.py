@@ -2,6 +2,7 @@
 
   python tools/notebooks.py build             notebooks/src/NN_x.py  ->  notebooks/NN_x.ipynb
   python tools/notebooks.py execute [NAMES]   run notebooks top to bottom, saving their outputs
+                                              (--no-save: just check that they run)
   python tools/notebooks.py check             exit 1 if any .ipynb's cells differ from its source
 
 A source is a Python file in the percent format: a line '# %%' starts a code cell and
@@ -113,11 +114,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["build", "execute", "check"])
     ap.add_argument("names", nargs="*", help="notebook stems or numbers (default: all)")
+    ap.add_argument("--no-save", action="store_true", help="execute without writing outputs")
     args = ap.parse_args(argv)
     if args.command == "build":
         build(args.names)
     elif args.command == "execute":
-        execute(args.names)
+        execute(args.names, save=not args.no_save)
     else:
         bad = differences()
         print("\n".join(bad) if bad else "notebooks match their sources")
