@@ -107,6 +107,9 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
                     _record_crash(name, env, code)
     df = results.load()
     figs = plots.save_all(df)
+    if paths.data_dir() == paths.ROOT / "data":  # the repo's own table: keep README in step
+        from . import readme
+        readme.main([])
     out(table(df))
     out(f"log: {log_path}")
     out("figures: " + ", ".join(str(f) for f in figs))
