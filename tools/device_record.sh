@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The recorded run, on the GPU machine, in one call:
+#   GPU tests -> flashlab run -> notebooks executed live -> figures and README regenerated,
+# then data/, the executed notebooks and README packed into $OUT/bundle.tar.gz.
+# Needs the notebook wheels in .whl/ (../shared/tools/device-kit.sh) and FLASHLAB_COMMIT=<sha>
+# (the tree travels without .git). Usage: FLASHLAB_COMMIT=abc bash tools/device_record.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+  && export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} \
+  && python3 -m ipykernel install --user --name python3 >/dev/null || exit 1
+export PYTHONUNBUFFERED=1 FLASHLAB_COMMIT=${FLASHLAB_COMMIT:?set FLASHLAB_COMMIT}
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p data/runs
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
+echo "== GPU tests"
+python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4
+echo "== flashlab run"
+python3 -m flashlab run --no-progress > "$OUT/run.out" 2>&1; echo "flashlab run exit $?"; tail -22 "$OUT/run.out"
+echo "== notebooks (live)"
+python3 tools/notebooks.py execute 2>&1 | tee "data/runs/notebooks-$stamp.log" | tail -8
+python3 -m flashlab plot >/dev/null && python3 -m flashlab.readme
+tar czf "$OUT/bundle.tar.gz" data notebooks/*.ipynb README.md
+echo "== done"
