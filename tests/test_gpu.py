@@ -105,3 +105,13 @@ def test_compute_sanitizer_clean(built, slug, tool):
     report = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, report
     assert "ERROR SUMMARY: 0 errors" in proc.stdout or "RACECHECK SUMMARY: 0 hazards" in proc.stdout, report
+
+
+def test_compile_error_names_the_cu_file_and_line(tmp_path):
+    from flashlab.build import BuildError, build_module
+    src = fl.stage(1).source.read_text().replace("int tx = threadIdx.x;", "int tx = threadIdx.x")
+    broken = tmp_path / "99_broken.cu"
+    broken.write_text(src)
+    with pytest.raises(BuildError) as err:
+        build_module(broken)
+    assert f"{broken}(" in str(err.value) or f"{broken}:" in str(err.value), str(err.value)
