@@ -122,6 +122,6 @@ def recorded_checks(name=None) -> pd.DataFrame:
     p = paths.checks_csv()
     if not p.exists():
         return pd.DataFrame(columns=CHECK_KEY)
-    df = pd.read_csv(p)
+    df = pd.read_csv(p, dtype=results.TEXT)
     return df[df["stage"] == getattr(name, "slug", name)] if name is not None else df
 

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from . import measure, ptxas, results, runner
+from .bench import teaching
 from .env import environment, gpu_available
+from .results import at_config
 from .stages import stage as _stage
-
-LIVE = None  # set by banner(); evaluate() and friends read gpu_available() themselves
-
 
 def banner():
     """Print whether the notebook runs live on a GPU or replays recorded results."""
@@ -105,9 +104,7 @@ class Evaluation:
 
     def timing(self, dtype="fp32") -> pd.Series:
         """The row at the teaching config."""
-        r = self.rows
-        r = r[(r["B"] == 4) & (r["H"] == 16) & (r["N"] == 1024) & (r["D"] == 64)
-              & (r["dtype"] == dtype) & (~r["causal"].astype(bool))]
+        r = at_config(self.rows, teaching(dtype))
         if r.empty:
             raise LookupError(f"no {dtype} teaching-config row for {self.stage}")
         return r.iloc[-1]
@@ -152,9 +149,8 @@ def compare(dtype="fp32", names=None) -> pd.DataFrame:
     df = results.load()
     from .plots import latest_gpu
     gpu = latest_gpu(df)
-    df = df[(df["gpu"] == gpu) & (df["B"] == 4) & (df["H"] == 16) & (df["N"] == 1024)
-            & (df["D"] == 64) & (df["dtype"] == dtype) & (~df["causal"].astype(bool))
-            & (df["status"].fillna("ok") == "ok")]
+    df = at_config(df[df["gpu"] == gpu], teaching(dtype))
+    df = df[df["status"].fillna("ok") == "ok"]
     if names is not None:
         df = df[df["stage"].isin(names)]
     cols = ["stage", "kind", "median_ms", "tflops", "pct_sdpa_best", "rel_err", "registers",

@@ -42,7 +42,7 @@ def load(gpu=None) -> dict:
     p = paths.peaks_csv()
     if not p.exists():
         return {}
-    df = pd.read_csv(p)
+    df = pd.read_csv(p, dtype=results.TEXT)
     if df.empty:
         return {}
     gpu = gpu or df.sort_values("time")["gpu"].iloc[-1]

@@ -23,11 +23,6 @@ def _ok(df, gpu):
     return df[(df["gpu"] == gpu) & (df["status"].fillna("ok") == "ok")]
 
 
-def _at(df, cfg):
-    return df[(df["B"] == cfg.B) & (df["H"] == cfg.H) & (df["N"] == cfg.N) & (df["D"] == cfg.D)
-              & (df["causal"] == cfg.causal) & (df["dtype"] == cfg.dtype)]
-
-
 def _stage_color(i, n):
     return STAGE_COLORS(0.15 + 0.7 * i / max(1, n - 1))
 
@@ -38,7 +33,7 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None):
     gpu = gpu or latest_gpu(df)
     ok = _ok(df, gpu)
     cfg = teaching(dtype)
-    here = _at(ok, cfg)
+    here = results.at_config(ok, cfg)
     st = here[here["kind"] == "stage"].sort_values("stage")
     if ax is None:
         _, ax = plt.subplots(figsize=(8, 4.8))
@@ -51,7 +46,7 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None):
     ax.set_xticks(list(xs), [s.replace("_", "\n", 1) for s in st["stage"]])
     other = "fp16" if dtype == "fp32" else "fp32"
     for d, alpha in ((dtype, 1.0), (other, 0.35)):
-        base = _at(ok, teaching(d))
+        base = results.at_config(ok, teaching(d))
         base = base[base["kind"] == "baseline"]
         if d != dtype:
             base = base[base["stage"].isin(["sdpa_flash", "sdpa_cudnn"])]
@@ -129,7 +124,7 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
         if peak and bw:
             ax.plot(x, np.minimum(peak, bw * x), color=color, lw=1.5,
                     label=f"{label}: {peak:.0f} TFLOP/s, {bw:.2f} TB/s")
-    pts = pd.concat([_at(ok, teaching("fp32")), _at(ok, teaching("fp16"))])
+    pts = pd.concat([results.at_config(ok, teaching("fp32")), results.at_config(ok, teaching("fp16"))])
     names = sorted(pts[pts["kind"] == "stage"]["stage"].unique())
     for _, r in pts.iterrows():
         if r.kind == "stage":

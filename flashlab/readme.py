@@ -6,7 +6,10 @@
 import argparse
 import sys
 
+import pandas as pd
+
 from . import paths, results
+from .bench import teaching
 from .plots import latest_gpu
 from .stages import stages
 
@@ -24,8 +27,8 @@ def stage_table(df=None) -> str:
     gpu = latest_gpu(df)
     if gpu is None:
         return "_No results recorded yet: run `flashlab run` on a GPU._"
-    df = df[(df["gpu"] == gpu) & (df["B"] == 4) & (df["H"] == 16) & (df["N"] == 1024)
-            & (df["D"] == 64) & (~df["causal"])]
+    df = df[df["gpu"] == gpu]
+    df = pd.concat([results.at_config(df, teaching(d)) for d in ("fp32", "fp16", "bf16")])
     titles = {s.slug: s for s in stages()}
     lines = ["| | what it adds | dtype | time (ms) | TFLOP/s | % of fastest SDPA, same dtype | "
              "rel. error vs float64 | registers |",
@@ -49,7 +52,8 @@ def stage_table(df=None) -> str:
     rows = df.sort_values("time")
     last = rows.iloc[-1]
     lines.append("")
-    lines.append(f"B=4, H=16, N=1024, D=64, not causal. Measured on **{gpu}** (compute capability "
+    cfg = teaching()
+    lines.append(f"B={cfg.B}, H={cfg.H}, N={cfg.N}, D={cfg.D}, not causal. Measured on **{gpu}** (compute capability "
                  f"{last.compute_capability}) with torch {last.torch}, CUDA {last.cuda}, commit "
                  f"`{last.commit}`, {last.time}; median of ≥ 20 runs with L2 flushed between them. "
                  f"Generated from `data/results.csv` by `python -m flashlab.readme`.")

@@ -15,7 +15,8 @@ def naive_attention(q, k, v, causal=False, scale=None):
     s = torch.matmul(q, k.transpose(-2, -1)) * scale
     if causal:
         s = s.masked_fill(_mask(q.shape[-2], q.device), float("-inf"))
-    return torch.matmul(torch.softmax(s.float(), dim=-1).to(q.dtype), v)
+    acc = torch.float64 if s.dtype == torch.float64 else torch.float32  # fp16/bf16: fp32 softmax
+    return torch.matmul(torch.softmax(s.to(acc), dim=-1).to(q.dtype), v)
 
 
 def reference(q, k, v, causal=False, scale=None, max_bytes=2**31):

@@ -29,6 +29,9 @@ COLUMNS = CONTRACT + [
     "compute_capability", "torch", "cuda", "commit", "time", "note",
 ]
 INTS = ["B", "H", "N", "D"]
+# Read as text: "12.10" must not become 12.1, nor an all-digit commit hash a number.
+TEXT = {c: str for c in ("stage", "dtype", "gpu", "kind", "status", "timer", "compute_capability",
+                         "torch", "cuda", "commit", "time", "note")}
 
 
 def path() -> Path:
@@ -58,7 +61,13 @@ def load(p=None) -> pd.DataFrame:
     p = Path(p) if p is not None else path()
     if not p.exists():
         return _normalise(pd.DataFrame(columns=COLUMNS))
-    return _normalise(pd.read_csv(p))
+    return _normalise(pd.read_csv(p, dtype=TEXT))
+
+
+def at_config(df: pd.DataFrame, cfg) -> pd.DataFrame:
+    """The rows of df measured at config cfg (a flashlab.Config)."""
+    return df[(df["B"] == cfg.B) & (df["H"] == cfg.H) & (df["N"] == cfg.N) & (df["D"] == cfg.D)
+              & (df["causal"].astype(bool) == cfg.causal) & (df["dtype"] == cfg.dtype)]
 
 
 def _with_percentages(df: pd.DataFrame) -> pd.DataFrame:
@@ -119,7 +128,7 @@ def upsert_csv(rows, p, key) -> pd.DataFrame:
     """The same lock-and-rename upsert for the side tables (checks, GPU peaks)."""
     new = pd.DataFrame(list(rows))
     with locked(p) as p:
-        old = pd.read_csv(p) if p.exists() else pd.DataFrame(columns=new.columns)
+        old = pd.read_csv(p, dtype=TEXT) if p.exists() else pd.DataFrame(columns=new.columns)
         table = pd.concat([old, new], ignore_index=True)
         table = table.drop_duplicates(key, keep="last", ignore_index=True)
         _atomic_write(table, p)

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from . import paths, plots, results
+from .bench import teaching
 from .env import environment, gpu_available
 from .stages import stages as all_stages
 
@@ -22,7 +23,7 @@ def table(df=None, gpu=None, teaching_only=True) -> str:
     gpu = gpu or plots.latest_gpu(df)
     df = df[df["gpu"] == gpu]
     if teaching_only:
-        df = df[(df["B"] == 4) & (df["H"] == 16) & (df["N"] == 1024) & (df["D"] == 64)]
+        df = pd.concat([results.at_config(df, teaching(d)) for d in ("fp32", "fp16", "bf16")])
     if df.empty:
         return "(no recorded results)"
     df = df.sort_values(["dtype", "causal", "N", "D", "kind", "stage"], ascending=[False, True, True, True, False, True])
