@@ -1,6 +1,5 @@
 """Baselines measured in the same run as the stages: PyTorch SDPA's own backends, forced one at a
 time, and a plain PyTorch attention (matmul, softmax, matmul)."""
-import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention
 

@@ -1,5 +1,6 @@
 """Figures, all drawn from the recorded tables in data/ (so they render without a GPU)."""
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
 import pandas as pd
 
 from . import paths, peaks as _peaks, results
@@ -131,10 +132,11 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
             color, marker = _stage_color(names.index(r.stage), len(names)), "o"
         else:
             color, marker = BASELINE_STYLE.get(r.stage, ("k", "-"))[0], "s"
-        ax.scatter(_intensity(r), r.tflops, color=color, marker=marker, s=40, zorder=3)
-        if r.kind == "stage" or r.stage in ("sdpa_flash", "sdpa_efficient"):
+        ax.scatter(_intensity(r), r.tflops, color=color, marker=marker, s=55 if r.kind == "stage" else 40,
+                   zorder=4 if r.kind == "stage" else 3, edgecolor="k" if r.kind == "stage" else None)
+        if r.kind == "stage":
             ax.annotate(f"{r.stage} ({r['dtype']})", (_intensity(r), r.tflops), fontsize=7,
-                        xytext=(5, -3), textcoords="offset points")
+                        xytext=(-6, 0), textcoords="offset points", ha="right", va="center")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte of the unavoidable q, k, v, o traffic)")
@@ -142,7 +144,12 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
     ax.set_title(f"Roofline at the teaching config (B=4 H=16 N=1024 D=64) — {gpu}", fontsize=10)
     ax.grid(which="both", alpha=0.25)
     if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="upper left")
+        roofs = ax.legend(fontsize=8, loc="upper left")
+        shown = [n for n in BASELINE_STYLE if n in set(pts["stage"])]
+        key = [Line2D([], [], marker="s", ls="", color=BASELINE_STYLE[n][0], label=n) for n in shown]
+        ax.legend(handles=key, loc="lower right", fontsize=7.5, title="PyTorch baselines\n"
+                  "(fp32 left, fp16 right)", title_fontsize=7.5)
+        ax.add_artist(roofs)
     ax.figure.tight_layout()
     return ax.figure
 
