@@ -80,8 +80,9 @@ def resources(stage, archs=("sm_80", "sm_90")) -> pd.DataFrame:
     """ptxas's registers / shared memory / spills for each kernel of the stage (needs nvcc only)."""
     st = _stage(stage)
     try:
-        rows = [r.__dict__ | {"spill_bytes": r.spill_bytes} for a in archs
-                for r in ptxas.resources(st.source, a)]
+        rows = [r.__dict__ | {"kernel": r.kernel.split("(")[0].removeprefix("void "),
+                              "spill_bytes": r.spill_bytes}
+                for a in archs for r in ptxas.resources(st.source, a)]
         return pd.DataFrame(rows)
     except (OSError, RuntimeError) as err:
         rec = measure.recorded(st)[["gpu", "registers", "smem_static_bytes", "spill_bytes"]]
@@ -117,9 +118,10 @@ class Evaluation:
             lines.append(f"build (or load from cache): {self.build_s:.1f} s")
         for _, r in self.rows.iterrows():
             if r.get("status", "ok") != "ok":
-                lines.append(f"  B={r.B} H={r.H} N={r.N} D={r.D} {r.dtype}: {r.status}")
+                lines.append(f"  B={r.B} H={r.H} N={r.N} D={r.D} {r['dtype']}: {r.status}")
                 continue
-            lines.append(f"  B={r.B} H={r.H} N={r.N} D={r.D} {r.dtype}{' causal' if r.causal else ''}: "
+            # r["dtype"]: r.dtype would be the row's own pandas dtype
+            lines.append(f"  B={r.B} H={r.H} N={r.N} D={r.D} {r['dtype']}{' causal' if r.causal else ''}: "
                          f"{r.median_ms:.3f} ms (p20 {r.p20_ms:.3f}, p80 {r.p80_ms:.3f}), "
                          f"{r.tflops:.2f} TFLOP/s, rel err {r.rel_err:.1e}, on {r.gpu}")
         return "\n".join(lines)
@@ -160,5 +162,11 @@ def compare(dtype="fp32", names=None) -> pd.DataFrame:
 
 def speedup(slower, faster, dtype="fp32") -> float:
     """How many times faster `faster` ran than `slower` at the teaching config (recorded)."""
-    t = compare(dtype).set_index("stage")["median_ms"]
+    table = compare(dtype)
+    t = table.set_index("stage")["median_ms"]
+    for name in (slower, faster):
+        if name not in t:
+            gpu = table["gpu"].iloc[0] if len(table) else "any GPU"
+            raise LookupError(f"no {dtype} teaching-config timing of {name} on {gpu} yet: run its "
+                              f"notebook (or `flashlab run`) on this GPU first")
     return float(t[slower] / t[faster])

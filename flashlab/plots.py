@@ -1,5 +1,6 @@
 """Figures, all drawn from the recorded tables in data/ (so they render without a GPU)."""
-import matplotlib.pyplot as plt
+import matplotlib
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 import pandas as pd
 
@@ -11,7 +12,14 @@ BASELINE_STYLE = {
     "sdpa_efficient": ("tab:orange", "--"), "sdpa_math": ("tab:brown", ":"),
     "torch_naive": ("tab:gray", ":"),
 }
-STAGE_COLORS = plt.get_cmap("viridis")
+STAGE_COLORS = matplotlib.colormaps["viridis"]
+
+
+def _axes(figsize, *grid, **kw):
+    """A figure built without pyplot: a notebook shows the returned figure once, and scripts
+    leave no open figures behind."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(*grid, **kw)
 
 
 def latest_gpu(df):
@@ -37,7 +45,7 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None):
     here = results.at_config(ok, cfg)
     st = here[here["kind"] == "stage"].sort_values("stage")
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 4.8))
+        _, ax = _axes((8, 4.8))
     xs = range(len(st))
     bars = ax.bar(xs, st["tflops"], color=[_stage_color(i, len(st)) for i in xs], zorder=2)
     for bar, (_, r) in zip(bars, st.iterrows()):
@@ -71,7 +79,7 @@ def scaling(df=None, gpu=None, dtype="fp16"):
     gpu = gpu or latest_gpu(df)
     ok = _ok(df, gpu)
     ok = ok[(ok["dtype"] == dtype) & (ok["B"] * ok["N"] == 16384) & (ok["H"] * ok["D"] == 2048)]
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharex=True)
+    fig, axes = _axes((10, 7), 2, 2, sharex=True)
     stage_names = sorted(ok[ok["kind"] == "stage"]["stage"].unique())
     for ax, (d, causal) in zip(axes.flat, [(64, False), (64, True), (128, False), (128, True)]):
         panel = ok[(ok["D"] == d) & (ok["causal"] == causal)]
@@ -115,7 +123,7 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
     ceilings = _peaks.load(gpu) if ceilings is None else ceilings
     ok = _ok(df, gpu)
     if ax is None:
-        _, ax = plt.subplots(figsize=(8, 5))
+        _, ax = _axes((8, 5))
     x = np.logspace(-1, 4, 200)
     bw = ceilings.get("copy_tbps")
     roofs = [("matmul_fp16_tflops", "fp16 tensor-core matmul", "tab:red"),
@@ -169,6 +177,5 @@ def save_all(df=None, outdir=None, gpu=None):
         fig = draw(df, gpu=gpu)
         path = outdir / f"{name}.png"
         fig.savefig(path, dpi=110, metadata={"Software": None})
-        plt.close(fig)
         written.append(path)
     return written

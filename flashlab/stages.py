@@ -73,7 +73,7 @@ _STAGES = (
           "FlashAttention-1 loop order, one thread per query row, m and l in global memory",
           ("fp32",), (64, 128), any_head_dim=True),
     Stage(2, "02_coalesced", "Coalesced loads",
-          "2-D thread blocks: a warp reads one row of a tile, 32 consecutive floats",
+          "2-D thread blocks: a warp owns a row, reads 32 consecutive floats, splits the row's work",
           ("fp32",), (64, 128), any_head_dim=True),
     Stage(3, "03_coarsened", "Thread coarsening",
           "query tiles outer, m/l/O in registers, each thread a 4x4 patch, padded shared memory",

@@ -502,7 +502,7 @@ df[fl.results.CONTRACT].head(3)
 # added rows for yours.
 
 # %%
-plots.roofline();
+plots.roofline()
 
 # %%
 fp32_rows, fp16_rows = nb.compare("fp32"), nb.compare("fp16")
@@ -522,7 +522,7 @@ print(f"Fastest fp16 attention: {sdpa16.stage} at {sdpa16.tflops:.0f} TFLOP/s, "
 # faintly as the targets. Every stage notebook adds one bar.
 
 # %%
-plots.ladder();
+plots.ladder()
 
 # %% [markdown]
 # The same numbers as tables, slowest first. `pct_sdpa_best` is the rate as a percentage of the

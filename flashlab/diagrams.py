@@ -1,0 +1,291 @@
+"""Pictures and counts for the notebooks, computed from the kernels' own indexing (no GPU needed).
+
+Every function here models a line of kernels/01_naive.cu or kernels/02_coalesced.cu; the `source`
+fragments quoted below are copied from those files, and tests/test_diagrams.py checks that they are
+still there. Figures are matplotlib Figures made without pyplot: a notebook cell that ends with one
+shows it once, and nothing is left open.
+"""
+import math
+from typing import NamedTuple
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from .stages import stage as _stage
+
+WARP = 32      # lanes per warp
+SECTOR = 32    # bytes: the unit L1, L2 and DRAM move global memory in
+LINE = 128     # bytes: an L1 cache line, 4 sectors
+BANKS = 32     # shared memory: 32 banks, 4 bytes wide, one wavefront per clock
+BC = BR = 32   # keys per K/V tile, queries per Q tile (stages 01 and 02)
+WARPS_PER_BLOCK = {"01_naive": 1, "02_coalesced": BR}   # blocks are 32 and 32 x 32 threads
+CMAP = "viridis"
+
+
+def _slug(stage):
+    slug = _stage(stage).slug
+    if slug not in WARPS_PER_BLOCK:
+        raise ValueError(f"diagrams model stages 01 and 02 only, not {slug}")
+    return slug
+
+
+# ---------------------------------------------------------------- global memory: one warp's load
+
+def warp_elements(stage, D=64, step=0, warp=0):
+    """(row, column) in the 32 x D tile of the element each lane loads in one load instruction.
+
+    01_naive, `Kj[(tx * d) + x] = ... K[qkv_offset + (size_t)key * d + x]`: lane t reads row t,
+    column x = `step`. 02_coalesced, load_tile's `src[(size_t)first * d + e]` with
+    e = tid + step * 1024 and tid = 32 * warp + lane: the lanes read consecutive elements."""
+    lanes = np.arange(WARP)
+    if _slug(stage) == "01_naive":
+        if not 0 <= step < D:
+            raise ValueError(f"stage 01's loop has x = 0..{D - 1}")
+        return lanes, np.full(WARP, step)
+    e = step * BR * WARP + warp * WARP + lanes
+    if e[0] >= BC * D:
+        raise ValueError(f"load_tile has {math.ceil(BC * D / (BR * WARP))} trips at D={D}")
+    return e // D, e % D  # rows >= 32: lanes idle in a last trip that ends mid-warp
+
+
+def warp_addresses(stage, D=64, step=0, warp=0, elem_bytes=4):
+    """Byte addresses, from the start of the tile, that the 32 lanes of `warp` touch in one load
+    instruction of a K, V or Q tile load (see warp_elements). The tile is B*H*N*D*4-byte aligned
+    plus whole rows, so for D a multiple of 8 it starts on a sector boundary."""
+    rows, cols = warp_elements(stage, D, step, warp)
+    keep = rows < BC
+    return (rows[keep] * D + cols[keep]) * elem_bytes
+
+
+class Request(NamedTuple):
+    """What one warp-wide load costs the memory system."""
+    sectors: int       # distinct 32-byte sectors: what moves between L1, L2 and DRAM
+    lines: int         # distinct 128-byte L1 lines
+    efficiency: float  # bytes the lanes asked for / bytes in those sectors
+
+    def __repr__(self):
+        return (f"Request(sectors={self.sectors}, lines={self.lines}, "
+                f"efficiency={self.efficiency:.1%})")
+
+
+def sectors_per_request(addresses, access_bytes=4):
+    """Distinct 32-byte sectors and 128-byte lines that one warp request touches, and the share of
+    the sectors' bytes the lanes asked for (1.0 = perfectly coalesced)."""
+    a = np.asarray(addresses, dtype=np.int64)
+    ends = a + access_bytes - 1
+
+    def count(size):
+        return len(np.unique(np.concatenate([a // size, ends // size])))
+
+    sectors = count(SECTOR)
+    asked = len(np.unique(a)) * access_bytes
+    return Request(sectors, count(LINE), asked / (sectors * SECTOR))
+
+
+def access_pattern(stage, D=64, step=0, warp=0, ax=None):
+    """A 32 x D tile of K (rows = keys, columns = head dim; V and Q load the same way): the
+    elements one load instruction of one warp reads, coloured by lane; thin lines are 32-byte
+    sector boundaries, red boxes the sectors the instruction touches. The title gives sectors
+    per request and how much of them is used."""
+    slug = _slug(stage)
+    rows, cols = warp_elements(slug, D, step, warp)
+    keep = rows < BC
+    lane = np.full((BC, D), np.nan)
+    lane[rows[keep], cols[keep]] = np.arange(WARP)[keep]
+    alone = ax is None
+    if alone:
+        ax = Figure(figsize=(9, 5), layout="constrained").subplots()
+    cm = matplotlib.colormaps[CMAP].with_extremes(bad="#f0f0f0")  # grey: not read
+    im = ax.imshow(lane, cmap=cm, vmin=0, vmax=WARP - 1, interpolation="nearest")
+    per = SECTOR // 4
+    for c in range(per, D, per):
+        ax.axvline(c - 0.5, color="0.6", lw=0.5)
+    addr = warp_addresses(slug, D, step, warp)
+    for s in np.unique(addr // SECTOR):
+        r, c = divmod(int(s) * per, D)
+        ax.add_patch(Rectangle((c - 0.5, r - 0.5), min(per, D - c), 1, fill=False, ec="red", lw=1))
+    req = sectors_per_request(addr)
+    what = f"x = {step}" if slug == "01_naive" else f"warp {warp}, trip {step}"
+    lines = f"{req.lines} line" + "s" * (req.lines > 1)
+    ax.set_title(f"{slug}: one load instruction ({what})\n{req.sectors} sectors, {lines} per "
+                 f"request; {req.efficiency:.1%} of their bytes used", fontsize=10)
+    ax.set_xlabel("head-dim column of the tile (grey lines: sector boundaries, red: sectors read)")
+    ax.set_ylabel("key row of the tile")
+    if alone:
+        ax.figure.colorbar(im, ax=ax, label="lane", shrink=0.8)
+    return ax.figure
+
+
+def access_comparison(D=64):
+    """access_pattern of stage 01 and stage 02 side by side, one colour bar for the lane."""
+    fig = Figure(figsize=(13, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, slug in zip(axes, WARPS_PER_BLOCK):
+        access_pattern(slug, D, ax=ax)
+    fig.colorbar(axes[0].images[0], ax=axes, label="lane", shrink=0.8)
+    return fig
+
+
+# ---------------------------------------------------------------- shared memory: bank conflicts
+
+def bank_wavefronts(addresses):
+    """Wavefronts (shared-memory clock cycles) one warp-wide 4-byte shared-memory access needs:
+    the most distinct words any one of the 32 banks must deliver. Lanes reading the same word
+    share it (broadcast): 1 wavefront; 32 lanes in one bank at 32 different words: 32."""
+    words = np.unique(np.asarray(addresses, dtype=np.int64) // 4)
+    return int(np.bincount(words % BANKS, minlength=BANKS).max())
+
+
+def smem_accesses(stage, D=64, with_source=False) -> pd.DataFrame:
+    """Every shared-memory access in one (j, i) step of the kernel, as the source indexes it: how
+    many times each warp executes it, its wavefronts (bank_wavefronts of the lanes' addresses,
+    loop counters at 0: the conflict does not depend on them), warps per block, and `cycles`, their
+    product: what the step costs the SM's shared-memory pipe, which serves one wavefront a clock.
+    Left out: the K and V tile stores, made once per j, so 1/Tr of a step each. with_source adds
+    the line of the .cu file each access comes from."""
+    slug = _slug(stage)
+    t, bcast = np.arange(WARP), np.zeros(WARP, dtype=np.int64)
+    if slug == "01_naive":  # lane = thread tx = query row
+        rows = [("Qi[(tx * d) + x] = Q[", "Qi[tx*d + x] store", "load Q_i", D, t * D),
+                ("Qi[(tx * d) + x] * Kj[(y * d) + x]", "Qi[tx*d + x]", "scores", BC * D, t * D),
+                ("Qi[(tx * d) + x] * Kj[(y * d) + x]", "Kj[y*d + x]", "scores", BC * D, bcast),
+                ("S[(Bc * tx) + y] = sum", "S[Bc*tx + y] store", "scores", BC, t * BC),
+                ("S[(Bc * tx) + y] = __expf(S[(Bc * tx) + y]", "S[Bc*tx + y] load + store", "exp",
+                 2 * BC, t * BC),
+                ("S[(Bc * tx) + y] * Vj[(y * d) + x]", "S[Bc*tx + y]", "P·V", D * BC, t * BC),
+                ("S[(Bc * tx) + y] * Vj[(y * d) + x]", "Vj[y*d + x]", "P·V", D * BC, bcast)]
+    else:  # lane tx = key of the tile for S, output column tx, tx+32, ... for O; warp ty = row
+        per_lane = math.ceil(D / WARP)
+        rows = [("tile[e] = r < N ? src[", "Qi[e] store (load_tile)", "load Q_i",
+                 math.ceil(BR * D / (BR * WARP)), t),  # Br*D elements over Br*32 threads
+                ("Qi[ty * d + x] * Kj[tx * d + x]", "Qi[ty*d + x]", "scores", D, bcast),
+                ("Qi[ty * d + x] * Kj[tx * d + x]", "Kj[tx*d + x]", "scores", D, t * D),
+                ("S[ty * Bc + tx] = p", "S[ty*Bc + tx] store", "softmax", 1, t),
+                ("S[ty * Bc + y] * Vj[y * d + x]", "S[ty*Bc + y]", "P·V", per_lane * BC, bcast),
+                ("S[ty * Bc + y] * Vj[y * d + x]", "Vj[y*d + x]", "P·V", per_lane * BC, t)]
+    df = pd.DataFrame(rows, columns=["source", "access", "loop", "per_warp", "words"])
+    df["wavefronts"] = [bank_wavefronts(w * 4) for w in df["words"]]
+    df["warps"] = WARPS_PER_BLOCK[slug]
+    df["cycles"] = df["per_warp"] * df["wavefronts"] * df["warps"]
+    return df.drop(columns=["words"] if with_source else ["words", "source"])
+
+
+def smem_bound_ms(stage, N=1024, D=64, clock_ghz=1.98):
+    """A lower bound on the kernel's time from shared memory alone: smem_accesses' cycles per step
+    times the Tc * Tr steps of a block, at `clock_ghz` (1.98: the boost clock of an H100 or H200
+    SXM). Each block has an SM to itself here (B*H = 64 blocks, 132 SMs), so blocks run side by
+    side and one block's time is the kernel's."""
+    steps = math.ceil(N / BC) * math.ceil(N / BR)
+    return smem_accesses(stage, D)["cycles"].sum() * steps / (clock_ghz * 1e9) * 1e3
+
+
+# ---------------------------------------------------------------- who does what, and in what order
+
+def serial_fmas(stage, D=64):
+    """Multiply-adds one thread does, one after another, per (j, i) step: 01 computes its row's
+    Bc scores and D outputs alone; 02 splits them over the 32 lanes."""
+    if _slug(stage) == "01_naive":
+        return BC * D + D * BC
+    return D + math.ceil(D / WARP) * BC
+
+
+def thread_ownership(stage, D=64):
+    """One (j, i) step: the Br x Bc score tile S and the Br x D output tile O, each element coloured
+    by the thread (01) or lane (02) that computes it; white lines separate warps. 01: thread t
+    owns query row t, all its scores and outputs. 02: warp w owns row w; lane t computes score
+    (w, t), and output columns t, t + 32, ..."""
+    slug = _slug(stage)
+    r, cs, co = np.arange(BR)[:, None], np.arange(BC)[None, :], np.arange(D)[None, :]
+    if slug == "01_naive":
+        tiles = np.broadcast_to(r, (BR, BC)), np.broadcast_to(r, (BR, D))
+        head = "one warp per block: thread t owns query row t"
+    else:
+        tiles = np.broadcast_to(cs, (BR, BC)), np.broadcast_to(co % WARP, (BR, D))
+        head = "32 warps per block: warp w owns row w; lane t owns key t of S, columns t, t+32 of O"
+    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    axes = fig.subplots(1, 2, width_ratios=[BC, D])
+    for ax, tile, name, xl in zip(axes, tiles, ("S = Q_i K_jᵀ   (Br × Bc)", "O_i   (Br × D)"),
+                                  ("key in tile j", "head-dim column")):
+        im = ax.imshow(tile, cmap=CMAP, vmin=0, vmax=WARP - 1, interpolation="nearest")
+        if slug == "02_coalesced":
+            for y in range(1, BR):
+                ax.axhline(y - 0.5, color="white", lw=0.6)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel(xl)
+        ax.set_ylabel("query row in tile i")
+    fig.colorbar(im, ax=axes, label="thread" if slug == "01_naive" else "lane", shrink=0.9)
+    fig.suptitle(f"{slug}: {head}\n{serial_fmas(slug, D)} multiply-adds per thread per (j, i) "
+                 f"step, one after another", fontsize=10)
+    return fig
+
+
+def loop_order(order="fa1", T=4, N=1024, tile=32):
+    """The score matrix as T x T tiles (rows: Q tiles i, columns: K/V tiles j), numbered in the
+    order a block visits them. "fa1" (stages 01, 02): K/V tile j outer, Q tile i inner, so every
+    visit reads Q_i and reads and writes O_i, m_i, l_i in global memory (red marks). "fa2": Q tile
+    outer, and O_i, m_i, l_i stay on chip until the row of tiles is done. The title counts the
+    round trips at sequence length N with tile x tile tiles."""
+    fa1 = order == "fa1"
+    visits = [(i, j) for j in range(T) for i in range(T)] if fa1 else \
+             [(i, j) for i in range(T) for j in range(T)]
+    fig = Figure(figsize=(7.5, 5.6), layout="constrained")
+    ax = fig.subplots()
+    blues = matplotlib.colormaps["Blues"]
+    for n, (i, j) in enumerate(visits):
+        ax.add_patch(Rectangle((j, i), 1, 1, fc=blues(0.1 + 0.5 * n / len(visits)), ec="k", lw=1))
+        ax.text(j + 0.5, i + 0.4, str(n + 1), ha="center", va="center", fontsize=13)
+        if fa1 or j == T - 1:
+            ax.text(j + 0.5, i + 0.75, "⇅ O, m, l" if fa1 else "↑ O", ha="center", va="center",
+                    color="tab:red", fontsize=8)
+    for j in range(T):
+        ax.text(j + 0.5, -0.15, f"K{j}, V{j}", ha="center", va="bottom", fontsize=9)
+    for i in range(T):
+        ax.text(-0.1, i + 0.5, f"Q{i} → O{i}, m{i}, l{i}", ha="right", va="center", fontsize=9)
+    ax.set_xlim(-2.2, T + 0.05)
+    ax.set_ylim(T + 0.05, -0.7)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    t = math.ceil(N / tile)
+    if fa1:
+        title = (f"FlashAttention-1 order (stages 01, 02): K/V tile j outer, Q tile i inner\n"
+                 f"⇅ = read Q_i, read and write O_i, m_i, l_i in global memory: at every visit,\n"
+                 f"{T * T} round trips here, {t} x {t} = {t * t} per (batch, head) at N = {N}")
+    else:
+        title = (f"FlashAttention-2 order: Q tile i outer, K/V tile j inner\n"
+                 f"O_i, m_i, l_i stay in registers; O_i is written once per row of tiles "
+                 f"({t} per (batch, head) at N = {N})")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def grid_fill(stages=("01_naive",), B=4, H=16, sms=132, warp_slots=64):
+    """One square per SM of a 132-SM GPU (H100, H200), filled from the bottom by the share of its
+    64 warp slots the kernel occupies: B*H blocks, one per SM (the block scheduler spreads them),
+    grey SMs get no block at all."""
+    stages = [stages] if isinstance(stages, (str, int)) else list(stages)
+    cols = 12
+    rows = math.ceil(sms / cols)
+    fig = Figure(figsize=(4.6 * len(stages), 4.2), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(stages)))
+    for ax, st in zip(axes, stages):
+        slug = _slug(st)
+        warps, blocks = WARPS_PER_BLOCK[slug], B * H
+        for s in range(sms):
+            y, x = divmod(s, cols)
+            busy = s < blocks
+            ax.add_patch(Rectangle((x, y), 0.9, 0.9, fc="#dbe9f6" if busy else "0.88",
+                                   ec="tab:blue" if busy else "none", lw=0.6))
+            if busy:
+                ax.add_patch(Rectangle((x, y + 0.9), 0.9, -0.9 * warps / warp_slots, fc="tab:blue"))
+        used = min(blocks, sms) * warps
+        ax.set_title(f"{slug}: {blocks} blocks x {warps} warp{'s' * (warps > 1)}\n"
+                     f"{min(blocks, sms)} of {sms} SMs busy; {used} of {sms * warp_slots} warp "
+                     f"slots ({used / (sms * warp_slots):.1%})", fontsize=10)
+        ax.set_xlim(-0.1, cols)
+        ax.set_ylim(rows, -0.1)
+        ax.set_aspect("equal")
+        ax.axis("off")
+    return fig

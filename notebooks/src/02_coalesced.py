@@ -1,0 +1,171 @@
+# %% [markdown]
+# # Stage 02 — coalesced loads
+#
+# Stage 01 gives each thread a whole query row. So when a warp copies a tile, its 32 lanes read
+# 32 different rows, and each thread does all of its row's arithmetic alone. Stage 02 keeps the
+# algorithm — FlashAttention-1 loop order, $m$ and $l$ in global memory, $B_c = B_r = 32$ — and
+# changes who does what:
+#
+# * A block is $32 \times 32$ threads. Warp `ty` owns query row `ty` of the tile; lane `tx` owns
+#   key `tx` of the K/V tile for the scores, and output columns `tx`, `tx`+32, … for $O$.
+# * Tiles are copied by consecutive threads taking consecutive floats, so one load instruction of a
+#   warp reads 32 neighbouring floats: 128 bytes, 4 sectors, instead of 32 sectors.
+# * The row max and row sum, which a thread used to loop over, become warp shuffles.
+#
+# One load instruction of warp 0, before and after:
+
+# %%
+%matplotlib inline
+import flashlab as fl
+from flashlab import diagrams, plots
+from flashlab import notebook as nb
+nb.banner()
+
+# %%
+diagrams.access_comparison()
+
+# %% [markdown]
+# And the work of one (j, i) visit, coloured by the lane that does it (compare stage 01's figure,
+# where thread $t$ did all of row $t$):
+
+# %%
+diagrams.thread_ownership("02_coalesced")
+
+# %% [markdown]
+# ## The kernel
+#
+# What changed since stage 01:
+#
+# * `load_tile`: thread `tid` of 1024 copies elements `tid`, `tid` + 1024, … of the tile, so each
+#   warp reads one contiguous stretch. The same function loads $K_j$, $V_j$ and $Q_i$.
+# * Scores: each lane computes one, `s += Qi[ty * d + x] * Kj[tx * d + x]`; `warp_max` and
+#   `warp_sum` combine the row in 5 shuffle steps each.
+# * $PV$: lane `tx` produces output columns `tx`, `tx` + 32, …, reading the warp's row of $P$
+#   (the same word for every lane) and a row of $V_j$ (32 consecutive words). Stores of $O$ are
+#   coalesced the same way.
+# * Synchronisation: `__syncthreads` once the Q tile is in and again at the end of the visit;
+#   `__syncwarp` where a warp reads back the row of $P$ it just wrote. Lane 0 alone writes $m$
+#   and $l$.
+# * `__launch_bounds__(Bc * Br)` tells the compiler the block has 1024 threads, so it keeps each
+#   thread within $65536 / 1024 = 64$ registers and the block can launch.
+
+# %%
+nb.show_diff("01_naive", "02_coalesced")
+
+# %%
+nb.show_source("02_coalesced", "load_tile")
+
+# %% [markdown]
+# ## Resources
+#
+# 1024 threads at up to 64 registers take the SM's whole register file (64 K registers), so an SM
+# holds one block. That costs nothing here: the grid has fewer blocks (64) than the GPU has SMs.
+
+# %%
+nb.resources("02_coalesced")
+
+# %% [markdown]
+# ## Prediction
+#
+# The stage advertises two improvements:
+#
+# 1. **32 warps per block instead of 1.** A thread's serial work per visit falls from
+#    $2 B_c d = 4096$ multiply-adds to $d + (d/32) B_c = 128$, and each SM has 32 warps to switch
+#    between while some wait on memory.
+# 2. **8× fewer sectors per load** (32 → 4), every byte used.
+#
+# If either set the time we would expect 10–30×. But stage 01's time was set by neither: it was
+# set by shared-memory bank conflicts. Count them again, per visit and per block:
+#
+# * **Scores.** Lane `tx` reads `Kj[tx * d + x]`: key row `tx`, $d = 64$ floats from its
+#   neighbour, so all 32 lanes hit the same bank (as they do whenever $d$ is a multiple of 32):
+#   32-way, the same conflict stage 01 had on `Qi`, moved to `Kj`. `Qi[ty * d + x]` is one word
+#   for the whole warp (a broadcast). 32 warps × 64 reads × (32 + 1) clocks $\approx$ 67.6 k
+#   clocks.
+# * **$PV$.** `S[ty * Bc + y]` is a broadcast; `Vj[y * d + x]` with `x = tx` is 32 consecutive
+#   words, one per bank. 32 warps × 64 iterations × 2 reads $\approx$ 4.1 k clocks, where stage 01
+#   paid about 67.6 k.
+#
+# About 72 k clocks per visit against stage 01's 140 k: the shared-memory bound only halves, to
+# about 37 ms at 1.98 GHz. Arithmetic is no limit: $32 \times 128$ warp multiply-adds at 4 per
+# clock per SM is about 1 k clocks per visit. Global loads are now coalesced, and 32 warps can hide
+# their latency.
+#
+# **Prediction: about 2× faster**, close to the new shared-memory bound (≈ 37 ms,
+# ≈ 0.46 TFLOP/s). The effect that dominates is neither the extra threads nor coalescing but the
+# removal of the $PV$ bank conflict; the extra warps help only by keeping the shared-memory pipe
+# busy while others wait for global memory. The bottleneck left is the 32-way conflict in
+# `Kj[tx * d + x]`, which stage 03 removes. And the grid is unchanged: 64 blocks, 68 idle SMs.
+
+# %%
+diagrams.grid_fill(["01_naive", "02_coalesced"])
+
+# %%
+diagrams.smem_accesses("02_coalesced")
+
+# %%
+clock_ghz = 1.98  # boost clock of an H100 or H200 SXM: put your GPU's here
+bound = {s: diagrams.smem_bound_ms(s, fl.TEACHING.N, fl.TEACHING.D, clock_ghz)
+         for s in ("01_naive", "02_coalesced")}
+predicted = bound["01_naive"] / bound["02_coalesced"]
+print(f"Shared-memory bound at {clock_ghz} GHz: {bound['01_naive']:.0f} ms (stage 01) → "
+      f"{bound['02_coalesced']:.0f} ms (stage 02): a predicted speedup of {predicted:.2f}x.")
+
+# %% [markdown]
+# ## Measurement
+#
+# As in stage 01: on a GPU, build, check against float64 on fresh inputs, time at the teaching
+# config and record; without one, the recorded rows. (The comparison below needs stage 01's row
+# from the same GPU: on a GPU, run notebook 01 first.)
+
+# %%
+ev = nb.evaluate("02_coalesced")
+ev
+
+# %%
+ev.check.pivot_table(index="N", columns=["D", "causal"], values="rel_err", aggfunc="max")
+
+# %% [markdown]
+# ## Prediction against measurement
+
+# %%
+ms = nb.compare().set_index("stage")["median_ms"]
+share = {s: bound[s] / ms[s] for s in bound}
+print(f"Measured speedup {nb.speedup('01_naive', '02_coalesced'):.2f}x, predicted "
+      f"{predicted:.2f}x. The shared-memory bound is {share['01_naive']:.0%} of stage 01's "
+      f"measured time and {share['02_coalesced']:.0%} of stage 02's.")
+
+# %% [markdown]
+# The measured speedup is the product of two factors: the predicted one, the ratio of the two
+# shared-memory bounds (the $PV$ conflict removed); and the ratio of the two shares printed above,
+# how close each stage runs to its bound. Stage 02 should run closer to its bound than stage 01
+# does, because 32 warps keep the shared-memory pipe busy while some of them wait on global memory,
+# where stage 01's lone warp stalls on every load. That second factor is all that the coalesced
+# loads and the 32× more threads could buy: the large gains they promise stay locked behind the bank
+# conflict in `Kj[tx * d + x]`.
+#
+# The lesson generalises: a change that removes a real inefficiency speeds a kernel up only as far
+# as the next bottleneck allows. Count the bottleneck before you predict.
+
+# %% [markdown]
+# ## Against PyTorch and the earlier stage
+
+# %%
+plots.ladder()
+
+# %%
+nb.compare()
+
+# %% [markdown]
+# ## Next: stage 03
+#
+# Stage 03 attacks everything this stage left alone:
+#
+# * **Loop order.** Query tiles go outside (the FlashAttention-2 order), so $m$, $l$ and $O$ stay
+#   in registers for the whole row of tiles instead of a global-memory round trip per visit; and
+#   the grid gets a block per (query tile, batch, head), enough to fill every SM.
+# * **Thread coarsening.** At $d = 64$ each thread computes a 4 × 4 patch of scores and a patch of
+#   $O$ in registers, reading shared memory 16 bytes at a time, so every value it loads feeds
+#   several multiply-adds.
+# * **Padding.** Rows of the K and Q tiles are stored $d + 4$ floats apart, so the 16 key rows that
+#   a half-warp reads start in different banks: the `Kj[tx * d + x]` conflict disappears.

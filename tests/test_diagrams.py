@@ -1,0 +1,106 @@
+"""flashlab.diagrams on the CPU: the counts the notebooks predict from; every figure draws."""
+import io
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from flashlab import diagrams as dg
+from flashlab.stages import stage
+
+STAGES = ["01_naive", "02_coalesced"]
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_stage01_lanes_read_one_column_of_32_rows(D):
+    addr = dg.warp_addresses("01_naive", D=D, step=5)
+    assert list(addr) == [(t * D + 5) * 4 for t in range(32)]
+
+
+def test_stage02_lanes_read_consecutive_floats():
+    addr = dg.warp_addresses("02_coalesced", D=64, warp=3)
+    assert list(addr) == [(3 * 32 + t) * 4 for t in range(32)]
+
+
+@pytest.mark.parametrize("D", [1, 40, 64, 100, 128])
+def test_stage02_load_tile_covers_the_tile_once(D):
+    trips = -(-32 * D // 1024)
+    seen = np.concatenate([dg.warp_addresses("02_coalesced", D, step, w) // 4
+                           for step in range(trips) for w in range(32)
+                           if step * 1024 + w * 32 < 32 * D])
+    assert sorted(seen) == list(range(32 * D))
+
+
+def test_sectors_per_request_at_d64():
+    assert dg.sectors_per_request(dg.warp_addresses("01_naive")) == (32, 32, 0.125)
+    assert dg.sectors_per_request(dg.warp_addresses("02_coalesced")) == (4, 1, 1.0)
+
+
+def test_sectors_per_request_edge_cases():
+    assert dg.sectors_per_request([0] * 32).sectors == 1           # broadcast: one sector
+    assert dg.sectors_per_request([30], access_bytes=4).sectors == 2  # straddles a boundary
+    assert dg.sectors_per_request(np.arange(32) * 8).sectors == 8   # stride 2 floats
+
+
+def test_bank_wavefronts():
+    t = np.arange(32)
+    assert dg.bank_wavefronts(t * 4) == 1            # consecutive words
+    assert dg.bank_wavefronts(np.zeros(32)) == 1     # broadcast
+    assert dg.bank_wavefronts(t * 64 * 4) == 32      # rows of 64 floats: one bank
+    assert dg.bank_wavefronts(t * 2 * 4) == 2        # stride 2: two-way
+    assert dg.bank_wavefronts(t * 65 * 4) == 1       # padded rows: conflict-free
+
+
+def test_smem_counts_at_d64():
+    s1, s2 = dg.smem_accesses("01_naive"), dg.smem_accesses("02_coalesced")
+    assert s1["cycles"].sum() == 140288
+    assert s2["cycles"].sum() == 71776
+    kj = s2[s2["access"] == "Kj[tx*d + x]"].iloc[0]
+    assert kj["wavefronts"] == 32                    # the bottleneck stage 03 removes
+    assert (s2[s2["loop"] == "P·V"]["wavefronts"] == 1).all()
+    ratio = dg.smem_bound_ms("01_naive") / dg.smem_bound_ms("02_coalesced")
+    assert 1.9 < ratio < 2.0
+
+
+@pytest.mark.parametrize("slug", STAGES)
+def test_models_quote_the_kernels(slug):
+    """Each access the model counts is still in the .cu file it was copied from."""
+    text = stage(slug).source.read_text()
+    for fragment in dg.smem_accesses(slug, with_source=True)["source"]:
+        assert fragment in text, fragment
+    load = {"01_naive": "K[qkv_offset + (size_t)key * d + x]",
+            "02_coalesced": "src[(size_t)first * d + e]"}[slug]
+    assert load in text
+
+
+def test_serial_work():
+    assert dg.serial_fmas("01_naive") == 4096
+    assert dg.serial_fmas("02_coalesced") == 128
+
+
+def test_only_modelled_stages():
+    with pytest.raises(ValueError):
+        dg.warp_addresses("03_coarsened")
+
+
+def _renders(fig):
+    assert isinstance(fig, Figure)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=40)
+    return buf.tell() > 1000
+
+
+@pytest.mark.parametrize("draw", [
+    lambda: dg.access_pattern("01_naive"), lambda: dg.access_pattern("02_coalesced", D=128),
+    dg.access_comparison, lambda: dg.thread_ownership("01_naive"),
+    lambda: dg.thread_ownership("02_coalesced"), dg.loop_order, lambda: dg.loop_order("fa2"),
+    lambda: dg.grid_fill(STAGES), lambda: dg.grid_fill("01_naive"),
+])
+def test_figures_render(draw):
+    assert _renders(draw())
+
+
+def test_titles_carry_the_counts():
+    assert "32 sectors" in dg.access_pattern("01_naive").axes[0].get_title()
+    assert "4 sectors" in dg.access_pattern("02_coalesced").axes[0].get_title()
+    assert "1024 per (batch, head)" in dg.loop_order().axes[0].get_title()
