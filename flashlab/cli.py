@@ -40,9 +40,9 @@ def _need_gpu(what):
 
 def _cmd_run(args):
     from .runner import run
-    run(args.stage or None, with_baselines=not args.no_baselines,
-        with_sweep=not args.no_sweep, progress=not args.no_progress)
-    return 0
+    df = run(args.stage or None, with_baselines=not args.no_baselines,
+             with_sweep=not args.no_sweep, progress=not args.no_progress)
+    return 1 if df.attrs.get("failed") else 0
 
 
 def _cmd_check(args):

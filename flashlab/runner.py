@@ -76,7 +76,7 @@ def _job(args, log, out):
 
 
 def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, out=print):
-    """The main job. Returns the results table."""
+    """The main job. Returns the results table; df.attrs["failed"] lists the jobs that failed."""
     if not gpu_available():
         return replay(out)
     from tqdm.auto import tqdm
@@ -116,6 +116,7 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
     out("figures: " + ", ".join(str(f) for f in figs))
     if failed:
         out("FAILED: " + ", ".join(failed))
+    df.attrs["failed"] = failed
     return df
 
 
