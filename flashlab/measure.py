@@ -48,11 +48,13 @@ def measure_stage(st: Stage, configs=None, record=True, log=print, attn=None):
     failed. Returns (CheckResult, DataFrame of the rows), which are also recorded in data/."""
     env = environment()
     configs = configs_for(st) if configs is None else configs
-    try:
-        res = ptxas.summary(st.source, _arch(env))
-    except (OSError, RuntimeError) as err:
-        log(f"{st.slug}: no ptxas report ({err})")
-        res = {}
+    def res_at(D):
+        try:
+            return ptxas.summary(st.source, _arch(env), head_dim=D)
+        except (OSError, RuntimeError) as err:
+            log(f"{st.slug}: no ptxas report ({err})")
+            return {}
+
     attn = attn or st.build()
     chk = check(attn)
     log(str(chk))
@@ -62,14 +64,14 @@ def measure_stage(st: Stage, configs=None, record=True, log=print, attn=None):
     rows = []
     for cfg in configs:
         if not chk.passed:
-            rows.append(_row(st.slug, "stage", cfg, env, status="failed check", **res,
+            rows.append(_row(st.slug, "stage", cfg, env, status="failed check", **res_at(cfg.D),
                              note=f"not timed: check failed, max rel err {chk.max_rel_err:.2e}"))
             continue
         try:
             m = bench(attn, cfg)
             # the check above is the real test; this guards the timed config itself
             status = "ok" if m["rel_err"] <= (FP32_TOL if cfg.dtype == "fp32" else 1e-2) else "failed check"
-            rows.append(_row(st.slug, "stage", cfg, env, status=status, **m, **res))
+            rows.append(_row(st.slug, "stage", cfg, env, status=status, **m, **res_at(cfg.D)))
             log(f"{st.slug:16} {cfg.label:42} {m['median_ms']:10.3f} ms {m['tflops']:8.2f} TFLOP/s"
                 f"  rel_err {m['rel_err']:.1e}")
         except ValueError as err:

@@ -4,7 +4,7 @@ import torch
 
 from . import paths, results
 from .bench import time_fn
-from .env import environment
+from .env import environment, gpu_available
 
 MATMUL_N = 8192
 COPY_BYTES = 2**30
@@ -37,7 +37,8 @@ def record(rows):
 
 
 def load(gpu=None) -> dict:
-    """{metric: value} for `gpu` (default: the most recently measured GPU); {} if none recorded."""
+    """{metric: value} for `gpu` (default: the GPU in use if its ceilings are recorded, else the
+    most recently measured one); {} if none recorded."""
     import pandas as pd
     p = paths.peaks_csv()
     if not p.exists():
@@ -45,6 +46,8 @@ def load(gpu=None) -> dict:
     df = pd.read_csv(p, dtype=results.TEXT)
     if df.empty:
         return {}
+    if gpu is None and gpu_available() and torch.cuda.get_device_name() in set(df["gpu"]):
+        gpu = torch.cuda.get_device_name()
     gpu = gpu or df.sort_values("time")["gpu"].iloc[-1]
     df = df[df["gpu"] == gpu]
     return dict(zip(df["metric"], df["value"]))

@@ -98,9 +98,18 @@ def resources(source, arch="sm_90"):
     return found
 
 
-def summary(source, arch="sm_90") -> dict:
-    """The worst case over a stage's kernels, as the results table records it."""
+def _first_template_arg(kernel: str):
+    m = re.search(r"<\s*(\d+)", kernel)
+    return int(m.group(1)) if m else None
+
+
+def summary(source, arch="sm_90", head_dim=None) -> dict:
+    """What the results table records: the kernel that runs at `head_dim` where a stage
+    instantiates one per head dim (by convention D is its first template argument), else the
+    worst case over the stage's kernels."""
     found = resources(source, arch)
+    if head_dim is not None:
+        found = [r for r in found if _first_template_arg(r.kernel) == head_dim] or found
     return {"registers": max((r.registers for r in found), default=0),
             "smem_static_bytes": max((r.smem_static_bytes for r in found), default=0),
             "spill_bytes": max((r.spill_bytes for r in found), default=0)}
