@@ -6,10 +6,10 @@
 // once per K/V tile. Thread t loads row t of each tile, so the 32 threads of the warp read 32
 // addresses D floats apart: every load instruction touches 32 different sectors (uncoalesced).
 //
-// Changes from the published kernel, none of which alter its speed: loads and stores are
-// bounds-checked so any N >= 1 works; keys past N and (causal) keys after the query get score
-// -inf; m, l and O are initialised on the first K/V tile instead of by the host, which also means
-// the output is never read before it is written.
+// Changes from the published kernel, none of which touch its memory-access pattern or its
+// loop structure: loads and stores are bounds-checked so any N >= 1 works; keys past N and
+// (causal) keys after the query get score -inf; m, l and O are initialised on the first K/V tile
+// instead of by the host, which also means the output is never read before it is written.
 #include <cmath>
 #include "common.cuh"
 

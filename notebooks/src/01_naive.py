@@ -52,8 +52,8 @@ diagrams.thread_ownership("01_naive")
 #   row sum, and $P V_j$ (`d`·`Bc` multiply-adds), writing `O`, `m` and `l` back.
 # * `l` and `m` live in a global workspace of $2BHN$ floats (`flashlab_workspace_bytes`).
 #
-# flashlab added three things to the published kernel, none of which changes its speed: bounds
-# checks, so that any $N \ge 1$ works (tiles past $N$ read zeros and score $-\infty$); the
+# flashlab added three things to the published kernel, none of which changes its memory-access
+# pattern or loop structure (they cost a few compares per loop): bounds checks, so that any $N \ge 1$ works (tiles past $N$ read zeros and score $-\infty$); the
 # causal mask; and initialising $m$, $l$, $O$ on the first K/V tile (`j == 0`) instead of on the
 # host, so the output is never read before it is written. The three `extern "C"` functions at the
 # bottom are flashlab's contract with every stage (`kernels/flashlab.h`): can this problem run,
