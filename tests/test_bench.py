@@ -1,0 +1,157 @@
+"""FLOP counts, the standard configs, TFLOP/s, and the timing fallback's statistics (with fake
+CUDA events, so they run without a GPU)."""
+import importlib
+import math
+import random
+import statistics
+import sys
+
+import pytest
+import torch
+
+import flashlab as fl
+
+# `flashlab.bench` is the bench() function (fl.bench(attn, cfg)); the module is flashlab.bench too
+bench_mod = importlib.import_module("flashlab.bench")
+
+
+@pytest.mark.parametrize("B,H,N,D", [(1, 1, 1, 1), (4, 16, 1024, 64), (2, 3, 17, 128),
+                                     (1, 16, 16384, 128)])
+def test_flops(B, H, N, D):
+    assert fl.flops(B, H, N, D) == 4 * B * H * N * N * D
+    assert fl.flops(B, H, N, D, causal=False) == 4 * B * H * N * N * D
+    assert fl.flops(B, H, N, D, causal=True) == 2 * B * H * N * N * D
+    cfg = fl.Config(B, H, N, D)
+    assert cfg.flops == fl.flops(B, H, N, D)
+    assert fl.Config(B, H, N, D, causal=True).flops == fl.flops(B, H, N, D) / 2
+
+
+def test_flops_do_not_overflow():
+    assert fl.flops(16, 16, 2**20, 256) == pytest.approx(4.0 * 16 * 16 * 2**40 * 256)
+
+
+def test_sweep_is_the_flashattention_papers():
+    configs = fl.sweep()
+    assert len(configs) == 2 * 2 * 6
+    assert len(set(configs)) == len(configs)
+    assert fl.SWEEP_NS == (512, 1024, 2048, 4096, 8192, 16384)
+    assert sorted({c.N for c in configs}) == list(fl.SWEEP_NS)
+    assert {c.D for c in configs} == {64, 128}
+    assert {c.causal for c in configs} == {False, True}
+    for c in configs:
+        assert c.B * c.N == 16384
+        assert c.H * c.D == 2048
+        assert c.dtype == "fp16"
+    for n in fl.SWEEP_NS:
+        for d in (64, 128):
+            for causal in (False, True):
+                assert sum(c.N == n and c.D == d and c.causal == causal for c in configs) == 1
+    assert {c.dtype for c in fl.sweep("bf16")} == {"bf16"}
+
+
+def test_teaching_config():
+    t = fl.TEACHING
+    assert (t.B, t.H, t.N, t.D, t.causal, t.dtype) == (4, 16, 1024, 64, False, "fp32")
+    assert fl.teaching() == t
+    half = fl.teaching("fp16")
+    assert (half.B, half.H, half.N, half.D, half.causal, half.dtype) == (4, 16, 1024, 64, False, "fp16")
+    assert t.label == "B=4 H=16 N=1024 D=64 fp32"
+    assert fl.Config(1, 2, 3, 4, True, "bf16").label == "B=1 H=2 N=3 D=4 bf16 causal"
+
+
+def test_config_inputs_on_cpu():
+    cfg = fl.Config(2, 3, 17, 8, dtype="fp32")
+    q, k, v = cfg.inputs(device="cpu", seed=1)
+    for x in (q, k, v):
+        assert x.shape == (2, 3, 17, 8) and x.dtype == torch.float32 and x.device.type == "cpu"
+        assert x.abs().sum() > 0
+    assert not torch.equal(q, k) and not torch.equal(k, v)
+    again = cfg.inputs(device="cpu", seed=1)
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), again))
+    other = cfg.inputs(device="cpu", seed=2)
+    assert not torch.equal(q, other[0])
+    assert fl.Config(1, 1, 4, 4, dtype="bf16").inputs(device="cpu")[0].dtype == torch.bfloat16
+
+
+def test_tflops():
+    cfg = fl.Config(4, 16, 1024, 64)
+    assert bench_mod.tflops(cfg, 1.0) == pytest.approx(cfg.flops / 1e-3 / 1e12)
+    assert bench_mod.tflops(cfg, 2.0) == pytest.approx(bench_mod.tflops(cfg, 1.0) / 2)
+    # 4 * 2^20 * 2^10 * ... : B=1 H=1 N=1024 D=1000 is 4.096e9 FLOP; in 1 ms, 4.096 TFLOP/s
+    assert bench_mod.tflops(fl.Config(1, 1, 1024, 1000), 1.0) == pytest.approx(4 * 1024**2 * 1000 / 1e9)
+
+
+# --- the timing fallback, with CUDA events faked -------------------------------------------------
+
+class FakeClock:
+    """Stands in for torch.cuda.Event: each (start, end) pair reports the next queued time."""
+
+    def __init__(self, times):
+        self.times = list(times)
+
+    def event_class(clock):
+        class Event:
+            def __init__(self, enable_timing=False):
+                assert enable_timing
+
+            def record(self, stream=None):
+                pass
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, end):
+                return clock.times.pop(0)
+        return Event
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    def install(times):
+        clock = FakeClock(times)
+        monkeypatch.setattr(torch.cuda, "Event", clock.event_class())
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(bench_mod, "_flush_l2", lambda device: None)
+        monkeypatch.setitem(sys.modules, "triton", None)  # `from triton... import` -> ImportError
+        monkeypatch.setitem(sys.modules, "triton.testing", None)
+        return clock
+    return install
+
+
+def test_timing_fallback_statistics(fake_cuda):
+    timed = [float(i) for i in range(1, 21)]
+    random.Random(0).shuffle(timed)
+    clock = fake_cuda([5.0] + timed)  # the first pair is the size estimate
+    calls = []
+    t = fl.time_fn(lambda: calls.append(1), min_runs=20, device="cpu")
+    assert clock.times == []
+    assert t.timer == "cuda events" and t.runs == 20
+    assert t.median_ms == pytest.approx(10.5)
+    assert t.p20_ms == pytest.approx(1 + 0.2 * 19)
+    assert t.p80_ms == pytest.approx(1 + 0.8 * 19)
+    assert t.p20_ms <= t.median_ms <= t.p80_ms
+    warmup = max(2, int(25 / 5.0))
+    assert len(calls) == 1 + 1 + warmup + 20  # load, estimate, warm-up, timed
+    assert t.as_dict() == dict(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, runs=20,
+                               timer="cuda events")
+
+
+def test_bench_row_with_fake_timer(fake_cuda):
+    fake_cuda([1.0] + [2.0] * 10 + [4.0] * 10)
+
+    def attn(q, k, v, causal=False, out=None):
+        o = fl.naive_attention(q, k, v, causal)
+        if out is None:
+            return o
+        out.copy_(o)
+        return out
+
+    cfg = fl.Config(1, 2, 64, 16)
+    row = fl.bench(attn, cfg, min_runs=20, device="cpu")
+    assert row["median_ms"] == pytest.approx(3.0)
+    assert row["tflops"] == pytest.approx(cfg.flops / 3.0e-3 / 1e12)
+    assert row["tflops_p20"] <= row["tflops"] <= row["tflops_p80"]  # slower time, lower rate
+    assert row["tflops_p20"] == pytest.approx(cfg.flops / (row["p80_ms"] * 1e-3) / 1e12)
+    assert row["rel_err"] < 1e-5
+    assert math.isfinite(row["rel_err"])
+    assert statistics.median([2.0] * 10 + [4.0] * 10) == row["median_ms"]

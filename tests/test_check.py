@@ -1,0 +1,164 @@
+"""fl.check on the CPU with pure-PyTorch attention functions: a correct one passes, and each kind
+of broken one fails. Also the float64 reference and rel_err."""
+import math
+
+import pytest
+import torch
+
+import flashlab as fl
+from flashlab.check import FP32_TOL, SHAPES, CheckResult
+
+
+def _attention(q, k, v, causal=False, scale=None):
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-2, -1)) * scale
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def _into(out, o):
+    if out is None:
+        return o
+    out.copy_(o)
+    return out
+
+
+def correct(q, k, v, causal=False, out=None):
+    return _into(out, _attention(q, k, v, causal))
+
+
+def last_row_unwritten(q, k, v, causal=False, out=None):
+    out = torch.empty_like(q) if out is None else out  # check() passes out poisoned with NaN
+    out[..., :-1, :] = _attention(q, k, v, causal)[..., :-1, :]
+    return out
+
+
+def ignores_causal(q, k, v, causal=False, out=None):
+    return _into(out, _attention(q, k, v, causal=False))
+
+
+def wrong_scale(q, k, v, causal=False, out=None):
+    return _into(out, _attention(q, k, v, causal, scale=1.0 / q.shape[-1]))
+
+
+def rounded_to_fp16(q, k, v, causal=False, out=None):
+    return _into(out, fl.reference(q, k, v, causal).half().to(q.dtype))
+
+
+def returns_fresh_tensor(q, k, v, causal=False, out=None):
+    return _attention(q, k, v, causal)  # ignores out but returns the right answer
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_correct_attention_passes(seed):
+    result = fl.check(correct, device="cpu", dtype="fp32", seed=seed)
+    assert result.passed, str(result)
+    assert {c.N for c in result.cases} >= {1, 17, 1000}
+    assert {c.causal for c in result.cases} == {False, True}
+    assert all(c.dtype == "fp32" and c.tol == FP32_TOL for c in result.cases)
+    assert len(result.cases) == len(SHAPES) * 2
+    assert result.max_rel_err < 1e-5
+    assert result.failures() == []
+    assert result.name == "correct"
+    assert str(result).startswith("correct: PASS")
+
+
+def test_returned_tensor_is_what_is_checked():
+    assert fl.check(returns_fresh_tensor, device="cpu", dtype="fp32", seed=0).passed
+
+
+@pytest.mark.parametrize("fn,failing", [
+    (last_row_unwritten, lambda c: True),                       # every shape has a last row
+    (ignores_causal, lambda c: c.causal and c.N > 1),           # N = 1 has nothing to mask
+    (wrong_scale, lambda c: c.N > 1),                           # one key: softmax is 1 anyway
+    (rounded_to_fp16, lambda c: True),
+], ids=["last_row_unwritten", "ignores_causal", "wrong_scale", "rounded_to_fp16"])
+def test_broken_attention_fails(fn, failing):
+    result = fl.check(fn, device="cpu", dtype="fp32", seed=0)
+    assert not result.passed, str(result)
+    assert str(result).startswith(f"{fn.__name__}: FAIL")
+    assert [c.passed for c in result.cases] == [not failing(c) for c in result.cases], str(result)
+    assert all(not c.passed for c in result.failures())
+
+
+def test_poison_makes_the_error_infinite():
+    result = fl.check(last_row_unwritten, device="cpu", dtype="fp32", seed=0)
+    assert all(c.rel_err == math.inf for c in result.cases)
+    assert result.max_rel_err == math.inf
+    assert "FAIL" in str(result)
+
+
+def test_fp16_rounding_is_caught_by_the_fp32_tolerance():
+    result = fl.check(rounded_to_fp16, device="cpu", dtype="fp32", seed=0)
+    for c in result.cases:
+        assert FP32_TOL < c.rel_err < 1e-2, str(result)
+
+
+def test_check_options():
+    result = fl.check(correct, device="cpu", dtype="fp32", head_dims=(8, 40), shapes=((1, 1, 5),),
+                      causal=(True,), name="mine", seed=3)
+    assert result.name == "mine"
+    assert [(c.N, c.D, c.causal) for c in result.cases] == [(5, 8, True), (5, 40, True)]
+    assert result.passed
+    rows = result.rows()
+    assert len(rows) == 2 and rows[0]["passed"] is True and rows[0]["N"] == 5
+
+
+def test_empty_result_does_not_pass():
+    empty = CheckResult("nothing")
+    assert not empty.passed
+    assert math.isnan(empty.max_rel_err)
+
+
+# --- the reference --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 8), (2, 3, 17, 16), (1, 2, 100, 64)])
+def test_reference_matches_torch_softmax(shape, causal):
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(*shape, generator=gen) for _ in range(3))
+    ref = fl.reference(q, k, v, causal=causal)
+    assert ref.dtype == torch.float64 and ref.shape == q.shape
+    qd, kd, vd = q.double(), k.double(), v.double()
+    s = qd @ kd.transpose(-2, -1) / math.sqrt(shape[-1])
+    if causal:
+        n = shape[2]
+        s = s + torch.full((n, n), float("-inf"), dtype=torch.float64).triu(1)
+    expect = torch.softmax(s, dim=-1) @ vd
+    torch.testing.assert_close(ref, expect, rtol=1e-12, atol=1e-12)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(qd, kd, vd, is_causal=causal)
+    torch.testing.assert_close(ref, sdpa, rtol=1e-10, atol=1e-10)
+
+
+def test_reference_scale_and_slicing():
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 33, 16, generator=gen) for _ in range(3))
+    whole = fl.reference(q, k, v, causal=True)
+    sliced = fl.reference(q, k, v, causal=True, max_bytes=1)  # one head at a time
+    torch.testing.assert_close(whole, sliced, rtol=0, atol=0)
+    scaled = fl.reference(q, k, v, scale=0.5)
+    expect = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                              scale=0.5)
+    torch.testing.assert_close(scaled, expect, rtol=1e-10, atol=1e-10)
+
+
+def test_naive_attention_keeps_the_dtype():
+    q = torch.randn(1, 2, 9, 8)
+    o = fl.naive_attention(q, q, q, causal=True)
+    assert o.dtype == torch.float32
+    assert fl.rel_err(o, fl.reference(q, q, q, causal=True)) < 1e-5
+
+
+def test_rel_err():
+    ref = torch.randn(2, 3, 4, 5, dtype=torch.float64)
+    assert fl.rel_err(ref.clone(), ref) == 0.0
+    assert fl.rel_err(ref.float(), ref) < 1e-7
+    assert fl.rel_err(2 * ref, ref) == pytest.approx(1.0)
+    bad = ref.clone()
+    bad[0, 0, 0, 0] = float("nan")
+    assert fl.rel_err(bad, ref) == math.inf
+    bad[0, 0, 0, 0] = float("inf")
+    assert fl.rel_err(bad, ref) == math.inf
+    assert fl.rel_err(torch.full_like(ref, float("nan")).float(), ref) == math.inf

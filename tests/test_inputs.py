@@ -1,0 +1,121 @@
+"""Input validation, on CPU tensors: validate() checks the device last, so every other rule shows
+here without a GPU. Every bad input is a ValueError whose message names the problem."""
+import numpy as np
+import pytest
+import torch
+
+import flashlab as fl
+from flashlab import build
+from flashlab.inputs import dtype_of, validate
+from flashlab.stages import Attention
+
+SHAPE = (1, 2, 16, 16)  # N == D, so a transpose keeps the shape but not the layout
+
+
+def t(*shape, dtype=torch.float32):
+    return torch.randn(*(shape or SHAPE), dtype=dtype)
+
+
+def misaligned(shape=SHAPE):
+    """A contiguous float tensor whose data starts 4 bytes into its storage."""
+    n = int(np.prod(shape))
+    return torch.randn(n + 1)[1:].view(shape)
+
+
+def _bad_calls():
+    q = t()
+    yield "non-tensor q", (q.numpy(), q, q), {}, "q must be a torch.Tensor"
+    yield "non-tensor v", (q, q, [1.0]), {}, "v must be a torch.Tensor, got list"
+    yield "non-tensor out", (q, q, q), {"out": 3.0}, "out must be a torch.Tensor"
+    yield "rank 3", (q[0], q[0], q[0]), {}, "rank 4"
+    yield "rank 5", (q[None], q[None], q[None]), {}, "rank 4"
+    yield "k shape", (q, t(1, 2, 17, 16), q), {}, "k has shape"
+    yield "v shape", (q, q, t(1, 2, 16, 8)), {}, "v has shape"
+    yield "empty N", (t(1, 2, 0, 16),) * 3, {}, "empty"
+    yield "empty B", (t(0, 2, 16, 16),) * 3, {}, "empty"
+    yield "empty D", (t(1, 2, 16, 0),) * 3, {}, "empty"
+    yield "float64", (q.double(),) * 3, {}, "dtype torch.float64; this stage takes"
+    yield "int", (q.int(),) * 3, {}, "dtype torch.int32"
+    yield "fp16 to an fp32 stage", (q.half(),) * 3, {}, "dtype torch.float16"
+    yield "non-contiguous k", (q, q.transpose(2, 3), q), {}, "k is not contiguous"
+    yield "misaligned v", (q, q, misaligned()), {}, "v is not 16-byte aligned"
+    yield "cpu tensors", (q, q, q), {}, "CUDA"
+    yield "out shape", (q, q, q), {"out": t(1, 2, 16, 8)}, "out has shape"
+    yield "out dtype", (q, q, q), {"out": q.double()}, "out has dtype"
+    yield "out non-contiguous", (q, q, q), {"out": q.transpose(2, 3)}, "out is not contiguous"
+    yield "out misaligned", (q, q, q), {"out": misaligned()}, "out is not 16-byte aligned"
+
+
+BAD = list(_bad_calls())
+
+
+@pytest.mark.parametrize("what,args,kwargs,words", BAD, ids=[b[0] for b in BAD])
+def test_bad_input_is_a_value_error_naming_the_problem(what, args, kwargs, words):
+    with pytest.raises(ValueError, match=words) as err:
+        validate("03_coarsened", *args, **kwargs)
+    assert str(err.value).startswith("03_coarsened: ")  # says who refused
+
+
+def test_mixed_dtypes_when_both_are_allowed():
+    q = t()
+    with pytest.raises(ValueError, match=r"k has dtype torch.float16 but q has torch.float32"):
+        validate("x", q, q.half(), q, dtypes=("fp32", "fp16"))
+    # the same dtypes, each allowed, pass every rule but the device
+    with pytest.raises(ValueError, match="CUDA"):
+        validate("x", q.half(), q.half(), q.half(), dtypes=("fp32", "fp16"))
+
+
+def test_too_many_elements_for_32_bit_indexing():
+    q = torch.empty(1, 1, 2**16, 2**15, device="meta")  # 2**31 elements, no memory
+    with pytest.raises(ValueError, match="32-bit indexing"):
+        validate("x", q, q, q)
+
+
+def test_the_device_is_checked_last():
+    """A CPU call that is right in every other way fails only on the device."""
+    q = t()
+    with pytest.raises(ValueError) as err:
+        validate("x", q, q.clone(), q.clone(), out=torch.empty_like(q))
+    msg = str(err.value)
+    assert "q is on cpu" in msg and "CUDA" in msg and ".cuda()" in msg
+
+
+def test_dtype_names():
+    assert dtype_of("fp32") is torch.float32
+    assert dtype_of("fp16") is torch.float16
+    assert dtype_of("bf16") is torch.bfloat16
+    assert dtype_of(torch.float16) is torch.float16
+    with pytest.raises(ValueError, match="fp32, fp16, bf16"):
+        dtype_of("fp64")
+
+
+class _Untouchable:
+    """A stand-in for a built module: any use of it is a test failure."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the module's {name} was reached before validation refused the call")
+
+
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages()])
+def test_attention_validates_before_reaching_the_kernel(slug):
+    attn = Attention(fl.stage(slug), _Untouchable())
+    q = t()
+    with pytest.raises(ValueError, match="CUDA"):
+        attn(q, q, q)
+    with pytest.raises(ValueError, match="rank 4"):
+        attn(q[0], q[0], q[0], causal=True)
+    assert slug in repr(attn)
+
+
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages()])
+def test_build_without_cuda_is_a_clear_error(slug, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        fl.stage(slug).build()
+
+
+def test_arch_flags():
+    assert build.arch_flags((9, 0)) == ["-gencode=arch=compute_90,code=sm_90"]
+    assert build.arch_flags((8, 6)) == ["-gencode=arch=compute_86,code=sm_86"]
+    with pytest.raises(RuntimeError, match="8.0 or newer"):
+        build.arch_flags((7, 5))

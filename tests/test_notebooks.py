@@ -1,0 +1,58 @@
+"""The notebooks: each matches its percent-format source, and each runs top to bottom in replay
+mode (no GPU) against a temporary copy of data/, without saving and without changing the repo."""
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from flashlab import paths
+
+ROOT = paths.ROOT
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+SOURCES = sorted((ROOT / "notebooks" / "src").glob("*.py"))
+CELL_TIMEOUT_S = 600
+
+
+def test_notebooks_match_their_sources():
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "notebooks.py"), "check"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "notebooks match their sources" in proc.stdout
+
+
+def test_every_notebook_has_a_source():
+    """Notebooks are built from notebooks/src/*.py (python tools/notebooks.py build), never
+    edited by hand."""
+    stems = {p.stem for p in SOURCES}
+    orphans = [nb.name for nb in NOTEBOOKS if nb.stem not in stems]
+    assert not orphans, f"notebooks without a source in notebooks/src: {orphans}"
+
+
+def _snapshot():
+    """Hashes of every file under the checkout's data/: replay must read it, never write it."""
+    return {str(p.relative_to(ROOT)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted((ROOT / "data").rglob("*")) if p.is_file() and p.suffix != ".lock"}
+
+
+@pytest.mark.parametrize("notebook", [pytest.param(p, id=p.stem) for p in NOTEBOOKS])
+def test_notebook_runs_in_replay_mode(notebook, data_dir, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    # The kernel inherits this environment: the data copy, no GPU (replay even on a GPU machine),
+    # and a backend that needs no screen.
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's own inline backend
+    monkeypatch.setenv("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+    assert os.environ["FLASHLAB_DATA"] == str(data_dir)
+    before = _snapshot()
+    nb = nbformat.read(notebook, as_version=4)
+    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, startup_timeout=120, kernel_name="python3",
+                            resources={"metadata": {"path": str(notebook.parent)}})
+    client.execute()  # raises CellExecutionError, with the cell and its traceback, if one fails
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
+    assert _snapshot() == before, "executing the notebook changed the repository's data/"

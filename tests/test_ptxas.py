@@ -1,0 +1,185 @@
+"""Compile without a GPU: every stage through nvcc/ptxas for sm_80 and sm_90, the generated
+pybind11 binding through g++, and a broken kernel's error pointing at the real .cu file and line."""
+import importlib
+import shutil
+import subprocess
+import sysconfig
+
+import pytest
+
+import flashlab as fl
+from flashlab import build, ptxas
+from flashlab.paths import KERNELS
+
+try:
+    NVCC = ptxas.nvcc()
+except FileNotFoundError:
+    NVCC = None
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit on PATH, "
+                                "CUDA_HOME or /usr/local/cuda)")
+GXX = shutil.which("g++")
+
+STAGES = [st.slug for st in fl.stages()]
+ARCHS = ["sm_80", "sm_90"]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("slug", STAGES)
+def test_stage_compiles_without_spills(slug, arch):
+    found = ptxas.resources(fl.stage(slug).source, arch)
+    assert len(found) >= 1, f"ptxas reported no kernel in {slug}"
+    for k in found:
+        assert k.arch == arch
+        assert 0 < k.registers <= 255, k
+        assert k.spill_bytes == 0, f"{slug} spills on {arch}: {k}"
+        assert k.stack_bytes == 0, f"{slug} uses a stack frame on {arch}: {k}"
+    summary = ptxas.summary(fl.stage(slug).source, arch)
+    assert summary == {"registers": max(k.registers for k in found),
+                       "smem_static_bytes": max(k.smem_static_bytes for k in found),
+                       "spill_bytes": 0}
+
+
+@needs_nvcc
+def test_results_are_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(ptxas, "CACHE", tmp_path / "ptxas")
+    src = fl.stage(1).source
+    first = ptxas.resources(src, "sm_80")
+    cached = list((tmp_path / "ptxas").glob("01_naive-sm_80-*.json"))
+    assert len(cached) == 1
+    monkeypatch.setattr(ptxas, "nvcc", lambda: pytest.fail("the cached report was not used"))
+    assert ptxas.resources(src, "sm_80") == first
+
+
+@needs_nvcc
+def test_nvcc_failure_is_a_runtime_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(ptxas, "CACHE", tmp_path / "ptxas")
+    bad = tmp_path / "99_bad.cu"
+    bad.write_text('#include "common.cuh"\n__global__ void k(float* x) { x[0] = undefined_name; }\n')
+    with pytest.raises(RuntimeError, match=r"nvcc failed on .*99_bad\.cu for sm_80") as err:
+        ptxas.resources(bad, "sm_80")
+    assert "undefined_name" in str(err.value)
+    assert not (tmp_path / "ptxas").exists() or not list((tmp_path / "ptxas").iterdir())
+
+
+REPORT = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Function properties for _Z6helperf
+    8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Compiling entry function '_Z3fooPf' for 'sm_80'
+ptxas info    : Function properties for _Z3fooPf
+    16 bytes stack frame, 12 bytes spill stores, 8 bytes spill loads
+ptxas info    : Used 255 registers, 1024 bytes smem, 368 bytes cmem[0]
+ptxas info    : Compile time = 12.5 ms
+ptxas info    : Compiling entry function '_Z3barILi64EEvv' for 'sm_80'
+ptxas info    : Function properties for _Z3barILi64EEvv
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 40 registers, used 1 barriers, 352 bytes cmem[0]
+ptxas info    : Compile time = 3.1 ms
+"""
+
+
+def test_parse_a_canned_report():
+    foo, bar = ptxas.parse(REPORT, "sm_80")
+    assert "foo" in foo.kernel and "bar" in bar.kernel
+    assert (foo.arch, foo.registers, foo.smem_static_bytes) == ("sm_80", 255, 1024)
+    assert (foo.stack_bytes, foo.spill_store_bytes, foo.spill_load_bytes) == (16, 12, 8)
+    assert foo.spill_bytes == 20
+    assert (bar.registers, bar.smem_static_bytes, bar.stack_bytes, bar.spill_bytes) == (40, 0, 0, 0)
+    if shutil.which("cu++filt") or shutil.which("c++filt"):
+        assert foo.kernel == "foo(float*)"
+        assert bar.kernel == "void bar<64>()"
+
+
+def test_parse_nothing():
+    assert ptxas.parse("", "sm_90") == []
+    assert ptxas.parse("ptxas info    : 0 bytes gmem\n", "sm_90") == []
+
+
+# --- the generated binding ------------------------------------------------------------------------
+
+@pytest.mark.skipif(GXX is None, reason="g++ not found")
+def test_binding_compiles(tmp_path):
+    from torch.utils.cpp_extension import include_paths
+    src = tmp_path / "binding.cpp"
+    src.write_text(build.BINDING)
+    cmd = [GXX, "-std=c++17", "-fsyntax-only", "-Wall", *[f"-I{p}" for p in include_paths()],
+           f"-I{sysconfig.get_paths()['include']}", "-I", str(KERNELS), "-DTORCH_EXTENSION_NAME=x",
+           str(src)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_binding_matches_the_abi():
+    """The three functions of kernels/flashlab.h are the ones the binding calls."""
+    header = (KERNELS / "flashlab.h").read_text()
+    for fn in ("flashlab_unsupported", "flashlab_workspace_bytes", "flashlab_launch"):
+        assert fn in header and f"{fn}(" in build.BINDING
+    assert '#include "flashlab.h"' in build.BINDING
+    assert "torch" not in build.BINDING.replace("TORCH_EXTENSION_NAME", "")
+
+
+# --- compiler errors name the real file and line --------------------------------------------------
+
+def _broken_copy(tmp_path, line=20):
+    """01_naive.cu with a syntax error at `line` (1-based), written to tmp_path."""
+    lines = fl.stage(1).source.read_text().splitlines()
+    lines.insert(line - 1, "this line is not valid CUDA")
+    bad = tmp_path / "01_naive.cu"
+    bad.write_text("\n".join(lines) + "\n")
+    return bad
+
+
+@needs_nvcc
+def test_nvcc_error_names_the_cu_file_and_line(tmp_path):
+    """What build_module hands nvcc: a copy of the source behind '#line 1 "<real path>"'."""
+    bad = _broken_copy(tmp_path, line=20)
+    copy = tmp_path / "build" / "cuda.cu"
+    copy.parent.mkdir()
+    copy.write_text(f'#line 1 "{bad}"\n{bad.read_text()}')
+    proc = subprocess.run([NVCC, "-c", *build.NVCC_FLAGS, "-arch=sm_80", "-I", str(KERNELS),
+                           str(copy), "-o", str(tmp_path / "x.o")], capture_output=True, text=True)
+    assert proc.returncode != 0
+    lines = build._compiler_lines(proc.stdout + proc.stderr)
+    assert lines.splitlines(), proc.stderr
+    assert lines.splitlines()[0].startswith(f"{bad}(20): error"), lines
+    assert all(ln.startswith(f"{bad}(") for ln in lines.splitlines()), lines  # never the copy
+    assert "error" in lines
+
+
+@needs_nvcc
+def test_build_error_reports_the_cu_file_and_line(tmp_path, monkeypatch):
+    """build_module end to end, with load_inline replaced by a plain nvcc compile of the CUDA
+    source it is given (torch's CPU build cannot compile CUDA extensions)."""
+    cpp_extension = importlib.import_module("torch.utils.cpp_extension")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+
+    def fake_load_inline(name, cpp_sources, cuda_sources, extra_cuda_cflags, extra_include_paths,
+                         **kwargs):
+        src = tmp_path / f"{name}.cu"
+        src.write_text(cuda_sources[0])
+        inc = [f"-I{p}" for p in extra_include_paths]
+        flags = [f for f in extra_cuda_cflags if not f.startswith("-gencode")]
+        proc = subprocess.run([NVCC, "-c", *flags, "-arch=sm_80", *inc, str(src), "-o",
+                               str(tmp_path / "x.o")], capture_output=True, text=True)
+        raise RuntimeError(f"Error building extension '{name}':\n[1/3] nvcc ...\nFAILED: cuda.cuda.o\n"
+                           f"{proc.stdout}{proc.stderr}\nninja: build stopped: subcommand failed.")
+
+    monkeypatch.setattr(cpp_extension, "load_inline", fake_load_inline)
+    bad = _broken_copy(tmp_path, line=33)
+    with pytest.raises(build.BuildError) as err:
+        build.build_module(bad, capability=(8, 0))
+    msg = str(err.value)
+    assert msg.startswith(f"building {bad} failed:")
+    body = msg.splitlines()[1:]
+    assert body and body[0].startswith(f"{bad}(33): error"), msg
+    assert all(ln.startswith(f"{bad}(") for ln in body), msg
+    assert "ninja" not in msg
+
+
+def test_compiler_lines_falls_back_to_the_whole_message():
+    assert build._compiler_lines("linker said no") == "linker said no"
+    msg = "noise\n/x/kernels/03_coarsened.cu(12): error: bad\nmore noise\nflashlab.h:3:1: error: x"
+    assert build._compiler_lines(msg).splitlines() == ["/x/kernels/03_coarsened.cu(12): error: bad",
+                                                       "flashlab.h:3:1: error: x"]
+

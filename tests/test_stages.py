@@ -1,0 +1,60 @@
+"""The stage registry: order, lookup, sources on disk, and a notebook for every stage."""
+import pytest
+
+import flashlab as fl
+from flashlab import paths
+from flashlab.inputs import DTYPES
+
+STAGES = fl.stages()
+NOTEBOOK_SRC = paths.NOTEBOOKS / "src"
+
+
+def test_stages_are_in_order():
+    assert [st.number for st in STAGES][:3] == [1, 2, 3]
+    assert [st.slug for st in STAGES][:3] == ["01_naive", "02_coalesced", "03_coarsened"]
+    assert [st.number for st in STAGES] == list(range(1, len(STAGES) + 1))
+    assert fl.stages() is not fl.stages()  # a fresh list: callers may not mutate the registry
+
+
+@pytest.mark.parametrize("st", STAGES, ids=lambda st: st.slug)
+def test_stage_fields(st):
+    assert st.slug.startswith(f"{st.number:02d}_")
+    assert st.name == st.slug
+    assert st.source == paths.KERNELS / f"{st.slug}.cu"
+    assert st.source.is_file(), f"{st.source} is missing"
+    assert st.title and st.idea
+    assert st.dtypes and set(st.dtypes) <= set(DTYPES)
+    assert st.head_dims and all(d > 0 for d in st.head_dims)
+    assert str(st).startswith(st.slug)
+
+
+def test_every_kernel_file_is_a_stage():
+    on_disk = sorted(p.stem for p in paths.KERNELS.glob("[0-9][0-9]_*.cu"))
+    assert on_disk == [st.slug for st in STAGES]
+
+
+def test_lookup_by_number_string_or_slug():
+    st = fl.stage(3)
+    assert st.slug == "03_coarsened"
+    assert fl.stage("03") is st
+    assert fl.stage("3") is st
+    assert fl.stage("03_coarsened") is st
+    assert fl.stage(3) == fl.stage("03") == fl.stage("03_coarsened")
+    for s in STAGES:
+        assert fl.stage(s.number) is fl.stage(s.slug) is fl.stage(f"{s.number:02d}") is s
+
+
+@pytest.mark.parametrize("key", [0, 99, "99", "04_nope", "coarsened", "", None])
+def test_unknown_stage_lists_the_stages(key):
+    with pytest.raises(ValueError, match="no stage") as err:
+        fl.stage(key)
+    for st in STAGES:
+        assert st.slug in str(err.value)
+
+
+@pytest.mark.parametrize("st", STAGES, ids=lambda st: st.slug)
+def test_every_stage_has_a_notebook_source(st):
+    found = sorted(NOTEBOOK_SRC.glob(f"{st.number:02d}_*.py"))
+    if not found:
+        pytest.skip(f"no notebook source notebooks/src/{st.number:02d}_*.py for {st.slug} yet")
+    assert len(found) == 1, f"several notebook sources for stage {st.number:02d}: {found}"
