@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The recorded run, on the GPU machine, in one call:
-#   GPU tests -> flashlab run -> notebooks executed live -> figures and README regenerated,
-# then data/, the executed notebooks and README packed into $OUT/bundle.tar.gz.
-# Needs the notebook wheels in .whl/ (../shared/tools/device-kit.sh) and FLASHLAB_COMMIT=<sha>
-# (the tree travels without .git). Usage: FLASHLAB_COMMIT=abc bash tools/device_record.sh
+# The recorded run on the GPU machine. Phases, in the order given (default: all three):
+#   tests      the GPU tests (checks, bad input, compute-sanitizer), log in data/runs/
+#   run        flashlab run: every stage and baseline, data/results.csv, figures, README table
+#   notebooks  every notebook executed live, outputs saved; figures and README regenerated
+# data/, the notebooks and README go back packed in $OUT/bundle.tar.gz. Needs the notebook wheels
+# in .whl/ (../shared/tools/device-kit.sh) and FLASHLAB_COMMIT=<sha>, since the tree travels
+# without .git. Usage: FLASHLAB_COMMIT=abc bash tools/device_record.sh [tests] [run] [notebooks]
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -12,13 +14,22 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 export PYTHONUNBUFFERED=1 FLASHLAB_COMMIT=${FLASHLAB_COMMIT:?set FLASHLAB_COMMIT}
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p data/runs
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
-echo "== GPU tests"
-python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4
-echo "== flashlab run"
-python3 -m flashlab run --no-progress > "$OUT/run.out" 2>&1; echo "flashlab run exit $?"; tail -22 "$OUT/run.out"
-echo "== notebooks (live)"
-python3 tools/notebooks.py execute 2>&1 | tee "data/runs/notebooks-$stamp.log" | tail -8
-python3 -m flashlab plot >/dev/null && python3 -m flashlab.readme
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
+for phase in "${@:-tests run notebooks}"; do for p in $phase; do case $p in
+  tests)
+    echo "== GPU tests"
+    python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4 ;;
+  run)
+    echo "== flashlab run"
+    python3 -m flashlab run --no-progress > "$OUT/run.out" 2>&1; echo "flashlab run exit $?"
+    tail -16 "$OUT/run.out" ;;
+  notebooks)
+    echo "== notebooks (live)"
+    python3 tools/notebooks.py execute 2>&1 | grep -v "WARNING | Kernel is running over TCP" \
+      | tee "data/runs/notebooks-$stamp.log" | tail -8
+    python3 -m flashlab plot >/dev/null && python3 -m flashlab.readme ;;
+  *) echo "unknown phase $p"; exit 2 ;;
+esac; done; done
+rm -f data/*.lock
 tar czf "$OUT/bundle.tar.gz" data notebooks/*.ipynb README.md
 echo "== done"
