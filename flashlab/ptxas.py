@@ -46,7 +46,13 @@ def nvcc() -> str:
 
 
 def _demangle(names):
-    tool = shutil.which("cu++filt") or shutil.which("c++filt")
+    beside_nvcc = None
+    try:
+        beside_nvcc = os.path.join(os.path.dirname(nvcc()), "cu++filt")
+    except FileNotFoundError:
+        pass
+    tool = next((t for t in (shutil.which("cu++filt"), beside_nvcc, shutil.which("c++filt"))
+                 if t and os.path.exists(t)), None)
     if not tool or not names:
         return list(names)
     out = subprocess.run([tool], input="\n".join(names), text=True, capture_output=True)
@@ -99,7 +105,8 @@ def resources(source, arch="sm_90"):
 
 
 def _first_template_arg(kernel: str):
-    m = re.search(r"<\s*(\d+)", kernel)
+    # demangled "kernel<64, 64, 64>(...)" or, where no demangler exists, "_Z...ILi64ELi64E..."
+    m = re.search(r"<\s*(\d+)", kernel) or re.search(r"ILi(\d+)E", kernel)
     return int(m.group(1)) if m else None
 
 

@@ -183,3 +183,10 @@ def test_compiler_lines_falls_back_to_the_whole_message():
     assert build._compiler_lines(msg).splitlines() == ["/x/kernels/03_coarsened.cu(12): error: bad",
                                                        "flashlab.h:3:1: error: x"]
 
+
+
+def test_head_dim_is_read_from_mangled_and_demangled_names():
+    from flashlab.ptxas import _first_template_arg
+    assert _first_template_arg("void coarsened_kernel<128, 64, 32>(const float*)") == 128
+    assert _first_template_arg("_Z16coarsened_kernelILi64ELi64ELi64EEvPKfS1_S1_Pfifi") == 64
+    assert _first_template_arg("naive_kernel(const float*, int)") is None
