@@ -74,7 +74,8 @@ def parse(report: str, arch: str):
         elif m := re.search(r"Used (\d+) registers", line):
             smem = re.search(r"(\d+) bytes smem", line)
             used[entries[-1] if entries else current] = (int(m.group(1)), int(smem.group(1)) if smem else 0)
-    names = _demangle(entries)
+    # cu++filt writes template arguments as "(int)64"; c++filt as "64". Keep one spelling.
+    names = [re.sub(r"\((?:unsigned )?(?:int|long|bool)\)", "", n) for n in _demangle(entries)]
     out = []
     for mangled, name in zip(entries, names):
         regs, smem = used.get(mangled, (0, 0))

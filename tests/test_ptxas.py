@@ -190,3 +190,16 @@ def test_head_dim_is_read_from_mangled_and_demangled_names():
     assert _first_template_arg("void coarsened_kernel<128, 64, 32>(const float*)") == 128
     assert _first_template_arg("_Z16coarsened_kernelILi64ELi64ELi64EEvPKfS1_S1_Pfifi") == 64
     assert _first_template_arg("naive_kernel(const float*, int)") is None
+
+
+def test_parse_normalises_cuxxfilt_template_spelling(monkeypatch):
+    from flashlab import ptxas
+    monkeypatch.setattr(ptxas, "_demangle", lambda names: [
+        "void coarsened_kernel<(int)64, (int)64, (int)64>(const float *, int)" for _ in names])
+    report = ("ptxas info    : Compiling entry function '_Z1kILi64EEvv' for 'sm_90'\n"
+              "ptxas info    : Function properties for _Z1kILi64EEvv\n"
+              "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+              "ptxas info    : Used 112 registers, used 1 barriers\n")
+    (r,) = ptxas.parse(report, "sm_90")
+    assert r.kernel.startswith("void coarsened_kernel<64, 64, 64>")
+    assert ptxas._first_template_arg(r.kernel) == 64
