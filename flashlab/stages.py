@@ -87,7 +87,10 @@ def stages():
 
 
 def stage(key) -> Stage:
-    """A stage by number (3), number string ('03', '3') or slug ('03_coarsened')."""
+    """A stage by number (3), number string ('03', '3') or slug ('03_coarsened'); a Stage
+    passes through."""
+    if isinstance(key, Stage):
+        return key
     for st in _STAGES:
         if key == st.number or key == st.slug or (isinstance(key, str) and key.isdigit()
                                                   and int(key) == st.number):

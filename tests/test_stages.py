@@ -58,3 +58,8 @@ def test_every_stage_has_a_notebook_source(st):
     if not found:
         pytest.skip(f"no notebook source notebooks/src/{st.number:02d}_*.py for {st.slug} yet")
     assert len(found) == 1, f"several notebook sources for stage {st.number:02d}: {found}"
+
+
+def test_stage_accepts_a_stage():
+    st = fl.stage(3)
+    assert fl.stage(st) is st
