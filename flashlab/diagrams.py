@@ -14,12 +14,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from .banks import wavefronts
 from .stages import stage as _stage
 
 WARP = 32      # lanes per warp
 SECTOR = 32    # bytes: the unit L1, L2 and DRAM move global memory in
 LINE = 128     # bytes: an L1 cache line, 4 sectors
-BANKS = 32     # shared memory: 32 banks, 4 bytes wide, one wavefront per clock
 BC = BR = 32   # keys per K/V tile, queries per Q tile (stages 01 and 02)
 WARPS_PER_BLOCK = {"01_naive": 1, "02_coalesced": BR}   # blocks are 32 and 32 x 32 threads
 CMAP = "viridis"
@@ -134,9 +134,9 @@ def access_comparison(D=64):
 def bank_wavefronts(addresses):
     """Wavefronts (shared-memory clock cycles) one warp-wide 4-byte shared-memory access needs:
     the most distinct words any one of the 32 banks must deliver. Lanes reading the same word
-    share it (broadcast): 1 wavefront; 32 lanes in one bank at 32 different words: 32."""
-    words = np.unique(np.asarray(addresses, dtype=np.int64) // 4)
-    return int(np.bincount(words % BANKS, minlength=BANKS).max())
+    share it (broadcast): 1 wavefront; 32 lanes in one bank at 32 different words: 32.
+    `addresses` are in bytes; flashlab.banks holds the model (vector accesses too)."""
+    return wavefronts(np.asarray(addresses, dtype=np.int64) // 4, vector=1)[0]
 
 
 def smem_accesses(stage, D=64, with_source=False) -> pd.DataFrame:

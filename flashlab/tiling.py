@@ -19,9 +19,9 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 
+from .banks import BANK_BYTES, BANKS, WAVEFRONT_BYTES, wavefronts  # noqa: F401  (re-exported)
 from .stages import stage as _stage
 
-BANKS, BANK_BYTES, WAVEFRONT_BYTES = 32, 4, 128
 THREADS = 256
 
 # ---------------------------------------------------------------- who owns what
@@ -90,27 +90,6 @@ def register_tiles(BR=64, BC=64, D=64, threads=((0, 0), (5, 2))):
     return fig
 
 # ---------------------------------------------------------------- shared-memory banks
-
-
-def wavefronts(addr, vector=1):
-    """Serve one warp's shared-memory request: addr[lane] is the first 4-byte word each lane
-    reads, `vector` words each (4 = float4). Identical addresses broadcast; a pass may not hold
-    two different addresses in one bank, nor more than 128 bytes. Returns (passes, pass_of_lane),
-    assigning distinct addresses to passes first-fit — which meets the lower bound
-    max(most distinct addresses in one bank, bytes / 128) for the patterns in these kernels."""
-    addr = np.asarray(addr)
-    passes, pass_of = [], {}
-    for a in sorted(set(addr.tolist())):
-        banks = {(a + i) % BANKS for i in range(vector)}
-        for p, (used, nbytes) in enumerate(passes):
-            if not used & banks and nbytes + BANK_BYTES * vector <= WAVEFRONT_BYTES:
-                passes[p] = (used | banks, nbytes + BANK_BYTES * vector)
-                break
-        else:
-            p = len(passes)
-            passes.append((banks, BANK_BYTES * vector))
-        pass_of[a] = p
-    return len(passes), np.array([pass_of[a] for a in addr.tolist()])
 
 
 def lanes(warp=0):
