@@ -2,6 +2,8 @@
 import argparse
 import sys
 
+from .bench import TEACHING
+
 DESCRIPTION = """\
 flashlab: build a FlashAttention kernel one optimisation at a time, and measure every step.
 
@@ -133,10 +135,10 @@ def parser():
                        "STAGE may also be a baseline: sdpa_flash, sdpa_cudnn, sdpa_efficient, "
                        "sdpa_math, torch_naive.")
     p.add_argument("stage")
-    p.add_argument("--B", type=int, default=4, help="batch (default 4)")
-    p.add_argument("--H", type=int, default=16, help="heads (default 16)")
-    p.add_argument("--N", type=int, default=1024, help="sequence length (default 1024)")
-    p.add_argument("--D", type=int, default=64, help="head dim (default 64)")
+    p.add_argument("--B", type=int, default=TEACHING.B, help=f"batch (default {TEACHING.B})")
+    p.add_argument("--H", type=int, default=TEACHING.H, help=f"heads (default {TEACHING.H})")
+    p.add_argument("--N", type=int, default=TEACHING.N, help=f"sequence length (default {TEACHING.N})")
+    p.add_argument("--D", type=int, default=TEACHING.D, help=f"head dim (default {TEACHING.D})")
     p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
     p.add_argument("--causal", action="store_true")
     p.add_argument("--runs", type=int, default=20, help="at least this many timed runs (default 20)")

@@ -4,7 +4,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
-NOTEBOOKS = ROOT / "notebooks"
 
 
 def data_dir() -> Path:

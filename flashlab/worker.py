@@ -11,6 +11,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     from . import measure, peaks
+    from .bench import teaching
     from .stages import stage
 
     def log(msg):
@@ -26,7 +27,7 @@ def main(argv=None):
         measure.measure_baselines(measure.baseline_configs(not args.no_sweep), log=log)
         return 0
     st = stage(args.job)
-    configs = [c for c in measure.configs_for(st) if not args.no_sweep or c.N == 1024 and c.B == 4]
+    configs = [c for c in measure.configs_for(st) if not args.no_sweep or c == teaching(c.dtype)]
     chk, _ = measure.measure_stage(st, configs, log=log)
     return 0 if chk.passed else 3
 
