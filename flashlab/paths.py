@@ -4,6 +4,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "kernels"
+NOTEBOOKS = ROOT / "notebooks"
 
 
 def data_dir() -> Path:
