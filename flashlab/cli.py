@@ -17,8 +17,12 @@ commands:
                                 (without a GPU: show the recorded results instead)
   flashlab check 03             check stage 03 against the reference on fresh random inputs
   flashlab bench 03 --N 4096    time stage 03 at one config (B, H, N, D, dtype, --causal)
+  flashlab profile 02           profile stage 02 under Nsight Compute (data/profile.csv)
+  flashlab sass 03              count stage 03's SASS instructions by kind (no GPU needed)
   flashlab plot                 redraw data/figures/*.png from data/results.csv
   flashlab table                print the recorded results
+  flashlab report               one page for a class handout: provenance, the stage table and
+                                every figure, drawn fresh from data/ (data/report.html)
 """
 
 
@@ -43,7 +47,8 @@ def _need_gpu(what):
 def _cmd_run(args):
     from .runner import run
     df = run(args.stage or None, with_baselines=not args.no_baselines,
-             with_sweep=not args.no_sweep, progress=not args.no_progress)
+             with_sweep=not args.no_sweep, progress=not args.no_progress,
+             with_profile=args.profile)
     return 1 if df.attrs.get("failed") else 0
 
 
@@ -84,6 +89,43 @@ def _cmd_bench(args):
     return 0
 
 
+def _cmd_profile(args):
+    import pandas as pd
+
+    from . import profile as prof
+    from .bench import Config
+    ok, why = prof.available()
+    if args.stage and ok:
+        cfg = Config(args.B, args.H, args.N, args.D, args.causal, args.dtype)
+        df = prof.profile(args.stage, cfg)
+        print(df[["metric", "value", "unit"]].to_string(index=False))
+        return 0
+    if args.stage:
+        print(f"cannot profile here ({why}); showing the recorded metrics", file=sys.stderr)
+    with pd.option_context("display.width", 200, "display.max_columns", 50):
+        table = prof.wide()
+        print(table.T.to_string() if len(table) else "no profiles recorded yet")
+    return 0
+
+
+def _cmd_sass(args):
+    import pandas as pd
+
+    from . import sass
+    stages = [args.stage] if args.stage else None
+    try:
+        table = sass.table(stages, args.arch)
+    except (FileNotFoundError, RuntimeError) as err:  # no nvcc/cuobjdump, or a compile error
+        print(f"flashlab sass: {err}", file=sys.stderr)
+        return 2
+    with pd.option_context("display.width", 250, "display.max_columns", 50):
+        print(f"static SASS instruction counts for {args.arch} (instructions in the code, not "
+              f"executed):\n{table.to_string()}")
+    if args.record:
+        print(f"recorded in {sass.record(args.arch, stages)}")
+    return 0
+
+
 def _cmd_plot(args):
     from . import plots
     written = plots.save_all(gpu=args.gpu)
@@ -94,6 +136,12 @@ def _cmd_plot(args):
 def _cmd_table(args):
     from .runner import table
     print(table(gpu=args.gpu, teaching_only=not args.all))
+    return 0
+
+
+def _cmd_report(args):
+    from . import report
+    print(report.write(args.out, args.format))
     return 0
 
 
@@ -118,7 +166,23 @@ def parser():
     p.add_argument("--no-baselines", action="store_true", help="skip PyTorch's baselines and GPU peaks")
     p.add_argument("--no-sweep", action="store_true", help="only the teaching config, not the N sweep")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile every stage under Nsight Compute (data/profile.csv)")
     p.set_defaults(fn=_cmd_run)
+
+    p = sub.add_parser("profile", help="profile one stage under Nsight Compute",
+                       description="Run the stage once under ncu (clocks as found, only its "
+                       "kernel) and record DRAM/SM/tensor throughput, occupancy, global sectors "
+                       "per request, shared-memory bank conflicts and warp stall reasons in "
+                       "data/profile.csv. Without a GPU or ncu: print the recorded metrics.")
+    p.add_argument("stage", nargs="?", help="number or name (default: print all recorded)")
+    p.add_argument("--B", type=int, default=TEACHING.B)
+    p.add_argument("--H", type=int, default=TEACHING.H)
+    p.add_argument("--N", type=int, default=TEACHING.N)
+    p.add_argument("--D", type=int, default=TEACHING.D)
+    p.add_argument("--dtype", default=TEACHING.dtype, choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--causal", action="store_true")
+    p.set_defaults(fn=_cmd_profile)
 
     p = sub.add_parser("check", help="check one stage against the float64 reference",
                        description="Run a stage on fresh random inputs (N = 1, 17 and 1000, "
@@ -145,6 +209,18 @@ def parser():
     p.add_argument("--record", action="store_true", help="also write the row to data/results.csv")
     p.set_defaults(fn=_cmd_bench)
 
+    p = sub.add_parser("sass", help="count each stage's SASS instructions by kind",
+                       description="Compile the stage(s) for --arch (no GPU needed), disassemble "
+                       "with cuobjdump -sass and print static instruction counts per kernel, "
+                       "grouped as the workbook discusses them: HMMA, LDSM, LDGSTS, LDG.E.128 "
+                       "(16-byte global loads), LDG, STG, LDS.128, LDS, STS, LDL/STL (spills), "
+                       "MUFU.EX2, FFMA, SHFL, BAR. Needs cuobjdump: pip install "
+                       "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm.")
+    p.add_argument("stage", nargs="?", help="number or name (default: every stage)")
+    p.add_argument("--arch", default="sm_90", help="e.g. sm_80, sm_90 (default sm_90)")
+    p.add_argument("--record", action="store_true", help="also write the counts to data/sass.csv")
+    p.set_defaults(fn=_cmd_sass)
+
     p = sub.add_parser("plot", help="redraw the figures from the recorded results")
     p.add_argument("--gpu", help="which GPU's rows (default: the most recent)")
     p.set_defaults(fn=_cmd_plot)
@@ -153,6 +229,19 @@ def parser():
     p.add_argument("--gpu", help="which GPU's rows (default: the most recent)")
     p.add_argument("--all", action="store_true", help="every config, not just the teaching one")
     p.set_defaults(fn=_cmd_table)
+
+    p = sub.add_parser("report", help="write one page for a class handout",
+                       description="Write one page for a class handout: what flashlab is, where "
+                       "the numbers come from (GPU, torch, CUDA, commit, time), the stage table at "
+                       "the teaching config and every figure (the Nsight Compute ones once "
+                       "data/profile.csv exists), all drawn fresh from data/. HTML embeds the "
+                       "figures, so the one file opens offline; Markdown writes them as PNGs in a "
+                       "folder beside the page.")
+    p.add_argument("--out", metavar="PATH",
+                   help="where to write it (default: data/report.html, or data/report.md)")
+    p.add_argument("--format", choices=["html", "md"],
+                   help="html or md (default: from --out's suffix, else html)")
+    p.set_defaults(fn=_cmd_report)
     return ap
 
 

@@ -176,3 +176,36 @@ def speedup(slower, faster, dtype="fp32") -> float:
             raise LookupError(f"no {dtype} teaching-config timing of {name} on {gpu} yet: run its "
                               f"notebook (or `flashlab run`) on this GPU first")
     return float(t[slower] / t[faster])
+
+
+def profile(stage, config=None) -> pd.DataFrame:
+    """Nsight Compute metrics of `stage` at the teaching config, beside its predecessor's:
+    profiled now when a GPU and ncu are here (and recorded), else as recorded."""
+    from . import profile as prof
+    from .stages import stages
+    st = _stage(stage)
+    cfg = config or teaching(st.dtypes[0])
+    ok, why = prof.available()
+    if ok:
+        prof.profile(st, cfg)
+    else:
+        print(f"(replay: {why}; the metrics below were recorded by `flashlab run --profile`)")
+    table = prof.wide(prof.load(gpu=_profile_gpu(prof)), cfg)
+    order = [s.slug for s in stages() if s.number <= st.number]
+    rows = [s for s in order if s in table.index][-2:]
+    if st.slug not in rows:
+        raise LookupError(f"no profile of {st.slug} at {cfg.label} recorded yet: run "
+                          f"`flashlab run --profile` on a GPU with Nsight Compute")
+    return table.loc[rows].T
+
+
+def _profile_gpu(prof):
+    df = prof.load()
+    if df.empty:
+        return None
+    if gpu_available():
+        here = environment()["gpu"]
+        if here in set(df["gpu"]):
+            return here
+    return df.sort_values("time")["gpu"].iloc[-1]
+

@@ -23,6 +23,10 @@ def peaks_csv() -> Path:
     return data_dir() / "peaks.csv"
 
 
+def sass_csv() -> Path:
+    return data_dir() / "sass.csv"
+
+
 def figures_dir() -> Path:
     return data_dir() / "figures"
 

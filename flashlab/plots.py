@@ -1,11 +1,19 @@
-"""Figures, all drawn from the recorded tables in data/ (so they render without a GPU)."""
+"""Figures, all drawn from the recorded tables in data/ (so they render without a GPU):
+results.csv (ladder, scaling, roofline) and, once something is profiled, profile.csv (what each
+stage's idea changed, stall reasons, one "what changed" panel per stage)."""
+import textwrap
+from functools import partial
+from pathlib import Path
+
 import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+import numpy as np
 import pandas as pd
 
-from . import paths, peaks as _peaks, results
+from . import paths, peaks as _peaks, profile_schema, results
 from .bench import SWEEP_NS, teaching
+from .stages import stage as _stage, stages
 
 BASELINE_STYLE = {
     "sdpa_flash": ("tab:red", "-"), "sdpa_cudnn": ("tab:purple", "-"),
@@ -162,20 +170,330 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
     return ax.figure
 
 
-FIGURES = {"ladder": ladder, "scaling": scaling, "roofline": roofline}
+# --- Nsight Compute profile figures (data/profile.csv, columns in flashlab.profile_schema) ---
+
+# The metrics each stage's one idea is meant to move, shown for the stage and its predecessor.
+# A new stage adds one line, e.g. "06_swizzled": ["smem_load_bank_conflicts"].
+IDEA_METRIC = {
+    "02_coalesced": ["global_load_sectors_per_request"],
+    "03_coarsened": ["smem_load_bank_conflicts", "achieved_occupancy_pct"],
+}
+# Counts that can differ by orders of magnitude between two stages: a linear axis would hide one.
+LOG_METRICS = {"smem_load_bank_conflicts", "smem_store_bank_conflicts", "dram_bytes"}
+NO_PROFILE = "no profile recorded yet"
+_PROFILE_TEXT = {c: str for c in ("stage", "dtype", "gpu", "metric", "unit", "ncu_metric",
+                                  "compute_capability", "torch", "cuda", "commit", "time")}
 
 
-def save_all(df=None, outdir=None, gpu=None):
-    """Write every figure as data/figures/NAME.png; returns the paths written."""
+def _normalise_profile(df):
+    df = df.copy()
+    for col in profile_schema.COLUMNS:
+        if col not in df:
+            df[col] = pd.NA
+    for col in results.INTS:
+        df[col] = df[col].astype("int64")
+    df["causal"] = df["causal"].map(lambda x: str(x).strip().lower() in ("true", "1")).astype(bool)
+    df["value"] = pd.to_numeric(df["value"], errors="coerce")
+    return df
+
+
+def _load_profile(p=None):
+    """data/profile.csv, or None while nothing has been profiled. A stopgap reader until
+    flashlab.profile.load() lands; it tolerates the file being absent or empty."""
+    p = Path(p) if p is not None else paths.data_dir() / "profile.csv"
+    if not p.exists():
+        return None
+    df = pd.read_csv(p, dtype=_PROFILE_TEXT)
+    return _normalise_profile(df) if len(df) else None
+
+
+def profile_rows(profile=None, gpu=None):
+    """(the profile rows of one GPU, or None if it has none; that GPU): the given GPU, else the
+    latest profiled. profile: a DataFrame in profile_schema's columns, or None to read data/."""
+    prof = _load_profile() if profile is None else _normalise_profile(profile)
+    if prof is None or prof.empty:
+        return None, gpu
+    gpu = gpu or prof.sort_values("time")["gpu"].iloc[-1]
+    prof = prof[prof["gpu"] == gpu]
+    return (prof if len(prof) else None), gpu
+
+
+def _at_teaching(table, st):
+    """A stage's rows at the teaching config, in the first of its dtypes that has any: stages
+    01-03 are fp32-only, tensor-core stages will be fp16."""
+    mine = table[table["stage"] == st.slug]
+    for d in st.dtypes:
+        here = results.at_config(mine, teaching(d))
+        if len(here):
+            return here
+    return mine.iloc[:0]
+
+
+def _by_stage(prof):
+    """The profile at the teaching config as a stages x metrics table, in stage order."""
+    if prof is None:
+        return pd.DataFrame()
+    rows = {}
+    for st in stages():
+        here = _at_teaching(prof, st).sort_values("time").drop_duplicates("metric", keep="last")
+        if len(here):
+            rows[st.slug] = here.set_index("metric")["value"]
+    return pd.DataFrame(rows).T
+
+
+def _units(prof):
+    units = {m: u for m, (u, _) in profile_schema.METRICS.items()}
+    if prof is not None:
+        units.update(prof.dropna(subset=["unit"]).drop_duplicates("metric", keep="last")
+                     .set_index("metric")["unit"].to_dict())
+    return units
+
+
+def _label(metric, unit):
+    if metric.startswith("stall_"):
+        return f"stall: {metric[len('stall_'):]} ({unit or '%'} of active warp time)"
+    what = profile_schema.METRICS.get(metric, (None, metric.replace("_", " ")))[1]
+    return what if not unit or unit in what else f"{what} ({unit})"
+
+
+def _num(v):
+    if v != v or v is None:
+        return "–"
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+
+
+def _change(before, after, words=("more", "fewer")):
+    """"8.0x fewer", "none left", ...: how the metric moved from before to after."""
+    if before != before or after != after:
+        return ""
+    if before == after:
+        return "unchanged"
+    if after == 0:
+        return "none left"
+    if before == 0:
+        return "from none"
+    ratio = after / before
+    return f"{ratio:.1f}x {words[0]}" if ratio > 1 else f"{1 / ratio:.1f}x {words[1]}"
+
+
+def _words(unit):
+    return {"%": ("higher", "lower"), "ms": ("longer", "shorter")}.get(unit, ("more", "fewer"))
+
+
+def _message(msg, title, figsize=(8, 2.5)):
+    """A figure that says why there is nothing to draw, in place of raising."""
+    fig = Figure(figsize=figsize)
+    ax = fig.subplots()
+    ax.axis("off")
+    ax.text(0.5, 0.5, msg, ha="center", va="center", fontsize=12, color="0.35", transform=ax.transAxes)
+    fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def _nothing_on(gpu):
+    return NO_PROFILE + (f" on {gpu}" if gpu else "")
+
+
+def _stage_colors():
+    slugs = [st.slug for st in stages()]
+    return {s: _stage_color(i, len(slugs)) for i, s in enumerate(slugs)}
+
+
+def _before_after(ax, vals, before, after, metric, unit):
+    get = lambda s: vals.at[s, metric] if s in vals.index and metric in vals.columns else np.nan
+    pair = [get(before), get(after)]
+    log = metric in LOG_METRICS and any(v > 0 for v in pair)
+    colors = _stage_colors()
+    for x, (slug, v) in enumerate(zip((before, after), pair)):
+        drawn = v == v and not (log and v <= 0)  # 0 has no place on a log axis: say it instead
+        if drawn:
+            ax.bar(x, v, color=colors[slug], width=0.6, zorder=2)
+        ax.annotate("not profiled" if v != v else _num(v), (x, v if drawn else 0),
+                    xycoords="data" if drawn else ("data", "axes fraction"), ha="center",
+                    va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+    if log:
+        ax.set_yscale("log")
+    ax.margins(y=0.15)
+    ax.set_xticks([0, 1], [s.replace("_", "\n", 1) for s in (before, after)], fontsize=8)
+    ax.set_title("\n".join(textwrap.wrap(_label(metric, unit) + (" — log scale" if log else ""), 30)),
+                 fontsize=8)
+    ax.set_xlabel(_change(*pair, words=_words(unit)), fontweight="bold", fontsize=10)
+    ax.grid(axis="y", which="both", alpha=0.3, zorder=0)
+
+
+def idea_metrics(profile=None, gpu=None):
+    """For each stage after the first, the metric its idea targets (IDEA_METRIC) in the previous
+    stage and in this one, as paired bars, one panel per transition."""
+    prof, gpu = profile_rows(profile, gpu)
+    title = "The metric each stage's idea targets, before and after (teaching config)"
+    slugs = [st.slug for st in stages()]
+    vals = _by_stage(prof)
+    pairs = [(slugs[slugs.index(s) - 1], s, metrics) for s, metrics in IDEA_METRIC.items()
+             if s in slugs[1:] and {s, slugs[slugs.index(s) - 1]} & set(vals.index)]
+    if not pairs:
+        return _message(_nothing_on(gpu), title)
+    units = _units(prof)
+    widths = [len(metrics) for *_, metrics in pairs]
+    fig = Figure(figsize=(1.2 + 2.6 * sum(widths), 4.6), layout="constrained")
+    subs = fig.subfigures(1, len(pairs), width_ratios=widths, squeeze=False)[0]
+    for sub, (before, after, metrics) in zip(subs, pairs):
+        sub.suptitle(f"{before} → {after}: {_stage(after).title.lower()}", fontsize=9)
+        for ax, metric in zip(np.atleast_1d(sub.subplots(1, len(metrics))), metrics):
+            _before_after(ax, vals, before, after, metric, units.get(metric))
+    fig.suptitle(f"{title}\n{gpu}", fontsize=10)
+    return fig
+
+
+def _stall_table(vals):
+    cols = [c for c in vals.columns if c.startswith("stall_")]
+    return vals.loc[vals[cols].notna().any(axis=1), cols].fillna(0) if cols else pd.DataFrame()
+
+
+def stalls(profile=None, gpu=None, top=8):
+    """Why warps wait: stall reasons per stage at the teaching config, stacked; the `top` largest
+    reasons overall by name, the rest as "other"."""
+    prof, gpu = profile_rows(profile, gpu)
+    title = "Where warps wait: stall reasons per stage (teaching config)"
+    table = _stall_table(_by_stage(prof))
+    if table.empty:
+        return _message(_nothing_on(gpu), title)
+    order = table.sum().sort_values(ascending=False).index
+    shown, rest = list(order[:top]), table[order[top:]].sum(axis=1)
+    fig = Figure(figsize=(9, 2.2 + 0.5 * len(table)), layout="constrained")
+    ax = fig.subplots()
+    y, left = np.arange(len(table)), np.zeros(len(table))
+    colors = matplotlib.colormaps["tab10"]
+    for i, col in enumerate(shown):
+        ax.barh(y, table[col], left=left, color=colors(i % 10), label=col[len("stall_"):], zorder=2)
+        left += table[col].to_numpy()
+    if rest.any():
+        ax.barh(y, rest, left=left, color="0.8", label="other", zorder=2)
+    ax.set_yticks(y, table.index)
+    ax.invert_yaxis()  # the first stage on top, as in the notebooks' order
+    unit = _units(prof).get(shown[0]) or "%"
+    ax.set_xlabel(f"{unit} of active warp time, by stall reason (stacked)")
+    ax.grid(axis="x", alpha=0.3, zorder=0)
+    fig.legend(loc="outside lower center", ncol=min(5, len(shown) + 1), fontsize=7.5)
+    ax.set_title(f"{title}\n{gpu}", fontsize=10)
+    return fig
+
+
+# (label, results.csv column, words for the change); then the profile metrics the panel shows.
+PANEL_RESULTS = [("TFLOP/s", "tflops", ("higher", "lower")),
+                 ("time (ms)", "median_ms", ("longer", "shorter")),
+                 ("registers per thread", "registers", ("more", "fewer")),
+                 ("spilled bytes", "spill_bytes", ("more", "fewer"))]
+PANEL_METRICS = ["duration_ms", "dram_throughput_pct", "sm_throughput_pct", "achieved_occupancy_pct",
+                 "global_load_sectors_per_request", "smem_load_bank_conflicts"]
+
+
+def stage_panel(stage, df=None, profile=None, gpu=None):
+    """What changed from the previous stage to this one: speed, registers and spills from
+    results.csv, then the profile's metrics and top 3 stall reasons side by side, and the stall
+    reasons of both as bars."""
+    st = _stage(stage)
+    order = stages()
+    prev = order[[s.slug for s in order].index(st.slug) - 1] if st.slug != order[0].slug else None
+    pair = [s for s in (prev, st) if s is not None]
     df = results.load() if df is None else df
+    gpu = gpu or latest_gpu(df)
+    ok = _ok(df, gpu)
+    res = {s.slug: _at_teaching(ok, s) for s in pair}
+    prof, gpu = profile_rows(profile, gpu)
+    vals, units = _by_stage(prof), _units(prof)
+    cell = lambda s, get: _num(get(s.slug)) if s is not None else "–"
+    rows = []
+    for label, col, words in PANEL_RESULTS:
+        get = lambda slug: float(res[slug][col].iloc[0]) if len(res.get(slug, [])) else np.nan
+        rows.append([label, cell(prev, get), cell(st, get),
+                     _change(get(prev.slug), get(st.slug), words) if prev else ""])
+    pv = lambda slug, m: vals.at[slug, m] if slug in vals.index and m in vals.columns else np.nan
+    stall_cols = list(_stall_table(vals).columns)
+    top = (vals.loc[st.slug, stall_cols].dropna().sort_values(ascending=False).index[:3]
+           if st.slug in vals.index and stall_cols else [])
+    if prof is None or not len(vals):
+        rows.append(["Nsight Compute profile", "", _nothing_on(gpu), ""])
+    for m in ([] if prof is None else PANEL_METRICS + list(top)):
+        get = partial(pv, m=m)
+        rows.append([_label(m, units.get(m)), cell(prev, get), cell(st, get),
+                     _change(get(prev.slug), get(st.slug), _words(units.get(m))) if prev else ""])
+    fig = Figure(figsize=(12, 1.6 + 0.3 * len(rows)), layout="constrained")
+    ax_t, ax_s = fig.subplots(1, 2, width_ratios=[2.2, 1])
+    ax_t.axis("off")
+    tab = ax_t.table([[textwrap.shorten(r[0], 58)] + r[1:] for r in rows],
+                     colLabels=["", prev.slug if prev else "(first stage)", st.slug, "change"],
+                     colWidths=[0.5, 0.16, 0.16, 0.22], loc="center", cellLoc="right")
+    tab.auto_set_font_size(False)
+    tab.set_fontsize(8)
+    tab.scale(1, 1.25)
+    for (r, c), cell_ in tab.get_celld().items():
+        cell_.set_edgecolor("0.85")
+        if c == 0:
+            cell_.set_text_props(ha="left")
+        if r == 0:
+            cell_.set_text_props(fontweight="bold")
+    _stall_pairs(ax_s, vals, [s.slug for s in pair], units)
+    fig.suptitle("\n".join(textwrap.wrap(f"{st.slug}: {st.title} — {st.idea}", 110))
+                 + f"\nversus {prev.slug if prev else 'nothing (the first stage)'}, teaching config, "
+                 f"{gpu}", fontsize=10)
+    return fig
+
+
+def _stall_pairs(ax, vals, slugs, units):
+    """The top 3 stall reasons of each stage, as horizontal bars side by side."""
+    table = _stall_table(vals)
+    table = table.loc[[s for s in slugs if s in table.index]]
+    if table.empty:
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no stall reasons profiled", ha="center", va="center", color="0.35",
+                transform=ax.transAxes)
+        return
+    reasons = list(dict.fromkeys(r for s in table.index
+                                 for r in table.loc[s].sort_values(ascending=False).index[:3]))
+    colors = _stage_colors()
+    h = 0.8 / len(table)
+    for i, slug in enumerate(table.index):
+        ax.barh(np.arange(len(reasons)) + i * h, table.loc[slug, reasons], height=h,
+                color=colors[slug], label=slug, zorder=2)
+    ax.set_yticks(np.arange(len(reasons)) + h * (len(table) - 1) / 2,
+                  [r[len("stall_"):] for r in reasons], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{units.get(reasons[0]) or '%'} of active warp time", fontsize=8)
+    ax.set_title("top stall reasons", fontsize=9)
+    ax.legend(fontsize=7.5)
+    ax.grid(axis="x", alpha=0.3, zorder=0)
+
+
+FIGURES = {"ladder": ladder, "scaling": scaling, "roofline": roofline}
+PROFILE_FIGURES = {"idea_metrics": idea_metrics, "stalls": stalls}
+
+
+def drawings(df=None, profile=None, gpu=None):
+    """name -> a function of no arguments that draws that figure, for every figure the recorded
+    data supports: always the results figures; the profile figures and one stage panel per
+    profiled stage once profile.csv holds rows for the GPU shown. save_all and flashlab.report
+    both draw this list, so the figures on disk and in the report are the same set."""
+    df = results.load() if df is None else df
+    gpu = gpu or latest_gpu(df)
+    if gpu is None:
+        return {}
+    out = {name: partial(draw, df, gpu=gpu) for name, draw in FIGURES.items()}
+    prof, _ = profile_rows(profile, gpu)
+    if prof is not None:
+        out.update({name: partial(draw, prof, gpu=gpu) for name, draw in PROFILE_FIGURES.items()})
+        profiled = set(prof["stage"])
+        out.update({f"stage_{st.slug}": partial(stage_panel, st, df, prof, gpu=gpu)
+                    for st in stages()[1:] if st.slug in profiled})
+    return out
+
+
+def save_all(df=None, outdir=None, gpu=None, profile=None):
+    """Write every figure as data/figures/NAME.png; returns the paths written."""
     outdir = paths.figures_dir() if outdir is None else outdir
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
-    if latest_gpu(df) is None:
-        return written
-    for name, draw in FIGURES.items():
-        fig = draw(df, gpu=gpu)
+    for name, draw in drawings(df, profile, gpu).items():
         path = outdir / f"{name}.png"
-        fig.savefig(path, dpi=110, metadata={"Software": None})
+        draw().savefig(path, dpi=110, metadata={"Software": None})
         written.append(path)
     return written

@@ -1,8 +1,11 @@
 """Registers, shared memory and spills of each kernel in a stage, as ptxas reports them.
 
 Compiles the .cu file to a cubin with `nvcc -Xptxas -v` for one architecture (no GPU needed) and
-parses the report. Results are cached by the hash of the sources and flags.
+parses the report. Results are cached by the hash of the sources, flags and nvcc version.
+compile_cubin() is the one place a stage is compiled for static inspection: flashlab.sass
+disassembles the same cubin, so the SASS it counts is the code whose resources ptxas reports.
 """
+import functools
 import hashlib
 import json
 import os
@@ -60,6 +63,12 @@ def _demangle(names):
     return lines if out.returncode == 0 and len(lines) == len(names) else list(names)
 
 
+def kernel_names(mangled):
+    """Demangled names, one spelling whichever demangler is installed."""
+    # cu++filt writes template arguments as "(int)64"; c++filt as "64". Keep one spelling.
+    return [re.sub(r"\((?:unsigned )?(?:int|long|bool)\)", "", n) for n in _demangle(mangled)]
+
+
 def parse(report: str, arch: str):
     """KernelResources for every entry function in an `nvcc -Xptxas -v` report."""
     entries, props, used = [], {}, {}
@@ -74,8 +83,7 @@ def parse(report: str, arch: str):
         elif m := re.search(r"Used (\d+) registers", line):
             smem = re.search(r"(\d+) bytes smem", line)
             used[entries[-1] if entries else current] = (int(m.group(1)), int(smem.group(1)) if smem else 0)
-    # cu++filt writes template arguments as "(int)64"; c++filt as "64". Keep one spelling.
-    names = [re.sub(r"\((?:unsigned )?(?:int|long|bool)\)", "", n) for n in _demangle(entries)]
+    names = kernel_names(entries)
     out = []
     for mangled, name in zip(entries, names):
         regs, smem = used.get(mangled, (0, 0))
@@ -84,22 +92,61 @@ def parse(report: str, arch: str):
     return out
 
 
+@functools.lru_cache(maxsize=None)
+def nvcc_version() -> str:
+    """nvcc's release, e.g. '13.0.88' (the whole banner if it has no V number)."""
+    out = subprocess.run([nvcc(), "--version"], text=True, capture_output=True).stdout
+    m = re.search(r"\bV(\d+(?:\.\d+)+)", out)
+    return m.group(1) if m else out.strip()
+
+
+def _flags(arch):
+    # -Xptxas -v only adds the resource report; the code is that of build.py's NVCC_FLAGS.
+    return NVCC_FLAGS + [f"-arch={arch}", "-Xptxas", "-v", "-I", str(KERNELS)]
+
+
+def source_digest(source, arch) -> str:
+    """Hash of our side of the cubin: the .cu file, the shared headers, the flags and arch, but
+    no absolute path, so a clone anywhere agrees. Recorded beside static evidence
+    (data/sass.csv) to tell when a kernel has changed since."""
+    digest = hashlib.sha256(repr((NVCC_FLAGS, arch)).encode())
+    for p in [Path(source), *sorted(KERNELS.glob("*.h")), *sorted(KERNELS.glob("*.cuh"))]:
+        digest.update(p.name.encode() + b"\0" + p.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def compile_digest(source, arch) -> str:
+    """The cache key: source_digest plus the exact flags and the nvcc release, so that a toolkit
+    upgrade is not answered from a cache the old one filled."""
+    key = f"{source_digest(source, arch)} {_flags(arch)} {nvcc_version()}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+@dataclass
+class Cubin:
+    data: bytes      # the cubin file
+    report: str      # ptxas's -v output (nvcc's stdout and stderr)
+
+
+def compile_cubin(source, arch="sm_90") -> Cubin:
+    """Compile `source` (a kernels/*.cu path) for `arch` with nvcc -cubin; RuntimeError on failure."""
+    source = Path(source)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out.cubin")
+        proc = subprocess.run([nvcc(), "-cubin", *_flags(arch), str(source), "-o", out],
+                              text=True, capture_output=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nvcc failed on {source} for {arch}:\n{proc.stderr}")
+        return Cubin(Path(out).read_bytes(), proc.stdout + proc.stderr)
+
+
 def resources(source, arch="sm_90"):
     """ptxas's report for every kernel in `source` (a kernels/*.cu path) compiled for `arch`."""
     source = Path(source)
-    flags = NVCC_FLAGS + [f"-arch={arch}", "-Xptxas", "-v", "-I", str(KERNELS)]
-    digest = hashlib.sha256(repr(flags).encode())
-    for p in [source, *sorted(KERNELS.glob("*.h")), *sorted(KERNELS.glob("*.cuh"))]:
-        digest.update(p.read_bytes())
-    cached = CACHE / f"{source.stem}-{arch}-{digest.hexdigest()[:16]}.json"
+    cached = CACHE / f"{source.stem}-{arch}-{compile_digest(source, arch)}.json"
     if cached.exists():
         return [KernelResources(**d) for d in json.loads(cached.read_text())]
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [nvcc(), "-cubin", *flags, str(source), "-o", os.path.join(tmp, "out.cubin")]
-        proc = subprocess.run(cmd, text=True, capture_output=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"nvcc failed on {source} for {arch}:\n{proc.stderr}")
-    found = parse(proc.stdout + proc.stderr, arch)
+    found = parse(compile_cubin(source, arch).report, arch)
     CACHE.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps([asdict(r) for r in found]))
     return found

@@ -4,6 +4,7 @@
     python -m flashlab.readme --check  exit 1 if README.md is out of date
 """
 import argparse
+import html
 import sys
 
 import pandas as pd
@@ -21,43 +22,78 @@ def _fmt(x, spec):
     return "–" if x != x or x is None else format(x, spec)
 
 
-def stage_table(df=None) -> str:
-    """Markdown: every stage and baseline at the teaching config (fp32, and fp16 baselines)."""
+def _esc(s):
+    return html.escape(str(s))
+
+
+# The same table goes into README.md (Markdown) and the class handout (HTML, flashlab.report):
+# one function picks and formats the values, and these few marks are all that differ.
+MARKUP = {
+    "md": dict(text=str, bold="**{}**".format, code="`{}`".format, em="_{}_".format,
+               link=lambda text, href: f"[{text}]({href})", para=str),
+    "html": dict(text=_esc, bold=lambda s: f"<b>{_esc(s)}</b>",
+                 code=lambda s: f"<code>{_esc(s)}</code>", em="<i>{}</i>".format,
+                 link=lambda text, href: f'<a href="{_esc(href)}">{text}</a>',
+                 para="<p>{}</p>".format),
+}
+HEADER = ["", "what it adds", "dtype", "time (ms)", "TFLOP/s", "% of fastest SDPA, same dtype",
+          "rel. error vs float64", "registers"]
+FIRST_NUMBER = 3  # columns from here on hold numbers and are right-aligned
+
+
+def _grid(rows, fmt):
+    """Header plus rows (cells already marked up) as a Markdown or HTML table."""
+    if fmt == "md":
+        line = lambda cells: "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
+        align = "|" + "|".join("---" if i < FIRST_NUMBER else "---:" for i in range(len(HEADER))) + "|"
+        return "\n".join([line(HEADER), align] + [line(r) for r in rows])
+    cell = lambda tag, i, c: (f'<{tag} class="num">{c}</{tag}>' if i >= FIRST_NUMBER
+                              else f"<{tag}>{c}</{tag}>")
+    line = lambda tag, cells: "<tr>" + "".join(cell(tag, i, c) for i, c in enumerate(cells)) + "</tr>"
+    head = line("th", [html.escape(h) for h in HEADER])
+    return "\n".join(["<table>", f"<thead>{head}</thead>", "<tbody>"]
+                     + [line("td", r) for r in rows] + ["</tbody>", "</table>"])
+
+
+def stage_table(df=None, fmt="md", notebooks="notebooks/", by="python -m flashlab.readme") -> str:
+    """Every stage and baseline at the teaching config (fp32, and fp16 baselines), with a note on
+    where and how it was measured. fmt: "md" or "html"; notebooks: where the stages' notebooks
+    are, relative to the page (None: no links); by: the command that wrote the page."""
+    m = MARKUP[fmt]
     df = results.load() if df is None else df
     gpu = latest_gpu(df)
     if gpu is None:
-        return "_No results recorded yet: run `flashlab run` on a GPU._"
+        return m["para"](m["em"](m["text"]("No results recorded yet: run ") + m["code"]("flashlab run")
+                                 + m["text"](" on a GPU.")))
     df = df[df["gpu"] == gpu]
     df = pd.concat([results.at_config(df, teaching(d)) for d in ("fp32", "fp16", "bf16")])
     titles = {s.slug: s for s in stages()}
-    lines = ["| | what it adds | dtype | time (ms) | TFLOP/s | % of fastest SDPA, same dtype | "
-             "rel. error vs float64 | registers |",
-             "|---|---|---|---:|---:|---:|---:|---:|"]
+    rows = []
     order = sorted(df.itertuples(), key=lambda r: (r.kind != "stage", r.dtype != "fp32",
                                                    r.stage if r.kind == "stage" else -r.tflops))
     for r in order:
         if r.kind == "stage":
             st = titles.get(r.stage)
-            name = f"[**{r.stage}**](notebooks/{r.stage}.ipynb)"
-            idea = st.idea if st else ""
+            name = m["bold"](r.stage)
+            name = m["link"](name, f"{notebooks}{r.stage}.ipynb") if notebooks is not None else name
+            idea = m["text"](st.idea if st else "")
         else:
-            name, idea = f"`{r.stage}`", "PyTorch baseline"
+            name, idea = m["code"](r.stage), m["text"]("PyTorch baseline")
         if r.status != "ok":
-            lines.append(f"| {name} | {idea} | {r.dtype} | {r.status} | | | | |")
+            rows.append([name, idea, m["text"](r.dtype), m["text"](r.status), "", "", "", ""])
             continue
         regs = "–" if r.registers != r.registers else f"{int(r.registers)}"
-        lines.append(f"| {name} | {idea} | {r.dtype} | {_fmt(r.median_ms, '.3f')} | "
-                     f"{_fmt(r.tflops, '.2f')} | {_fmt(r.pct_sdpa_best, '.1f')} | "
-                     f"{_fmt(r.rel_err, '.1e')} | {regs} |")
-    rows = df.sort_values("time")
-    last = rows.iloc[-1]
-    lines.append("")
+        rows.append([name, idea, m["text"](r.dtype), _fmt(r.median_ms, ".3f"), _fmt(r.tflops, ".2f"),
+                     _fmt(r.pct_sdpa_best, ".1f"), _fmt(r.rel_err, ".1e"), regs])
+    last = df.sort_values("time").iloc[-1]
     cfg = teaching()
-    lines.append(f"B={cfg.B}, H={cfg.H}, N={cfg.N}, D={cfg.D}, not causal. Measured on **{gpu}** (compute capability "
-                 f"{last.compute_capability}) with torch {last.torch}, CUDA {last.cuda}, commit "
-                 f"`{last.commit}`, {last.time}; median of ≥ 20 runs with L2 flushed between them. "
-                 f"Generated from `data/results.csv` by `python -m flashlab.readme`.")
-    return "\n".join(lines)
+    note = (m["text"](f"B={cfg.B}, H={cfg.H}, N={cfg.N}, D={cfg.D}, not causal. Measured on ")
+            + m["bold"](gpu) + m["text"](f" (compute capability {last.compute_capability}) with "
+                                         f"torch {last.torch}, CUDA {last.cuda}, commit ")
+            + m["code"](last.commit) + m["text"](f", {last.time}; median of ≥ 20 runs with L2 "
+                                                 "flushed between them. Generated from ")
+            + m["code"]("data/results.csv") + m["text"](" by ") + m["code"](by) + m["text"]("."))
+    return _grid(rows, fmt) + "\n\n" + m["para"](note)
 
 
 def render(text: str, table: str) -> str:

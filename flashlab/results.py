@@ -124,11 +124,22 @@ def upsert(rows, p=None) -> pd.DataFrame:
         return table
 
 
-def upsert_csv(rows, p, key) -> pd.DataFrame:
-    """The same lock-and-rename upsert for the side tables (checks, GPU peaks)."""
+def upsert_csv(rows, p, key, replace=None, text=()) -> pd.DataFrame:
+    """The same lock-and-rename upsert for the side tables (checks, GPU peaks, SASS counts).
+
+    replace: {column: value or list of values}; old rows matching all of them are dropped first,
+    for a writer that re-records a whole slice (rows it no longer produces must not linger).
+    text: further columns to read back as text (hashes that may look like numbers)."""
     new = pd.DataFrame(list(rows))
     with locked(p) as p:
-        old = pd.read_csv(p, dtype=TEXT) if p.exists() else pd.DataFrame(columns=new.columns)
+        dtype = {**TEXT, **{c: str for c in text}}
+        old = pd.read_csv(p, dtype=dtype) if p.exists() else pd.DataFrame(columns=new.columns)
+        if replace and len(old):
+            hit = pd.Series(True, index=old.index)
+            for col, val in replace.items():
+                vals = val if isinstance(val, (list, tuple, set)) else [val]
+                hit &= old[col].astype(str).isin([str(v) for v in vals])
+            old = old[~hit]
         table = pd.concat([old, new], ignore_index=True)
         table = table.drop_duplicates(key, keep="last", ignore_index=True)
         _atomic_write(table, p)

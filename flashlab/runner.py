@@ -75,7 +75,8 @@ def _job(args, log, out):
             return -9
 
 
-def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, out=print):
+def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, out=print,
+        with_profile=False):
     """The main job. Returns the results table; df.attrs["failed"] lists the jobs that failed."""
     if not gpu_available():
         return replay(out)
@@ -85,6 +86,8 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
         str(k) in (s.slug, str(s.number), f"{s.number:02d}") for k in stage_keys)]
     jobs = [("peaks", ["peaks"])] if with_baselines else []
     jobs += [(s.slug, [s.slug] + ([] if with_sweep else ["--no-sweep"])) for s in chosen]
+    if with_profile:
+        jobs.append(("profile", ["profile"]))
     if with_baselines:
         jobs.append(("baselines", ["baselines"] + ([] if with_sweep else ["--no-sweep"])))
     paths.runs_dir().mkdir(parents=True, exist_ok=True)
@@ -104,7 +107,7 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
                 msg = f"{name}: {'check failed' if code == 3 else f'crashed (exit {code})'}"
                 log.write(msg + "\n")
                 (bar.write if progress else out)(msg)
-                if code != 3 and name not in ("peaks", "baselines"):
+                if code != 3 and name not in ("peaks", "baselines", "profile"):
                     _record_crash(name, env, code)
     df = results.load()
     figs = plots.save_all(df)

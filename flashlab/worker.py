@@ -6,7 +6,7 @@ import sys
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m flashlab.worker")
-    ap.add_argument("job", help="'peaks', 'baselines' or a stage such as 03")
+    ap.add_argument("job", help="'peaks', 'baselines', 'profile' or a stage such as 03")
     ap.add_argument("--no-sweep", action="store_true")
     args = ap.parse_args(argv)
 
@@ -22,6 +22,15 @@ def main(argv=None):
         peaks.record(rows)
         for r in rows:
             log(f"{r['metric']:20} {r['value']:10.2f} {r['unit']}")
+        return 0
+    if args.job == "profile":
+        from . import profile as prof
+        from .stages import stages
+        for st in stages():
+            cfg = teaching(st.dtypes[0])
+            df = prof.profile(st, cfg)
+            log(f"{st.slug} profiled at {cfg.label}: " + ", ".join(
+                f"{r.metric}={r.value:.4g}" for r in df.itertuples() if not r.metric.startswith("stall_")))
         return 0
     if args.job == "baselines":
         measure.measure_baselines(measure.baseline_configs(not args.no_sweep), log=log)

@@ -115,3 +115,16 @@ def test_compile_error_names_the_cu_file_and_line(tmp_path):
     with pytest.raises(BuildError) as err:
         build_module(broken)
     assert f"{broken}(" in str(err.value) or f"{broken}:" in str(err.value), str(err.value)
+
+
+def test_profile_shows_coalescing():
+    from flashlab import profile as prof
+    if prof.ncu_path() is None:
+        pytest.skip("Nsight Compute (ncu) not installed")
+    cfg = fl.Config(1, 2, 256, 64)
+    spr = {}
+    for slug in ("01_naive", "02_coalesced"):
+        df = prof.profile(slug, cfg, record=False).set_index("metric")["value"]
+        assert df["duration_ms"] > 0
+        spr[slug] = df["global_load_sectors_per_request"]
+    assert spr["01_naive"] > 2 * spr["02_coalesced"], spr

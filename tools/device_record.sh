@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The recorded run on the GPU machine. Phases, in the order given (default: all three):
 #   tests      the GPU tests (checks, bad input, compute-sanitizer), log in data/runs/
-#   run        flashlab run: every stage and baseline, data/results.csv, figures, README table
+#   run        flashlab run --profile: every stage and baseline, Nsight Compute metrics, figures, README
 #   notebooks  every notebook executed live, outputs saved; figures and README regenerated
 # data/, the notebooks and README go back packed in $OUT/bundle.tar.gz. Needs the notebook wheels
 # in .whl/ (../shared/tools/device-kit.sh) and FLASHLAB_COMMIT=<sha>, since the tree travels
@@ -21,7 +21,7 @@ for phase in "${@:-tests run notebooks}"; do for p in $phase; do case $p in
     python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4 ;;
   run)
     echo "== flashlab run"
-    python3 -m flashlab run --no-progress > "$OUT/run.out" 2>&1; echo "flashlab run exit $?"
+    python3 -m flashlab run --no-progress --profile > "$OUT/run.out" 2>&1; echo "flashlab run exit $?"
     tail -16 "$OUT/run.out" ;;
   notebooks)
     echo "== notebooks (live)"

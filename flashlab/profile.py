@@ -1,0 +1,211 @@
+"""Nsight Compute profiles: run one stage under `ncu` in a subprocess and keep a small set of
+metrics per stage in data/profile.csv (schema: flashlab.profile_schema), the raw ncu CSV beside
+it in data/profiles/.
+
+    import flashlab.profile as prof
+    prof.profile(fl.stage(2), fl.TEACHING)   # needs a GPU and ncu; records by default
+    prof.load()                              # the recorded metrics (works without a GPU)
+
+ncu runs with --clock-control none (the GPU's clocks as the timings saw them) and profiles only
+the stage's kernel (by the naming convention `<slug without number>_kernel`), skipping its first
+launch as a warm-up. Metric names differ between ncu versions and chips, so flashlab asks ncu
+which ones this GPU offers and requests only those.
+"""
+import csv
+import functools
+import glob
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pandas as pd
+
+from . import paths, results
+from .bench import TEACHING, Config
+from .env import environment, gpu_available
+from .profile_schema import COLUMNS, KEY, METRICS, STALL_REASONS
+from .stages import stage as _stage
+
+# flashlab metric -> the ncu metric(s) that give it; a tuple is (numerator, denominator).
+NCU = {
+    "duration_ms": ["gpu__time_duration.sum"],
+    "dram_throughput_pct": ["dram__throughput.avg.pct_of_peak_sustained_elapsed"],
+    "dram_bytes": ["dram__bytes.sum"],
+    "sm_throughput_pct": ["sm__throughput.avg.pct_of_peak_sustained_elapsed"],
+    "tensor_pipe_pct": ["sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active",
+                        "sm__inst_executed_pipe_tensor_op_hmma.avg.pct_of_peak_sustained_active"],
+    "achieved_occupancy_pct": ["sm__warps_active.avg.pct_of_peak_sustained_active"],
+    "global_load_sectors_per_request": [("l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+                                         "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum")],
+    "global_store_sectors_per_request": [("l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
+                                          "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum")],
+    "smem_load_bank_conflicts": ["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"],
+    "smem_store_bank_conflicts": ["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"],
+}
+for _r in STALL_REASONS:
+    NCU[f"stall_{_r}"] = [f"smsp__warp_issue_stalled_{_r}_per_warp_active.pct",
+                          f"smsp__average_warps_issue_stalled_{_r}_per_issue_active.ratio"]
+
+
+def ncu_path():
+    """The ncu binary, or None."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    candidates = ["/usr/local/cuda/bin/ncu", *sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu")),
+                  *sorted(glob.glob("/usr/local/cuda*/nsight-compute*/ncu"))]
+    return next((c for c in candidates if os.path.exists(c)), None)
+
+
+def available():
+    """(True, '') when profiles can be taken here, else (False, why)."""
+    if not gpu_available():
+        return False, "no CUDA GPU"
+    if ncu_path() is None:
+        return False, "Nsight Compute (ncu) is not installed"
+    return True, ""
+
+
+@functools.lru_cache(maxsize=None)
+def offered():
+    """Base names of the metrics ncu offers for this GPU ('dram__bytes', ...)."""
+    out = subprocess.run([ncu_path(), "--query-metrics"], capture_output=True, text=True)
+    return {line.split()[0] for line in out.stdout.splitlines()
+            if line and "__" in line.split()[0]}
+
+
+def _base(metric):
+    name = metric.split(".")[0]
+    return name
+
+
+def _choose():
+    """{flashlab metric: the first ncu candidate this GPU offers (or a ratio pair)}."""
+    have = offered()
+    chosen = {}
+    if not have:  # could not read the list: ask for every first choice, drop refusals later
+        return {name: options[0] for name, options in NCU.items()}
+    for name, options in NCU.items():
+        for opt in options:
+            parts = opt if isinstance(opt, tuple) else (opt,)
+            if all(_base(p) in have for p in parts):
+                chosen[name] = opt
+                break
+    return chosen
+
+
+def kernel_name(st):
+    """The convention every stage follows: kernels/NN_slug.cu's kernel is named slug_kernel."""
+    return st.slug.split("_", 1)[1] + "_kernel"
+
+
+def parse_raw_csv(text):
+    """{ncu metric: (value, unit)} from `ncu --csv --page raw` output (one profiled launch)."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    if len(rows) < 3:
+        raise RuntimeError("ncu printed no profile (was the kernel launched?)")
+    header, units, values = rows[0], rows[1], rows[-1]
+    out = {}
+    for h, u, v in zip(header, units, values):
+        try:
+            out[h] = (float(v.replace(",", "")), u)
+        except ValueError:
+            continue
+    return out
+
+
+def _values(raw, chosen):
+    """flashlab metrics from the raw ncu metrics."""
+    rows = []
+    for name, opt in chosen.items():
+        if isinstance(opt, tuple):
+            (num, _), (den, _) = raw.get(opt[0], (None, "")), raw.get(opt[1], (None, ""))
+            if num is None or den is None:
+                continue
+            value, unit, source = (num / den if den else 0.0), METRICS[name][0], "/".join(opt)
+        else:
+            if opt not in raw:
+                continue
+            value, unit, source = raw[opt][0], raw[opt][1], opt
+            if name == "duration_ms":  # ncu reports ns (or us/ms, as unit says)
+                value *= {"ns": 1e-6, "nsecond": 1e-6, "us": 1e-3, "usecond": 1e-3,
+                          "ms": 1.0, "msecond": 1.0}.get(unit, 1e-6)
+                unit = "ms"
+            elif name == "dram_bytes":
+                value *= {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(unit, 1)
+                unit = "bytes"
+            elif unit in ("%", ""):
+                unit = "%" if unit == "%" else unit
+        rows.append((name, value, unit, source))
+    return rows
+
+
+def raw_path(st, cfg, gpu):
+    label = f"{st.slug}_{cfg.dtype}_B{cfg.B}_H{cfg.H}_N{cfg.N}_D{cfg.D}" + ("_causal" if cfg.causal else "")
+    return paths.data_dir() / "profiles" / re.sub(r"\W+", "-", gpu) / f"{label}.csv"
+
+
+def profile(stage, config: Config = TEACHING, record=True, timeout=900) -> pd.DataFrame:
+    """Profile one launch of `stage` at `config` under ncu; returns (and records) the metrics."""
+    ok, why = available()
+    if not ok:
+        raise RuntimeError(f"cannot profile here: {why}; the recorded metrics are in "
+                           f"{paths.data_dir() / 'profile.csv'} (flashlab.profile.load())")
+    st = _stage(stage)
+    st.build()  # compile outside ncu, so the profiled process only loads it
+    chosen = _choose()
+    cfg = config
+    for _ in range(4):  # ncu refuses the whole run over one unknown metric: drop it and retry
+        metrics = sorted({p for o in chosen.values() for p in (o if isinstance(o, tuple) else (o,))})
+        cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{kernel_name(st)}",
+               "--launch-skip", "1", "--launch-count", "1", "--metrics", ",".join(metrics),
+               "--csv", "--page", "raw",
+               sys.executable, "-m", "flashlab.profile_target", st.slug, str(cfg.B), str(cfg.H),
+               str(cfg.N), str(cfg.D), str(int(cfg.causal)), cfg.dtype]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=paths.ROOT)
+        refused = set(re.findall(r"Failed to find metric\s+'?([\w.]+)", proc.stdout + proc.stderr))
+        if proc.returncode == 0 or not refused:
+            break
+        chosen = {n: o for n, o in chosen.items()
+                  if not refused & set(o if isinstance(o, tuple) else (o,))}
+    if proc.returncode != 0:
+        raise RuntimeError(f"ncu failed on {st.slug} ({proc.returncode}):\n{proc.stderr[-3000:]}"
+                           f"\n{proc.stdout[-2000:]}")
+    raw = parse_raw_csv(proc.stdout)
+    env = environment()
+    rows = [dict(stage=st.slug, dtype=cfg.dtype, B=cfg.B, H=cfg.H, N=cfg.N, D=cfg.D,
+                 causal=cfg.causal, gpu=env["gpu"], metric=m, value=v, unit=u, ncu_metric=src,
+                 **{k: env[k] for k in ("compute_capability", "torch", "cuda", "commit", "time")})
+            for m, v, u, src in _values(raw, chosen)]
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    if record:
+        rp = raw_path(st, cfg, env["gpu"])
+        rp.parent.mkdir(parents=True, exist_ok=True)
+        rp.write_text(proc.stdout)
+        results.upsert_csv(rows, paths.data_dir() / "profile.csv", KEY)
+    return df
+
+
+def load(gpu=None, stage=None) -> pd.DataFrame:
+    """The recorded metrics (empty with the right columns if none)."""
+    p = paths.data_dir() / "profile.csv"
+    if not p.exists():
+        return pd.DataFrame(columns=COLUMNS)
+    df = pd.read_csv(p, dtype=results.TEXT)
+    df["causal"] = df["causal"].map(lambda x: str(x).lower() in ("true", "1"))
+    if gpu is not None:
+        df = df[df["gpu"] == gpu]
+    if stage is not None:
+        df = df[df["stage"] == getattr(stage, "slug", stage)]
+    return df.reset_index(drop=True)
+
+
+def wide(df=None, config: Config = TEACHING) -> pd.DataFrame:
+    """One row per stage, one column per metric, at `config`."""
+    df = load() if df is None else df
+    df = results.at_config(df, config)
+    return df.pivot_table(index="stage", columns="metric", values="value", aggfunc="last")

@@ -1,0 +1,15 @@
+"""What ncu runs: two launches of one stage (the first is skipped as a warm-up).
+Usage: python -m flashlab.profile_target SLUG B H N D CAUSAL DTYPE"""
+import sys
+
+import torch
+
+import flashlab as fl
+
+slug, B, H, N, D, causal, dtype = sys.argv[1:8]
+cfg = fl.Config(int(B), int(H), int(N), int(D), bool(int(causal)), dtype)
+attn = fl.stage(slug).build()
+q, k, v = cfg.inputs()
+for _ in range(2):
+    attn(q, k, v, causal=cfg.causal)
+torch.cuda.synchronize()

@@ -1,0 +1,263 @@
+"""Which machine instructions each stage compiles to: static SASS evidence for its technique.
+
+A stage's idea should be visible in its code before it is visible in a timing: float4 loads show
+up as LDG.E.128 and LDS.128, warp reductions as SHFL, spills as LDL/STL, tensor cores as HMMA.
+This module compiles a stage exactly as flashlab.ptxas does (one cubin, no GPU needed),
+disassembles it with `cuobjdump -sass` and counts opcodes per kernel.
+
+All counts are STATIC: how many times an instruction appears in the code, not how many times it
+executes. A loop body counts once however often it runs, and the compiler's copies of a path
+(unrolled loops, the divergent fallback of a warp shuffle) each count. Read them as present or
+absent, and as rough proportions; executed counts come from a profiler (flashlab.profile).
+"""
+import functools
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from . import paths, ptxas
+
+CACHE = ptxas.CACHE.parent / "sass"
+PIP_PACKAGES = "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
+
+# The groups the workbook talks about, in the order tables show them: name -> what it means.
+CATEGORIES = {
+    "HMMA": "tensor-core matrix multiply-accumulate (mma.sync)",
+    "LDSM": "ldmatrix: shared memory to registers in tensor-core fragment layout",
+    "LDGSTS": "cp.async: global to shared memory without passing through registers",
+    "LDG.E.128": "16-byte global loads (float4)",
+    "LDG": "narrower global loads (4 or 8 bytes)",
+    "STG": "global stores, any width",
+    "LDS.128": "16-byte shared-memory loads (float4)",
+    "LDS": "narrower shared-memory loads",
+    "STS": "shared-memory stores, any width",
+    "LDL": "local-memory loads: spills (or arrays the compiler could not keep in registers)",
+    "STL": "local-memory stores: spills (or such arrays)",
+    "MUFU.EX2": "hardware 2^x, what __expf becomes",
+    "FFMA": "fp32 fused multiply-add, any rounding mode",
+    "SHFL": "warp shuffles (reductions across lanes)",
+    "BAR": "block-wide barriers (__syncthreads)",
+}
+TOTAL = "total"  # every instruction of the kernel, padding NOPs included
+
+
+def category(opcode: str):
+    """The CATEGORIES group an opcode (with modifiers, e.g. 'LDG.E.128') belongs to, or None.
+    Grouped by the base opcode, except where the workbook cares about a modifier (width, EX2);
+    HFMA2.MMA is not HMMA: ptxas uses it as a register move."""
+    base, *mods = opcode.split(".")
+    if base in ("LDG", "LDS"):  # 'LDG.E.128', 'LDS.128', 'LDS.U.128': split off the 16-byte ones
+        return {"LDG": "LDG.E.128", "LDS": "LDS.128"}[base] if "128" in mods else base
+    if base == "MUFU":
+        return opcode if opcode == "MUFU.EX2" else None
+    return base if base in CATEGORIES else None
+
+
+# --- the tools -------------------------------------------------------------------------------------
+
+def _pip_bins(tool):
+    # The wheels put the tool in site-packages/nvidia/<cuNN or cuda_tool>/bin/, depending on release.
+    for entry in sys.path:
+        yield from sorted(Path(entry or ".").glob(f"nvidia/*/bin/{tool}"))
+
+
+def _find(tool):
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    candidates = [os.path.join(h, "bin", tool) for h in homes if h]
+    try:
+        candidates.append(os.path.join(os.path.dirname(ptxas.nvcc()), tool))
+    except FileNotFoundError:
+        pass
+    candidates += [shutil.which(tool), *map(str, _pip_bins(tool))]
+    return next((c for c in candidates if c and os.path.isfile(c) and os.access(c, os.X_OK)), None)
+
+
+def cuobjdump() -> str:
+    """Path of cuobjdump: CUDA_HOME/bin, beside nvcc, PATH, then the pip wheel; else
+    FileNotFoundError."""
+    found = _find("cuobjdump")
+    if not found:
+        raise FileNotFoundError(f"cuobjdump not found (looked in CUDA_HOME/bin, beside nvcc, on "
+                                f"PATH and in pip's nvidia/*/bin): pip install {PIP_PACKAGES}")
+    return found
+
+
+def _nvdisasm_env(tool):
+    # cuobjdump -sass runs nvdisasm, looking beside itself and on PATH; point it at ours otherwise.
+    env = dict(os.environ)
+    beside = os.path.join(os.path.dirname(tool), "nvdisasm")
+    found = beside if os.path.isfile(beside) else _find("nvdisasm")
+    if found:
+        env["NVDISASM_PATH"] = os.path.dirname(found)
+    return env
+
+
+@functools.lru_cache(maxsize=None)
+def _version(tool) -> str:
+    out = subprocess.run([tool, "--version"], text=True, capture_output=True).stdout
+    m = re.search(r"\bV(\d+(?:\.\d+)+)", out)
+    return m.group(1) if m else out.strip()
+
+
+# --- disassembly -----------------------------------------------------------------------------------
+
+def _source(source) -> Path:
+    """A kernels/*.cu path from a path, a Stage or a stage key ('03', 3, '03_coarsened')."""
+    if isinstance(source, (str, Path)) and str(source).endswith(".cu"):
+        return Path(source)
+    from .stages import stage  # imports torch; only needed for a stage key
+    return stage(source).source
+
+
+def disassemble(source, arch="sm_90") -> str:
+    """`cuobjdump -sass` of `source` (a .cu path or a stage) compiled as flashlab.ptxas compiles it,
+    cached by the hash of the sources, flags, nvcc and cuobjdump releases."""
+    source = _source(source)
+    tool = cuobjdump()
+    key = hashlib.sha256(f"{ptxas.compile_digest(source, arch)} {_version(tool)}".encode())
+    cached = CACHE / f"{source.stem}-{arch}-{key.hexdigest()[:16]}.sass"
+    if cached.exists():
+        return cached.read_text()
+    cubin = ptxas.compile_cubin(source, arch)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, f"{source.stem}.cubin")
+        Path(path).write_bytes(cubin.data)
+        proc = subprocess.run([tool, "-sass", path], text=True, capture_output=True,
+                              env=_nvdisasm_env(tool))
+    if proc.returncode != 0 or "Function :" not in proc.stdout:
+        raise RuntimeError(f"cuobjdump -sass failed on {source} for {arch}:\n{proc.stderr}")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(proc.stdout)
+    os.replace(tmp, cached)  # two processes filling the cache never leave half a file
+    return proc.stdout
+
+
+# An instruction line: "/*0a30*/  @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;" -> "LDG.E.128".
+_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
+_FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
+
+
+def parse(sass: str) -> dict:
+    """{mangled kernel name: Counter of opcodes} from cuobjdump -sass text."""
+    counts, current = {}, None
+    for line in sass.splitlines():
+        if m := _FUNCTION.match(line):
+            current = counts.setdefault(m.group(1), Counter())
+        elif current is not None and (m := _INSTRUCTION.match(line)):
+            current[m.group(1)] += 1
+    return counts
+
+
+def short_name(demangled: str) -> str:
+    """'void coarsened_kernel<64, 64, 64>(const float *, ...)' -> 'coarsened_kernel<64, 64, 64>':
+    the same whichever demangler (or none) wrote it, so recorded rows compare across machines."""
+    name = re.sub(r"^void\s+", "", demangled)
+    return name.split("(", 1)[0].strip() or demangled
+
+
+def _kernels(source, arch):
+    counts = parse(disassemble(source, arch))
+    return dict(zip(map(short_name, ptxas.kernel_names(list(counts))), counts.values()))
+
+
+def _pick(kernels: dict, kernel):
+    if kernel is None:
+        return kernels
+    if kernel not in kernels:
+        raise ValueError(f"no kernel {kernel!r}; this stage has {', '.join(kernels)}")
+    return {kernel: kernels[kernel]}
+
+
+def instruction_mix(source, arch="sm_90", kernel=None) -> pd.DataFrame:
+    """Static opcode counts: one row per (kernel, opcode with modifiers), with its CATEGORIES group
+    (None for the rest), most frequent first. Instructions in the code, not executed."""
+    rows = [dict(kernel=k, opcode=op, category=category(op), count=n)
+            for k, ops in _pick(_kernels(source, arch), kernel).items() for op, n in ops.items()]
+    df = pd.DataFrame(rows, columns=["kernel", "opcode", "category", "count"])
+    return df.sort_values(["kernel", "count", "opcode"], ascending=[True, False, True],
+                          ignore_index=True)
+
+
+def grouped(source, arch="sm_90", kernel=None) -> pd.DataFrame:
+    """Static counts per (kernel, category): every CATEGORIES group, zeros included, then TOTAL."""
+    rows = []
+    for k, ops in _pick(_kernels(source, arch), kernel).items():
+        by_cat = Counter()
+        for op, n in ops.items():
+            by_cat[category(op)] += n
+        rows += [dict(kernel=k, category=c, count=by_cat[c]) for c in CATEGORIES]
+        rows.append(dict(kernel=k, category=TOTAL, count=sum(ops.values())))
+    return pd.DataFrame(rows, columns=["kernel", "category", "count"])
+
+
+def evidence(stage, arch="sm_90") -> pd.DataFrame:
+    """Which categories appear in the code of each of the stage's kernels: a bool table, one row
+    per kernel, one column per category. `.all()` = in every kernel, `.any()` = in some."""
+    g = grouped(stage, arch)
+    g = g[g["category"] != TOTAL]
+    table = g.pivot(index="kernel", columns="category", values="count")[list(CATEGORIES)] > 0
+    table.columns.name = None
+    return table
+
+
+def table(stages=None, arch="sm_90") -> pd.DataFrame:
+    """Wide view for printing: a row per (stage, kernel), a column per category plus TOTAL."""
+    from .stages import stages as all_stages
+    from .stages import stage as get
+    chosen = [get(s) for s in stages] if stages else all_stages()
+    parts = [grouped(st.source, arch).assign(stage=st.slug) for st in chosen]
+    wide = pd.concat(parts).pivot_table(index=["stage", "kernel"], columns="category",
+                                        values="count", aggfunc="sum", sort=False)
+    wide = wide[[*CATEGORIES, TOTAL]].astype(int)
+    wide.columns.name = None
+    return wide
+
+
+# --- data/sass.csv --------------------------------------------------------------------------------
+
+KEY = ["stage", "arch", "kernel", "category"]
+TEXT_COLUMNS = KEY + ["source_hash", "nvcc", "cuobjdump", "commit"]
+
+
+def rows(stages=None, arch="sm_90") -> pd.DataFrame:
+    """What record() writes: tidy rows with what made them (source hash, nvcc, commit)."""
+    from .env import commit
+    from .stages import stages as all_stages
+    from .stages import stage as get
+    chosen = [get(s) for s in stages] if stages else all_stages()
+    parts = [grouped(st.source, arch).assign(stage=st.slug, arch=arch,
+                                             source_hash=ptxas.source_digest(st.source, arch))
+             for st in chosen]
+    df = pd.concat(parts, ignore_index=True)
+    df["nvcc"], df["cuobjdump"], df["commit"] = ptxas.nvcc_version(), _version(cuobjdump()), commit()
+    return df[KEY + ["count", "source_hash", "nvcc", "cuobjdump", "commit"]]
+
+
+def load(p=None) -> pd.DataFrame:
+    """data/sass.csv as recorded (text columns stay text; count is an int)."""
+    p = Path(p) if p is not None else paths.sass_csv()
+    df = pd.read_csv(p, dtype=str, keep_default_na=False)
+    df["count"] = df["count"].astype(int)
+    return df
+
+
+def record(arch="sm_90", stages=None) -> Path:
+    """Write the grouped counts to data/sass.csv (locked, atomic). Re-recording replaces every
+    earlier row of the same arch (and stages), so a renamed kernel leaves no stale rows behind."""
+    from .results import upsert_csv
+    new = rows(stages, arch)
+    p = paths.sass_csv()
+    drop = {"arch": arch}
+    if stages:
+        drop["stage"] = sorted(set(new["stage"]))
+    upsert_csv(new.to_dict("records"), p, key=KEY, replace=drop, text=TEXT_COLUMNS)
+    return p

@@ -1,0 +1,198 @@
+"""`flashlab report` and the profile figures, against a temporary copy of data/ — with the
+synthetic profile.csv of tests/synthetic_profile.py where a test needs Nsight Compute data."""
+import base64
+import io
+import os
+import re
+import subprocess
+import sys
+
+import matplotlib
+import pytest
+
+matplotlib.use("Agg")
+
+from matplotlib.text import Text  # noqa: E402
+
+import synthetic_profile  # noqa: E402
+from flashlab import cli, paths, plots, profile_schema, report, results  # noqa: E402
+from flashlab.stages import stages  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+IMG = re.compile(r'<img src="data:image/png;base64,([A-Za-z0-9+/=]+)"')
+MD_IMG = re.compile(r"!\[[^\]]*\]\(([^)]+\.png)\)")
+MD_LINK = re.compile(r"\]\(([^)]+\.ipynb)\)")
+
+
+@pytest.fixture
+def profiled(data_dir):
+    """The copy of data/ plus a synthetic profile.csv on the GPU its results come from."""
+    synthetic_profile.write(data_dir, plots.latest_gpu(results.load()))
+    return data_dir
+
+
+def words(fig):
+    """Every piece of text a figure shows, once drawn (titles, labels, annotations, table cells)."""
+    fig.savefig(io.BytesIO(), format="png")
+    cells = [c.get_text() for ax in fig.axes for t in ax.tables for c in t.get_celld().values()]
+    return [t.get_text() for t in fig.findobj(Text) + cells if t.get_text()]
+
+
+def n_figures(with_profile):
+    later = len(stages()) - 1  # one "what changed" panel per stage after the first
+    return len(plots.FIGURES) + (len(plots.PROFILE_FIGURES) + later if with_profile else 0)
+
+
+def test_synthetic_profile_follows_the_schema():
+    df = synthetic_profile.rows("Some GPU")
+    assert list(df.columns) == profile_schema.COLUMNS
+    known = set(profile_schema.METRICS) | {f"stall_{r}" for r in profile_schema.STALL_REASONS}
+    assert set(df["metric"]) <= known
+    assert not df.duplicated(profile_schema.KEY).any()
+
+
+# --- the page ---
+
+def check_html(text, n_images):
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    recorded = results.load()
+    gpu = plots.latest_gpu(recorded)
+    assert "<table>" in text and "</table>" in text
+    for st in stages():
+        assert f"<b>{st.slug}</b>" in text
+    rows = recorded[recorded["gpu"] == gpu]
+    for value in (gpu, rows["torch"].iloc[0], rows["cuda"].iloc[0], rows["commit"].iloc[0]):
+        assert str(value) in text
+    images = IMG.findall(text)
+    assert len(images) == n_images
+    for data in images:
+        assert base64.b64decode(data).startswith(PNG)
+    # self-contained: nothing to fetch, so it opens offline
+    assert not re.findall(r'src="(?!data:image/png;base64,)', text)
+    assert "href=" not in text and "<link" not in text and "<script" not in text
+
+
+def test_html_report_from_recorded_results(data_dir, tmp_path):
+    out = report.write(tmp_path / "handout.html")
+    text = out.read_text(encoding="utf-8")
+    check_html(text, n_figures(with_profile=False))
+    assert "Nsight Compute" not in text  # no profile recorded: no profile section
+
+
+def test_html_report_with_a_profile(profiled, tmp_path):
+    text = report.write(tmp_path / "handout.html").read_text(encoding="utf-8")
+    check_html(text, n_figures(with_profile=True))
+    assert "Inside the kernels (Nsight Compute)" in text
+    assert synthetic_profile.rows("x")["commit"].iloc[0] in text  # the profile's provenance
+
+
+def test_markdown_report_references_the_pngs_it_wrote(profiled, tmp_path):
+    out = report.write(tmp_path / "handout" / "page.md")
+    text = out.read_text(encoding="utf-8")
+    pngs = MD_IMG.findall(text)
+    assert len(pngs) == n_figures(with_profile=True)
+    for ref in pngs:
+        assert not os.path.isabs(ref)
+        target = out.parent / ref
+        assert target.is_file() and target.read_bytes().startswith(PNG), ref
+    for st in stages():
+        assert f"[**{st.slug}**](" in text
+    for ref in MD_LINK.findall(text):  # the stage names link to their notebooks
+        assert (out.parent / ref).resolve() == paths.NOTEBOOKS / os.path.basename(ref)
+    assert "data:image" not in text
+
+
+def test_cli_writes_data_report_by_default(data_dir, capsys):
+    assert cli.main(["report"]) == 0
+    assert capsys.readouterr().out.strip() == str(data_dir / "report.html")
+    assert (data_dir / "report.html").read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert cli.main(["report", "--format", "md"]) == 0
+    assert (data_dir / "report.md").is_file() and (data_dir / "report_figures").is_dir()
+
+
+def test_format_follows_the_suffix(data_dir, tmp_path):
+    assert report.write(tmp_path / "a.md").read_text(encoding="utf-8").startswith("# ")
+    forced = report.write(tmp_path / "b.md", fmt="html")
+    assert forced.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_report_with_nothing_recorded(empty_data_dir, tmp_path):
+    text = report.write(tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "No results recorded yet" in text and "<img" not in text
+    md = report.write(tmp_path / "r.md").read_text(encoding="utf-8")
+    assert "No results recorded yet" in md and not MD_IMG.findall(md)
+
+
+def test_report_help_exits_0(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(paths.ROOT), MPLBACKEND="Agg")
+    proc = subprocess.run([sys.executable, "-m", "flashlab", "report", "--help"], cwd=paths.ROOT,
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: flashlab report") and "--format" in proc.stdout
+
+
+# --- the profile figures ---
+
+def test_profile_figures_without_a_profile(data_dir):
+    assert not (data_dir / "profile.csv").exists()
+    for fig in (plots.idea_metrics(), plots.stalls()):
+        assert any(plots.NO_PROFILE in w for w in words(fig))
+    panel = words(plots.stage_panel(3))
+    assert any(plots.NO_PROFILE in w for w in panel)
+    assert "TFLOP/s" in panel and "02_coalesced" in panel  # results.csv's half still shows
+
+
+def test_save_all_with_and_without_a_profile(data_dir, tmp_path):
+    names = lambda written: sorted(p.name for p in written)
+    assert names(plots.save_all(outdir=tmp_path / "a")) == sorted(f"{n}.png" for n in plots.FIGURES)
+    synthetic_profile.write(data_dir, plots.latest_gpu(results.load()))
+    written = plots.save_all(outdir=tmp_path / "b")
+    assert len(written) == n_figures(with_profile=True)
+    assert {"idea_metrics.png", "stalls.png", "stage_03_coarsened.png"} <= set(names(written))
+    for p in written:
+        assert p.read_bytes().startswith(PNG)
+
+
+def test_idea_metrics_annotates_the_factor(profiled):
+    shown = words(plots.idea_metrics())
+    sectors = synthetic_profile.INVENTED["global_load_sectors_per_request"]
+    assert f"{sectors[0] / sectors[1]:.1f}x fewer" in shown  # 01 -> 02
+    occupancy = synthetic_profile.INVENTED["achieved_occupancy_pct"]
+    assert f"{occupancy[1] / occupancy[2]:.1f}x lower" in shown  # 02 -> 03
+    assert "none left" in shown  # the synthetic 03 has no bank conflicts, even on a log axis
+    assert not any("1,000,000,000" in w for w in shown)  # the decoy rows (other N, a baseline)
+
+
+def test_stalls_stack_every_reason(profiled):
+    fig = plots.stalls()
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [st.slug for st in stages()]
+    reasons = {k: v for k, v in synthetic_profile.INVENTED.items() if k.startswith("stall_")}
+    for i, st in enumerate(stages()):
+        bars = [b for b in ax.patches if abs(b.get_y() + b.get_height() / 2 - i) < 1e-9]
+        total = sum(v[min(i, len(v) - 1)] for v in reasons.values())
+        assert sum(b.get_width() for b in bars) == pytest.approx(total)
+
+
+def test_stage_panel_shows_both_stages(profiled):
+    shown = words(plots.stage_panel("03_coarsened"))
+    assert "02_coalesced" in shown and "03_coarsened" in shown
+    assert any("bank conflicts" in w for w in shown)
+    assert "none left" in shown
+    assert sum(w.startswith("stall: ") for w in shown) == 3  # the stage's top 3 stall reasons
+    first = words(plots.stage_panel(1))  # nothing before it: still draws
+    assert "(first stage)" in first
+
+
+def test_profile_of_another_gpu_is_not_shown(data_dir):
+    synthetic_profile.rows("Some other GPU").to_csv(data_dir / "profile.csv", index=False)
+    assert list(plots.drawings()) == list(plots.FIGURES)
+    gpu = plots.latest_gpu(results.load())
+    assert any(plots.NO_PROFILE in w for w in words(plots.idea_metrics(gpu=gpu)))
+    assert "Some other GPU" in " ".join(words(plots.idea_metrics()))  # its own latest GPU
+
+
+def test_profile_as_a_dataframe(empty_data_dir):
+    df = synthetic_profile.rows("Some GPU")
+    df["causal"] = df["causal"].astype(str)  # as read back from CSV text
+    assert "Some GPU" in " ".join(words(plots.stalls(profile=df)))

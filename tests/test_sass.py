@@ -1,0 +1,188 @@
+"""Each stage's technique shows in its machine code: static SASS counts for sm_80 and sm_90, no GPU.
+
+What each stage must (True) or must not (False) contain comes from one table, EXPECT, so a new
+stage adds a row instead of editing every test. Counts are static (instructions in the code).
+"""
+import pytest
+
+import flashlab as fl
+from flashlab import env, paths, ptxas, sass
+
+try:
+    TOOLS, WHY = (ptxas.nvcc(), sass.cuobjdump()), ""
+except FileNotFoundError as err:
+    TOOLS, WHY = None, str(err)
+needs_tools = pytest.mark.skipif(TOOLS is None, reason=f"cannot disassemble: {WHY}")
+
+ARCHS = ["sm_80", "sm_90"]
+STAGES = [st.slug for st in fl.stages()]
+
+# Every stage so far: __expf -> MUFU.EX2, fp32 FMAs, nothing spilled to local memory.
+COMMON = {"MUFU.EX2": True, "FFMA": True, "LDL": False, "STL": False}
+# Scalar fp32 stages: no tensor cores. A tensor-core stage sets "HMMA": True in its own row.
+SCALAR_FP32 = {"HMMA": False}
+EXPECT = {
+    # One thread per query row, 4-byte loads, no cross-lane work.
+    "01_naive": {**SCALAR_FP32, "LDG": True, "LDG.E.128": False, "SHFL": False},
+    # A warp per row: still 4-byte loads (coalesced across lanes), row max/sum by warp shuffles.
+    "02_coalesced": {**SCALAR_FP32, "LDG": True, "LDG.E.128": False, "SHFL": True},
+    # float4 tiles: 16-byte global and shared loads; 16-lane shuffles for the row max/sum.
+    "03_coarsened": {**SCALAR_FP32, "LDG.E.128": True, "LDS.128": True, "SHFL": True},
+}
+
+
+def test_every_stage_has_expectations():
+    assert sorted(EXPECT) == sorted(STAGES), "add the new stage's row to EXPECT"
+    for slug, expect in EXPECT.items():
+        assert set(expect) <= set(sass.CATEGORIES), slug
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("slug", STAGES)
+def test_stage_technique_shows_in_sass(slug, arch):
+    ev = sass.evidence(slug, arch)
+    assert len(ev) >= 1, f"no kernel in the SASS of {slug}"
+    for cat, wanted in {**COMMON, **EXPECT[slug]}.items():
+        if wanted:  # in every kernel the stage instantiates
+            missing = list(ev.index[~ev[cat]])
+            assert not missing, f"{slug} on {arch}: no {cat} in {missing}"
+        else:
+            found = list(ev.index[ev[cat]])
+            assert not found, f"{slug} on {arch}: unexpected {cat} in {found}"
+
+
+# --- the recorded evidence cannot go stale ---------------------------------------------------------
+
+RECORDED = paths.ROOT / "data" / "sass.csv"
+HOW = "run `flashlab sass --record` and `flashlab sass --arch sm_80 --record`"
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recorded_sass_is_from_the_current_kernels(arch):
+    """Needs no toolkit: the recorded source hash is that of today's .cu files and headers."""
+    rec = sass.load(RECORDED)
+    rec = rec[rec["arch"] == arch]
+    assert sorted(set(rec["stage"])) == sorted(STAGES), f"data/sass.csv lacks stages: {HOW}"
+    for st in fl.stages():
+        hashes = set(rec.loc[rec["stage"] == st.slug, "source_hash"])
+        assert hashes == {ptxas.source_digest(st.source, arch)}, \
+            f"{st.slug} changed since data/sass.csv was recorded for {arch}: {HOW}"
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recorded_sass_matches_instruction_mix_now(arch):
+    rec = sass.load(RECORDED)
+    rec = rec[rec["arch"] == arch]
+    if set(rec["nvcc"]) != {ptxas.nvcc_version()}:
+        pytest.skip(f"data/sass.csv was recorded with nvcc {sorted(set(rec['nvcc']))}, this is "
+                    f"{ptxas.nvcc_version()}: other compilers emit other counts")
+    now = sass.rows(arch=arch)
+    both = rec[sass.KEY + ["count"]].merge(now[sass.KEY + ["count"]], on=sass.KEY, how="outer",
+                                           suffixes=("_recorded", "_now"))
+    differ = both[both["count_recorded"] != both["count_now"]]  # NaN (a missing row) differs too
+    assert differ.empty, f"data/sass.csv is stale; {HOW}:\n{differ.to_string(index=False)}"
+    # ...and the recorded grouping is what instruction_mix's opcodes add up to.
+    for st in fl.stages():
+        mix = sass.instruction_mix(st.source, arch)
+        by_cat = mix.dropna(subset=["category"]).groupby(["kernel", "category"])["count"].sum()
+        mine = rec[(rec["stage"] == st.slug) & (rec["category"] != sass.TOTAL)]
+        for row in mine.itertuples():
+            assert by_cat.get((row.kernel, row.category), 0) == row.count, (st.slug, row)
+
+
+# --- the parts, on canned text ---------------------------------------------------------------------
+
+SASS = """
+	code for sm_90
+		Function : _Z3fooPf
+	.headerflags	@"EF_CUDA_SM90 EF_CUDA_VIRTUAL_SM(EF_CUDA_SM90)"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
+                                                                          /* 0x000fe20000000800 */
+        /*0010*/              @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;       /* 0x0000000402047981 */
+        /*0020*/               @P1 LDG.E R8, desc[UR4][R2.64] ;
+        /*0030*/                   HFMA2.MMA R3, -RZ, RZ, 0, 0 ;
+        /*0040*/                   HMMA.16816.F32 R8, R4, R6, R8 ;
+        /*0050*/                   LDSM.16.M88.4 R4, [R2] ;
+        /*0060*/                   MUFU.EX2 R0, R0 ;
+        /*0070*/                   MUFU.RCP R0, R0 ;
+        /*0080*/                   FFMA.RZ R0, R0, R1, R2 ;
+        /*0090*/                   LDS.U.128 R4, [R2] ;
+        /*00a0*/              @!UPT LDGSTS.E.BYPASS.128 [R1], desc[UR4][R2.64] ;
+        /*00b0*/                   STL [R1], R0 ;
+        /*00c0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*00d0*/                   EXIT ;
+		Function : _Z3barv
+        /*0000*/                   SHFL.BFLY PT, R0, R1, 0x1, 0x1f ;
+        /*0010*/                   SHFL.BFLY PT, R0, R1, 0x2, 0x1f ;
+"""
+
+
+def test_parse_canned_sass():
+    counts = sass.parse(SASS)
+    assert list(counts) == ["_Z3fooPf", "_Z3barv"]
+    foo = counts["_Z3fooPf"]
+    assert foo["LDG.E.128"] == foo["LDG.E"] == foo["HMMA.16816.F32"] == 1
+    assert foo["LDGSTS.E.BYPASS.128"] == foo["LDSM.16.M88.4"] == foo["LDS.U.128"] == 1
+    assert sum(foo.values()) == 14  # the encoding lines are not instructions
+    assert counts["_Z3barv"] == {"SHFL.BFLY": 2}
+
+
+@pytest.mark.parametrize("opcode, cat", [
+    ("LDG.E.128", "LDG.E.128"), ("LDG.E.128.CONSTANT", "LDG.E.128"), ("LDG.E", "LDG"),
+    ("LDG.E.64", "LDG"), ("LDS.128", "LDS.128"), ("LDS.U.128", "LDS.128"), ("LDS", "LDS"),
+    ("LDSM.16.M88.4", "LDSM"), ("LDGSTS.E.BYPASS.128", "LDGSTS"), ("STS.128", "STS"),
+    ("STG.E.128", "STG"), ("HMMA.16816.F32", "HMMA"), ("HFMA2.MMA", None), ("MUFU.EX2", "MUFU.EX2"),
+    ("MUFU.RCP", None), ("FFMA", "FFMA"), ("FFMA.RM", "FFMA"), ("SHFL.BFLY", "SHFL"),
+    ("BAR.SYNC.DEFER_BLOCKING", "BAR"), ("LDL", "LDL"), ("STL.64", "STL"), ("LDC.64", None),
+])
+def test_category(opcode, cat):
+    assert sass.category(opcode) == cat
+
+
+def test_short_name_is_the_same_from_any_demangler():
+    for name in ("void coarsened_kernel<64, 64, 64>(const float *, const float *, int)",
+                 "void coarsened_kernel<64, 64, 64>(float const*, float const*, int)"):
+        assert sass.short_name(name) == "coarsened_kernel<64, 64, 64>"
+    assert sass.short_name("naive_kernel(const float *, int)") == "naive_kernel"
+    assert sass.short_name("_Z3fooPf") == "_Z3fooPf"
+
+
+def test_missing_cuobjdump_names_the_pip_package(monkeypatch):
+    monkeypatch.setattr(sass, "_find", lambda tool: None)
+    with pytest.raises(FileNotFoundError, match="pip install nvidia-cuda-cuobjdump"):
+        sass.cuobjdump()
+
+
+@needs_tools
+def test_disassembly_is_cached(tmp_path, monkeypatch):
+    monkeypatch.setattr(sass, "CACHE", tmp_path / "sass")
+    src = fl.stage(1).source
+    first = sass.disassemble(src, "sm_80")
+    assert len(list((tmp_path / "sass").glob("01_naive-sm_80-*.sass"))) == 1
+    monkeypatch.setattr(ptxas, "compile_cubin", lambda *a: pytest.fail("the cache was not used"))
+    assert sass.disassemble(src, "sm_80") == first
+    assert sass.disassemble("01", "sm_80") == first  # a stage key works as well as a path
+
+
+@needs_tools
+def test_record_replaces_an_arch(empty_data_dir):
+    p = sass.record("sm_80", stages=["01"])
+    first = sass.load(p)
+    assert set(first["stage"]) == {"01_naive"} and len(first) == len(sass.CATEGORIES) + 1
+    stale = first.assign(kernel="renamed_kernel")  # what a renamed kernel would leave behind
+    stale.to_csv(p, index=False)
+    sass.record("sm_80", stages=["01"])
+    again = sass.load(p)
+    assert set(again["kernel"]) == {"naive_kernel"} and len(again) == len(first)
+    assert set(again["commit"]) == {env.commit()}
+    assert set(again["nvcc"]) == {ptxas.nvcc_version()}
+
+
+@needs_tools
+def test_cli_prints_the_grouped_table(capsys):
+    from flashlab.cli import main
+    assert main(["sass", "02", "--arch", "sm_80"]) == 0
+    out = capsys.readouterr().out
+    assert "static SASS" in out and "coalesced_kernel" in out and "LDG.E.128" in out
