@@ -16,14 +16,16 @@ def gpu_available() -> bool:
 
 @functools.lru_cache(maxsize=None)
 def commit() -> str:
-    """Short hash of the checkout, with '-dirty' when tracked files differ from it
-    (FLASHLAB_COMMIT overrides, for copies of the tree that travel without .git)."""
+    """Short hash of the checkout, with '-dirty' when tracked code differs from it; recorded
+    outputs (data/, executed notebooks, the README table) do not count, since recording
+    writes them. FLASHLAB_COMMIT overrides, for copies of the tree that travel without .git."""
     if os.environ.get("FLASHLAB_COMMIT"):
         return os.environ["FLASHLAB_COMMIT"]
     try:
         sha = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=ROOT, text=True,
                              capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!data", ":!notebooks/*.ipynb", ":!README.md"], cwd=ROOT,
                                text=True, capture_output=True, check=True).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
