@@ -168,6 +168,35 @@ print(f"Measured {t.median_ms:.1f} ms, {t.tflops:.2f} TFLOP/s, on {t.gpu}. The s
 # ours come from the GPU named above.
 
 # %% [markdown]
+# ## The profile
+#
+# Nsight Compute reads the hardware counters of one launch of the kernel (`nb.profile`, which
+# `flashlab run --profile` also runs for every stage; live here if this machine has a GPU and
+# `ncu`, else the recorded metrics). What the analysis above predicts it will show:
+#
+# * **about 32 sectors per global load request** — every tile copy is one row per lane
+#   (a few loads, such as `m[row]`, touch fewer);
+# * **a very large count of shared-memory bank conflicts** — the 32-way reads of `Qi` and `S`;
+# * **achieved occupancy near 1/64** on the SMs that have work — one warp where 64 fit;
+# * stalls dominated by waiting on shared memory (`mio_throttle`, `short_scoreboard`) and on
+#   global memory (`long_scoreboard`), with nobody else to switch to.
+
+# %%
+p01 = nb.profile("01_naive")
+p01
+
+# %%
+m = p01["01_naive"]
+stalls = m.filter(like="stall_").sort_values(ascending=False).head(3)
+print(f"global load sectors per request: {m['global_load_sectors_per_request']:.1f}")
+print(f"shared-memory bank conflicts: {m['smem_load_bank_conflicts']:.3g} on loads, "
+      f"{m['smem_store_bank_conflicts']:.3g} on stores")
+print(f"achieved occupancy: {m['achieved_occupancy_pct']:.1f}% of the warp slots "
+      f"(1/64 = {100 / 64:.1f}%)")
+print("top stalls (% of active warp time): "
+      + ", ".join(f"{k.removeprefix('stall_')} {v:.0f}" for k, v in stalls.items()))
+
+# %% [markdown]
 # ## Against PyTorch
 #
 # Every stage and PyTorch's attention at the teaching config, on the GPU the table was recorded on.

@@ -307,7 +307,37 @@ print(f"target of 8 TFLOP/s: {'met' if t.tflops >= 8 else 'NOT met'}.")
 # bracket: latency at the three barriers per tile, and K/V copies that no block overlaps with
 # its own math. Reading the instruction mix of the compiled kernel (`cuobjdump -sass`) or
 # profiling its stall reasons (Nsight Compute) turns that bracket into a measurement.
+
+# %% [markdown]
+# ## 9b · The profile: did the bank conflicts go?
 #
+# Padding targets one counter: shared-memory load bank conflicts. Stage 02's `Kj[tx*d + x]`
+# read was 32-way on every multiply-add; the padded float4 reads of stage 03 need the minimum
+# number of wavefronts (section 4), so the count should **fall by orders of magnitude**. (The
+# 2-way conflicted store of P shows in the separate store counter, and it happens once per
+# score, not once per multiply-add.) Two more predictions: global load requests are now 16 bytes a
+# lane, 512 bytes a warp, so **16 sectors per request** is the ideal here (not a regression);
+# and **achieved occupancy around 25%** (2 blocks of 8 warps on 64 slots, section 6).
+
+# %%
+p03 = nb.profile("03_coarsened")
+p03
+
+# %%
+bank = p03.loc["smem_load_bank_conflicts"]
+spr = p03.loc["global_load_sectors_per_request"]
+occ = p03.loc["achieved_occupancy_pct"]
+m = p03["03_coarsened"]
+stalls = m.filter(like="stall_").sort_values(ascending=False).head(3)
+print(f"shared-memory load bank conflicts: {bank['02_coalesced']:.3g} -> {bank['03_coarsened']:.3g}"
+      f" ({bank['02_coalesced'] / max(bank['03_coarsened'], 1):.0f}x fewer)")
+print(f"sectors per global load request: {spr['03_coarsened']:.1f} (16 = every byte of a "
+      f"float4-per-lane request used)")
+print(f"achieved occupancy: {occ['02_coalesced']:.1f}% -> {occ['03_coarsened']:.1f}%")
+print("top stalls (% of active warp time): "
+      + ", ".join(f"{k.removeprefix('stall_')} {v:.0f}" for k, v in stalls.items()))
+
+# %% [markdown]
 # ## 10 · Against every stage and baseline
 #
 # Each stage at the teaching config, with PyTorch's implementations as lines (fp16 ones faded):
