@@ -273,7 +273,9 @@ def _change(before, after, words=("more", "fewer")):
     if before == 0:
         return "from none"
     ratio = after / before
-    return f"{ratio:.1f}x {words[0]}" if ratio > 1 else f"{1 / ratio:.1f}x {words[1]}"
+    word = words[0] if ratio > 1 else words[1]
+    ratio = max(ratio, 1 / ratio)
+    return f"{ratio:,.0f}x {word}" if ratio >= 100 else f"{ratio:.1f}x {word}"
 
 
 def _words(unit):

@@ -31,6 +31,13 @@ def profiled(data_dir):
     return data_dir
 
 
+@pytest.fixture
+def unprofiled(data_dir):
+    """The copy of data/ without any Nsight Compute data (as on a checkout before a profile)."""
+    (data_dir / "profile.csv").unlink(missing_ok=True)
+    return data_dir
+
+
 def words(fig):
     """Every piece of text a figure shows, once drawn (titles, labels, annotations, table cells)."""
     fig.savefig(io.BytesIO(), format="png")
@@ -72,7 +79,7 @@ def check_html(text, n_images):
     assert "href=" not in text and "<link" not in text and "<script" not in text
 
 
-def test_html_report_from_recorded_results(data_dir, tmp_path):
+def test_html_report_from_recorded_results(unprofiled, tmp_path):
     out = report.write(tmp_path / "handout.html")
     text = out.read_text(encoding="utf-8")
     check_html(text, n_figures(with_profile=False))
@@ -133,8 +140,8 @@ def test_report_help_exits_0(tmp_path):
 
 # --- the profile figures ---
 
-def test_profile_figures_without_a_profile(data_dir):
-    assert not (data_dir / "profile.csv").exists()
+def test_profile_figures_without_a_profile(unprofiled):
+    assert not (unprofiled / "profile.csv").exists()
     for fig in (plots.idea_metrics(), plots.stalls()):
         assert any(plots.NO_PROFILE in w for w in words(fig))
     panel = words(plots.stage_panel(3))
@@ -142,10 +149,10 @@ def test_profile_figures_without_a_profile(data_dir):
     assert "TFLOP/s" in panel and "02_coalesced" in panel  # results.csv's half still shows
 
 
-def test_save_all_with_and_without_a_profile(data_dir, tmp_path):
+def test_save_all_with_and_without_a_profile(unprofiled, tmp_path):
     names = lambda written: sorted(p.name for p in written)
     assert names(plots.save_all(outdir=tmp_path / "a")) == sorted(f"{n}.png" for n in plots.FIGURES)
-    synthetic_profile.write(data_dir, plots.latest_gpu(results.load()))
+    synthetic_profile.write(unprofiled, plots.latest_gpu(results.load()))
     written = plots.save_all(outdir=tmp_path / "b")
     assert len(written) == n_figures(with_profile=True)
     assert {"idea_metrics.png", "stalls.png", "stage_03_coarsened.png"} <= set(names(written))
@@ -196,3 +203,13 @@ def test_profile_as_a_dataframe(empty_data_dir):
     df = synthetic_profile.rows("Some GPU")
     df["causal"] = df["causal"].astype(str)  # as read back from CSV text
     assert "Some GPU" in " ".join(words(plots.stalls(profile=df)))
+
+
+def test_the_recorded_profile_draws_every_figure(data_dir, tmp_path):
+    """data/ as committed: if it holds a profile, every profile figure comes from it."""
+    if not (data_dir / "profile.csv").exists():
+        pytest.skip("no profile recorded in data/ yet")
+    written = plots.save_all(outdir=tmp_path)
+    assert len(written) == n_figures(with_profile=True)
+    for fig in (plots.idea_metrics(), plots.stalls()):
+        assert not any(plots.NO_PROFILE in w for w in words(fig))

@@ -16,6 +16,8 @@
 
 # %%
 %matplotlib inline
+import math
+
 import flashlab as fl
 from flashlab import diagrams, plots
 from flashlab import notebook as nb
@@ -152,9 +154,9 @@ print(f"Measured speedup {nb.speedup('01_naive', '02_coalesced'):.2f}x, predicte
 #
 # Coalescing is about one number: how many 32-byte sectors a warp's global load request touches.
 # The figure at the top predicts **32 → 4** for the tile copies, an 8× cut; the loads of `m` and
-# `l`, where the whole warp now reads one address, need a single sector. Shared-memory bank
-# conflicts should roughly halve (the $PV$ conflict is gone, the `Kj` one stays), and occupancy
-# should rise from one warp per busy SM to 32.
+# `l`, where the whole warp now reads one address, need a single sector. By section 2's count,
+# shared-memory bank conflicts should roughly halve (the $PV$ conflict is gone, the `Kj` one
+# stays), and occupancy should rise from one warp per busy SM to 32.
 
 # %%
 p02 = nb.profile("02_coalesced")
@@ -171,9 +173,44 @@ print(f"shared-memory load bank conflicts: {bank['01_naive']:.3g} -> {bank['02_c
 print(f"achieved occupancy: {occ['01_naive']:.1f}% -> {occ['02_coalesced']:.1f}%")
 
 # %% [markdown]
-# The coalescing shows exactly where predicted, and yet the time moved only about as much as the
-# bank-conflict count did: the sectors were never the bottleneck. That is the lesson of this
-# stage — fix what the profile says is slow, not what looks untidy.
+# Coalescing shows exactly where predicted. The bank-conflict prediction, though, is **wrong**:
+# the count did not halve. Check it against the arithmetic of section 2. The scores alone — 64
+# reads per row and visit, each 32-way, so 31 extra wavefronts — predict this many for either
+# stage:
+
+# %%
+cfg = fl.TEACHING
+tiles = math.ceil(cfg.N / 32)                      # Br = Bc = 32
+scores_only = cfg.B * cfg.H * tiles * tiles * 32 * cfg.D * 31
+print(f"QK^T reads alone: {scores_only:.3g} extra wavefronts; measured: "
+      f"{bank['01_naive']:.3g} (stage 01), {bank['02_coalesced']:.3g} (stage 02)")
+
+# %% [markdown]
+# Both stages match the score reads alone, within a fraction of a percent. So stage 01 never paid
+# the 32-way $PV$ conflict that section 2 charged it with: the compiler serves stage 01's reads of
+# `S` far more cheaply than the source suggests (its SASS, `flashlab sass 01`, reads shared memory
+# 16 bytes at a time with `LDS.128`; how it schedules those reads is a good exercise with
+# `cuobjdump -sass`). Our count of stage 01's bottleneck was too pessimistic.
+#
+# Then where did the speedup come from? The stall reasons answer it:
+
+# %%
+stall = p02.loc[[r for r in p02.index if r.startswith("stall_")]]
+top = stall.max(axis=1).sort_values(ascending=False).index[:4]
+stall.loc[top].round(1)
+
+# %% [markdown]
+# Stage 01's one warp per block spends most of its time on `short_scoreboard`: it waits for the
+# result of each shared-memory read, a **latency** stall, because no other warp on the SM can
+# issue meanwhile. Stage 02 issues the very same conflicted reads from 32 warps, and its top
+# stall becomes `mio_throttle`: the shared-memory pipe is full, a **throughput** limit. The
+# conflicts cost the same number of wavefronts, but they are now served back to back instead of
+# one round trip at a time. That — more warps to hide latency, not the removed conflict — is
+# what the measured speedup bought, and it is why the prediction of about 2× landed close for
+# the wrong reason. The next bottleneck is now plain: the 32-way `Kj` reads saturate the
+# shared-memory pipe, which stage 03 attacks.
+#
+# The lesson of this stage: a profile checks the *reason* for a prediction, not only its number.
 
 # %% [markdown]
 # ## Against PyTorch and the earlier stage
