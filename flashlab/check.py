@@ -1,7 +1,7 @@
 """Correctness: compare an attention function with the float64 reference on fresh random inputs.
 
 The output is poisoned with NaN before every call, so an element the kernel never writes makes
-the error infinite. Shapes include N = 1, 17 and 1000, which no tile size divides.
+the error infinite. Shapes include N = 1, 17 and 1000, which no tile size divides, and a long sequence (4096).
 """
 import math
 import os
@@ -13,7 +13,7 @@ from .inputs import DTYPE_NAMES, dtype_of
 from .reference import naive_attention, reference, rel_err
 
 # (B, H, N); each is run at every head dim the function supports, causal and not.
-SHAPES = ((1, 1, 1), (2, 3, 17), (1, 2, 1000))
+SHAPES = ((1, 1, 1), (2, 3, 17), (1, 2, 1000), (1, 1, 4096))
 FP32_TOL = 1e-4
 
 

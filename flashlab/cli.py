@@ -185,7 +185,7 @@ def parser():
     p.set_defaults(fn=_cmd_profile)
 
     p = sub.add_parser("check", help="check one stage against the float64 reference",
-                       description="Run a stage on fresh random inputs (N = 1, 17 and 1000, "
+                       description="Run a stage on fresh random inputs (N = 1, 17, 1000 and 4096, "
                        "causal and not) and compare with attention computed in float64. "
                        "Exit status 1 if any case fails.")
     p.add_argument("stage", help="number or name, e.g. 03 or 03_coarsened")

@@ -132,7 +132,7 @@ print(f"{gflop:.1f} GFLOP. Shared memory alone: {bound_ms:.0f} ms at {clock_ghz}
 # ## Measurement
 #
 # On a GPU, `nb.evaluate` builds the kernel, checks it against a float64 reference on fresh random
-# inputs ($N$ = 1, 17 and 1000; $d$ = 64 and 128; causal and not), times it at the teaching config
+# inputs ($N$ = 1, 17, 1000 and 4096; $d$ = 64 and 128; causal and not), times it at the teaching config
 # and records the rows in `data/results.csv`. Without a GPU it returns the recorded rows.
 
 # %%

@@ -256,7 +256,7 @@ print(f"FFMA peak at {clock_ghz} GHz: {ffma_peak:.1f} TFLOP/s; measured fp32 mat
 # ## 8 · Measure
 #
 # On a GPU this builds the stage, checks it against a float64 reference on fresh inputs
-# (N = 1, 17, 1000; D = 64 and 128; causal and not), times it at the teaching config
+# (N = 1, 17, 1000, 4096; D = 64 and 128; causal and not), times it at the teaching config
 # (B = 4, H = 16, N = 1024, D = 64, fp32) and records the rows in `data/`. Without a GPU it
 # shows the recorded rows.
 
