@@ -28,6 +28,8 @@ EXPECT = {
     "02_coalesced": {**SCALAR_FP32, "LDG": True, "LDG.E.128": False, "SHFL": True},
     # float4 tiles: 16-byte global and shared loads; 16-lane shuffles for the row max/sum.
     "03_coarsened": {**SCALAR_FP32, "LDG.E.128": True, "LDS.128": True, "SHFL": True},
+    # mma.sync tensor cores fed by ldmatrix; quad shuffles for the row max/sum; 16-byte loads.
+    "05_mma": {"HMMA": True, "LDSM": True, "LDG.E.128": True, "SHFL": True},
 }
 
 
