@@ -7,11 +7,12 @@ import flashlab as fl
 
 st = fl.stage(sys.argv[1])
 attn = st.build()
+dtype = fl.inputs.dtype_of(st.dtypes[0])
 for N, D in ((17, 64), (70, 128), (1, 64)):
     if D not in st.head_dims:
         continue
     for causal in (False, True):
-        q, k, v = (torch.randn(1, 2, N, D, device="cuda") for _ in range(3))
+        q, k, v = (torch.randn(1, 2, N, D, device="cuda", dtype=dtype) for _ in range(3))
         attn(q, k, v, causal=causal)
 torch.cuda.synchronize()
 print("done")

@@ -11,6 +11,12 @@ import flashlab as fl
 
 pytestmark = pytest.mark.gpu
 STAGES = [st.slug for st in fl.stages()]
+TENSOR_CORE = [st.slug for st in fl.stages() if "fp32" not in st.dtypes]
+
+
+def dtype_of(slug):
+    """The first dtype the stage takes (float32 for the scalar stages, fp16 for tensor cores)."""
+    return fl.inputs.dtype_of(fl.stage(slug).dtypes[0])
 
 
 @pytest.fixture(scope="module")
@@ -41,19 +47,21 @@ def test_any_head_dim_that_fits(built, slug):
 @pytest.mark.parametrize("slug", STAGES)
 def test_every_output_element_written(built, slug):
     attn = attn_for(built, slug)
-    q, k, v = (torch.randn(3, 2, 77, 64, device="cuda") for _ in range(3))
+    q, k, v = (torch.randn(3, 2, 77, 64, device="cuda", dtype=dtype_of(slug)) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     attn(q, k, v, out=out)
     assert torch.isfinite(out).all()
 
 
-def _bad_inputs():
-    c = dict(device="cuda")
+def _bad_inputs(dtype):
+    c = dict(device="cuda", dtype=dtype)
     good = lambda *s, **kw: torch.randn(*s, **{**c, **kw})  # noqa: E731
     q = good(1, 2, 64, 64)
+    other = torch.float32 if dtype != torch.float32 else torch.float16
     yield "cpu", (q.cpu(), q.cpu(), q.cpu()), {}, "CUDA"
     yield "dtype", (q.double(), q.double(), q.double()), {}, "dtype"
-    yield "mixed dtype", (q, q.half(), q), {}, "dtype"
+    yield "mixed dtype", (q, q.to(other), q), {}, "dtype"
+    yield "dtype the stage does not take", (q.to(other),) * 3, {}, "dtype|float"
     yield "rank", (q[0], q[0], q[0]), {}, "rank 4"
     yield "shape", (q, good(1, 2, 65, 64), q), {}, "shape"
     yield "empty", (good(1, 2, 0, 64),) * 3, {}, "empty"
@@ -64,11 +72,11 @@ def _bad_inputs():
 @pytest.mark.parametrize("slug", STAGES)
 def test_bad_input_is_a_value_error(built, slug):
     attn = attn_for(built, slug)
-    for what, args, kwargs, words in _bad_inputs():
+    for what, args, kwargs, words in _bad_inputs(dtype_of(slug)):
         with pytest.raises(ValueError, match=words):
             attn(*args, **kwargs)
     # the context is still healthy afterwards
-    q = torch.randn(1, 1, 8, 64, device="cuda")
+    q = torch.randn(1, 1, 8, 64, device="cuda", dtype=dtype_of(slug))
     assert torch.isfinite(attn(q, q, q)).all()
 
 
@@ -76,6 +84,11 @@ def test_unsupported_head_dims(built):
     q = torch.randn(1, 1, 16, 96, device="cuda")
     with pytest.raises(ValueError, match="head dim"):
         attn_for(built, "03_coarsened")(q, q, q)
+    for slug in TENSOR_CORE:
+        for D in (32, 96, 256):
+            h = torch.randn(1, 1, 16, D, device="cuda", dtype=dtype_of(slug))
+            with pytest.raises(ValueError, match="head dim"):
+                attn_for(built, slug)(h, h, h)
     big = torch.randn(1, 1, 16, 4096, device="cuda")
     for slug in ("01_naive", "02_coalesced"):
         with pytest.raises(ValueError, match="shared memory"):
