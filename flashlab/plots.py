@@ -177,9 +177,12 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
 IDEA_METRIC = {
     "02_coalesced": ["global_load_sectors_per_request"],
     "03_coarsened": ["smem_load_bank_conflicts", "achieved_occupancy_pct"],
+    # S and P stay in registers: shared-memory traffic falls, the tensor pipe gets busier.
+    "05_mma": ["smem_wavefronts", "tensor_pipe_pct"],
 }
 # Counts that can differ by orders of magnitude between two stages: a linear axis would hide one.
-LOG_METRICS = {"smem_load_bank_conflicts", "smem_store_bank_conflicts", "dram_bytes"}
+LOG_METRICS = {"smem_load_bank_conflicts", "smem_store_bank_conflicts", "smem_wavefronts",
+               "dram_bytes"}
 NO_PROFILE = "no profile recorded yet"
 _PROFILE_TEXT = {c: str for c in ("stage", "dtype", "gpu", "metric", "unit", "ncu_metric",
                                   "compute_capability", "torch", "cuda", "commit", "time")}

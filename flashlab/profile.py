@@ -44,6 +44,7 @@ NCU = {
                                           "l1tex__t_requests_pipe_lsu_mem_global_op_st.sum")],
     "smem_load_bank_conflicts": ["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"],
     "smem_store_bank_conflicts": ["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"],
+    "smem_wavefronts": ["l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"],
 }
 for _r in STALL_REASONS:
     NCU[f"stall_{_r}"] = [f"smsp__warp_issue_stalled_{_r}_per_warp_active.pct",

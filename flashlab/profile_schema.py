@@ -20,6 +20,8 @@ METRICS = {
     "global_store_sectors_per_request": ("sectors", "32-byte sectors per global store request"),
     "smem_load_bank_conflicts": ("count", "shared-memory load bank conflicts"),
     "smem_store_bank_conflicts": ("count", "shared-memory store bank conflicts"),
+    "smem_wavefronts": ("count", "shared-memory wavefronts, loads and stores (ldmatrix too): "
+                                 "the traffic itself"),
 }
 STALL_REASONS = ("long_scoreboard", "short_scoreboard", "barrier", "mio_throttle", "lg_throttle",
                  "math_pipe_throttle", "wait", "not_selected", "selected", "dispatch_stall",
