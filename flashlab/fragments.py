@@ -260,11 +260,11 @@ def ldmatrix_wavefronts(row_bytes, swizzle=False) -> LdmatrixCost:
 # ---------------------------------------------------------------- figures
 
 
-def _cells(ax, lanes, labels, title, xlabel, ylabel, block=8):
+def _cells(ax, lanes, labels, title, xlabel, ylabel, block=8, cmap=LANES, size=5.5):
     """A grid of matrix cells coloured by lane, labelled, with lines around the 8x8 blocks."""
-    ax.imshow(lanes, cmap=LANES, vmin=0, vmax=WARP - 1, interpolation="nearest")
+    ax.imshow(lanes, cmap=cmap, vmin=0, vmax=cmap.N - 1, interpolation="nearest")
     for (r, c), text in np.ndenumerate(labels):
-        ax.text(c, r, text, ha="center", va="center", fontsize=5.5)
+        ax.text(c, r, text, ha="center", va="center", fontsize=size)
     for x in range(block, lanes.shape[1], block):
         ax.axvline(x - 0.5, color="k", lw=1.5)
     for y in range(block, lanes.shape[0], block):
@@ -299,17 +299,17 @@ def ldmatrix_figure(trans=False):
     """ldmatrix.x4 of a 16 x 16 shared-memory tile. Left: its four 8x8 matrices and the lane
     whose address starts each row. Right: where each element lands: lane T, register r."""
     rows, cols = x4_addresses()
-    lane8, half8 = ldmatrix_layout(trans)
     r, c = np.indices((16, 16))
     mat = r // 8 + 2 * (c // 8)
-    lane = lane8[r % 8, c % 8]
+    lane = ldmatrix_layout(trans)[0][r % 8, c % 8]
     fig = Figure(figsize=(14, 7.2), layout="constrained")
     left, right = fig.subplots(1, 2)
     addr = np.full((16, 16), "", dtype=object)
     for ln, (rr, cc) in enumerate(zip(rows, cols)):
         addr[rr, cc] = f"T{ln}→"
-    _cells(left, 8 * mat + 4, addr, "shared memory: matrix m = lanes 8m..8m+7's row addresses",
-           "column (16-bit elements)", "row")
+    _cells(left, mat, addr, "shared memory: matrices 0..3; lanes 8m..8m+7 give matrix m's row "
+           "addresses", "column (16-bit elements)", "row",
+           cmap=ListedColormap(["#dbe9f6", "#fde0c5", "#d5f0d5", "#eadcf2"]), size=8)
     op = "trans: a quad takes a column" if trans else "a quad takes a row"
     _cells(right, lane, np.vectorize(lambda ln, m: f"T{ln}\nr{m}")(lane, mat),
            f"registers: lane T, register r = matrix ({op})", "column", "row")
@@ -330,27 +330,23 @@ def quad_figure(BC=64, g=1):
     left.imshow(np.ma.masked_invalid(t), cmap=cmap, vmin=-0.5, vmax=3.5, aspect="auto")
     for x in range(8, BC, 8):
         left.axvline(x - 0.5, color="k", lw=1)
-    left.set_title(f"S tile 16 x {BC}: lanes {4 * g}..{4 * g + 3} hold rows {g} and {g + 8}"
-                   f" ({BC // 4} values each); lines: the n8 tiles", fontsize=9)
+    left.set_title(f"S tile 16 x {BC} (lines: n8 tiles): lanes {4 * g}..{4 * g + 3} hold rows "
+                   f"{g} and {g + 8}, 2 keys of each tile per lane", fontsize=9)
     left.set_xlabel("key")
     left.set_ylabel("query row")
-    known = [{i} for i in range(4)]
-    steps = [known]
-    for mask in (1, 2):
-        known = [known[i] | known[i ^ mask] for i in range(4)]
-        steps.append(known)
-    for s, state in enumerate(steps):
-        for i, who in enumerate(state):
-            right.text(s, i, f"T{4 * g + i}: t∈{sorted(who)}", ha="center", va="center",
-                       fontsize=8, bbox=dict(fc=LANES(4 * g + i), ec="none"))
-            if s:  # from itself and from its partner l ^ (1, then 2)
-                for src in (i, i ^ (1 << (s - 1))):
-                    right.plot([s - 0.62, s - 0.38], [src, i], color="0.4", lw=0.8)
+    seen = [{i} for i in range(4)]  # the t whose keys each lane's value covers
+    for s, mask in enumerate((0, 1, 2)):
+        seen = [seen[i] | seen[i ^ mask] for i in range(4)]
+        for i, who in enumerate(seen):
+            right.text(s, i, f"T{4 * g + i}: t = {','.join(map(str, sorted(who)))}", ha="center",
+                       va="center", fontsize=8, bbox=dict(fc=LANES(4 * g + i), ec="none"))
+            if mask:  # the value it receives from lane l ^ mask
+                right.plot([s - 0.62, s - 0.38], [i ^ mask, i], color="0.4", lw=0.8)
     right.set_xticks(range(3), ["own columns", "shfl_xor 1", "shfl_xor 2"])
     right.set_yticks([])
     right.set_xlim(-0.5, 2.5)
     right.set_ylim(3.5, -0.5)
-    right.set_title("whose columns each lane has seen", fontsize=9)
+    right.set_title("which lanes (t) each lane's running max covers", fontsize=9)
     fig.suptitle("A row of S lives in one quad: its max and sum take 2 __shfl_xor_sync steps",
                  fontsize=11)
     return fig
