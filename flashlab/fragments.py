@@ -249,9 +249,10 @@ class LdmatrixCost(NamedTuple):
 
 
 def ldmatrix_wavefronts(row_bytes, swizzle=False) -> LdmatrixCost:
-    """Cost of one ldmatrix.x4 of a 16 x 16 block, rows row_bytes apart: it runs in 4 phases,
-    one 8x8 matrix each, 8 lanes reading a 16-byte row -- 128 bytes, one wavefront if the 8 rows
-    fall in different banks (flashlab.banks counts them)."""
+    """Cost of one ldmatrix.x4 of a 16 x 16 block, rows row_bytes apart, modelled as the
+    hardware serves it: 4 phases, one 8x8 matrix each, 8 lanes reading a 16-byte row -- 128
+    bytes, one wavefront if the 8 rows fall in different banks (flashlab.banks counts them).
+    Unpadded D = 64 fp16 rows (128 bytes) all start in bank 0: 8-way; + 16 bytes: 1."""
     addr = smem_offset(*x4_addresses(), row_bytes, swizzle) // BANK_BYTES
     per = [wavefronts(addr[8 * m:8 * m + 8], vector=16 // BANK_BYTES)[0] for m in range(4)]
     return LdmatrixCost(sum(per), 4, max(per))
