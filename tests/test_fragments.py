@@ -1,0 +1,150 @@
+"""flashlab.fragments: the PTX ISA's m16n8k16 and ldmatrix layouts, the P re-pack, the warp
+emulation against plain numpy, the ldmatrix bank model; every figure draws."""
+import io
+
+import matplotlib
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from flashlab import fragments as fr
+
+matplotlib.use("Agg")
+LANES = np.arange(32)
+
+
+@pytest.mark.parametrize("kind, n", [("A", 8), ("B", 4), ("C", 4)])
+def test_every_element_held_once(kind, n):
+    L = fr.layout(kind)
+    pairs = sorted(zip(L.lane.ravel().tolist(), L.elem.ravel().tolist()))
+    assert pairs == [(lane, i) for lane in range(32) for i in range(n)]
+    m = np.arange(L.lane.size).reshape(L.lane.shape)
+    assert (fr.from_fragment(fr.to_fragment(m, kind), kind) == m).all()
+
+
+def _held(kind, lane):
+    """{(row, col): element} of what `lane` holds."""
+    L = fr.layout(kind)
+    return {tuple(rc): int(L.elem[tuple(rc)]) for rc in np.argwhere(L.lane == lane)}
+
+
+def test_ptx_spot_checks():
+    assert _held("A", 0) == {(0, 0): 0, (0, 1): 1, (8, 0): 2, (8, 1): 3,
+                             (0, 8): 4, (0, 9): 5, (8, 8): 6, (8, 9): 7}
+    assert _held("C", 5) == {(1, 2): 0, (1, 3): 1, (9, 2): 2, (9, 3): 3}
+    assert _held("B", 5) == {(2, 1): 0, (3, 1): 1, (10, 1): 2, (11, 1): 3}
+    A = fr.layout("A")
+    assert A.lane[15, 15] == 31 and A.reg[15, 15] == 3 and A.elem[15, 15] == 7
+    assert (fr.layout("C").reg == fr.layout("C").elem).all()
+
+
+def test_quad_holds_whole_rows():
+    C = fr.layout("C")
+    assert (C.lane // 4 == np.arange(16)[:, None] % 8).all()   # row r: lanes of quad r % 8
+    x = LANES.astype(float)
+    q = fr.quad_reduce(x)
+    assert (q == LANES // 4 * 4 + 3).all()
+    assert (fr.quad_reduce(x, np.add) == 16 * (LANES // 4) + 6).all()
+
+
+def test_ldmatrix_addresses():
+    m, r = fr.ldmatrix_address_lanes(4)
+    assert (m == LANES // 8).all() and (r == LANES % 8).all()
+    m, r = fr.ldmatrix_address_lanes(1)
+    assert (m[:8] == 0).all() and (m[8:] == -1).all()
+    assert (fr.ldmatrix_address_lanes(2)[0][16:] == -1).all()
+
+
+def test_ldmatrix_layouts():
+    lane, half = fr.ldmatrix_layout()
+    assert lane[0].tolist() == [0, 0, 1, 1, 2, 2, 3, 3] and half[0].tolist() == [0, 1] * 4
+    lt, ht = fr.ldmatrix_layout(trans=True)
+    assert (lt == lane.T).all() and (ht == half.T).all()
+    rng = np.random.default_rng(1)
+    tile = rng.standard_normal((32, 40))
+    # plain x4, matrices down then across: the A fragment of the 16 x 16 block at (16, 8)
+    a = fr.ldmatrix(tile, *fr.x4_addresses(16, 8))
+    assert (a == fr.to_fragment(tile[16:32, 8:24], "A")).all()
+    # K[key][d], across: the B fragments of keys 0..7 and 8..15 (B = K^T)
+    b = fr.ldmatrix(tile, *fr.x4_addresses(0, 16, across=True))
+    assert (b[:, :4] == fr.to_fragment(tile[0:8, 16:32].T, "B")).all()
+    assert (b[:, 4:] == fr.to_fragment(tile[8:16, 16:32].T, "B")).all()
+    # V[key][d] with .trans: the B fragments of d columns 8..15 and 16..23 (B = V)
+    bv = fr.ldmatrix(tile, *fr.x4_addresses(16, 8), trans=True)
+    assert (bv[:, :4] == fr.to_fragment(tile[16:32, 8:16], "B")).all()
+    assert (bv[:, 4:] == fr.to_fragment(tile[16:32, 16:24], "B")).all()
+    # .x1: register 0 only, from lanes 0-7's addresses
+    x1 = fr.ldmatrix(tile, *fr.x4_addresses(0, 0), num=1)
+    assert x1.shape == (32, 2) and (x1 == fr.to_fragment(tile[:16, :16], "A")[:, :2]).all()
+
+
+def test_mma_is_a_matmul():
+    rng = np.random.default_rng(2)
+    A, B, C = (rng.standard_normal(shape) for shape in ((16, 16), (16, 8), (16, 8)))
+    d = fr.mma(fr.to_fragment(A, "A"), fr.to_fragment(B, "B"), fr.to_fragment(C, "C"))
+    assert np.allclose(fr.from_fragment(d, "C"), A @ B + C, rtol=1e-5, atol=1e-5)
+
+
+def test_repack_identity():
+    df = fr.repack_map()
+    assert len(df) == 256 and (df.a_lane == df.c_lane).all()
+    assert (df.a_elem == 4 * df.tile + df.c_elem).all()
+    assert (df.a_reg == df.a_elem // 2).all()
+    p = np.random.default_rng(3).standard_normal((16, 16)).astype(np.float32)
+    a = fr.repack(fr.to_fragment(p[:, :8], "C"), fr.to_fragment(p[:, 8:], "C"), np.float32)
+    assert (a == fr.to_fragment(p, "A")).all()
+
+
+def _attention(q, k, v):
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    s = q @ k.T / np.sqrt(q.shape[1])
+    m = s.max(1)
+    p = np.exp(s - m[:, None])
+    return p @ v / p.sum(1)[:, None], m, p.sum(1)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_warp_tile_matches_numpy(D, BC=64):
+    rng = np.random.default_rng(D)
+    q, k, v = (rng.standard_normal((rows, D)) for rows in (16, BC, BC))
+    o, m, l = _attention(q, k, v)
+    t = fr.warp_tile(q, k, v, half=np.float32)   # 32-bit operands: the layouts alone
+    assert np.allclose(t.o, o, rtol=1e-5, atol=1e-5)
+    assert np.allclose(t.m, m, rtol=1e-5, atol=1e-5) and np.allclose(t.l, l, rtol=1e-5)
+    h = [x.astype(np.float16) for x in (q, k, v)]
+    o16 = fr.warp_tile(*h).o                     # fp16 operands, P rounded to fp16 too
+    assert np.abs(o16 - _attention(*h)[0]).max() < 2e-3
+
+
+@pytest.mark.parametrize("row_bytes, swizzle, ways", [
+    (128, False, 8), (64 * 2 + 16, False, 1), (128, True, 1),
+    (256, False, 8), (128 * 2 + 16, False, 1), (256, True, 1)])
+def test_ldmatrix_wavefronts(row_bytes, swizzle, ways):
+    cost = fr.ldmatrix_wavefronts(row_bytes, swizzle)
+    assert cost.ways == ways and cost.ideal == 4 and cost.wavefronts == 4 * ways
+
+
+def test_swizzle_is_a_permutation_of_each_row():
+    r, c = np.indices((8, 64))
+    off = fr.smem_offset(r, c, 128, swizzle=True)
+    assert (np.sort(off, axis=1) == fr.smem_offset(r, c, 128)).all()
+    with pytest.raises(ValueError):
+        fr.smem_offset(0, 0, 144, swizzle=True)
+
+
+@pytest.mark.parametrize("draw", [
+    lambda: fr.fragment_figure("A"), lambda: fr.fragment_figure("B"),
+    lambda: fr.fragment_figure("C"), fr.ldmatrix_figure, lambda: fr.ldmatrix_figure(True),
+    fr.quad_figure, lambda: fr.bank_map(128), lambda: fr.bank_map(144),
+    lambda: fr.bank_map(128, swizzle=True)])
+def test_figures_render(draw):
+    fig = draw()
+    assert isinstance(fig, Figure)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=40)
+    assert buf.tell() > 1000
+
+
+def test_bank_map_titles_carry_the_counts():
+    assert "8-way" in fr.bank_map(128).axes[0].get_title()
+    assert "1-way" in fr.bank_map(128, swizzle=True).axes[0].get_title()
