@@ -297,6 +297,70 @@ def ldmatrix_wavefronts(row_bytes, swizzle=False, mode="down") -> LdmatrixCost:
     return LdmatrixCost(sum(per), 4, max(per))
 
 
+def _warp_wavefronts(rows, cols, row_bytes, swizzle, vector):
+    """Wavefronts of one warp's shared-memory access: lane l at element (rows[l], cols[l]),
+    `vector` 4-byte words each."""
+    return wavefronts(smem_offset(rows, cols, row_bytes, swizzle) // BANK_BYTES, vector)[0]
+
+
+def _copy_wavefronts(rows, D, row_bytes, swizzle, threads):
+    """The 16-byte shared-memory stores of stage 05's load_tile (`rows` x D): element e =
+    threadIdx.x + i * THREADS goes to row e / CHUNKS, column (e % CHUNKS) * 8. Whole block."""
+    chunks, lane = D // 8, np.arange(WARP)
+    return sum(_warp_wavefronts(e // chunks, e % chunks * 8, row_bytes, swizzle, 4)
+               for first in range(0, rows * chunks, WARP) for e in [first + lane])
+
+
+class TileCost(NamedTuple):
+    """What one block of stage 05 asks of an SM per K/V tile (ldmatrix counts and wavefronts
+    from the kernel's own addresses and flashlab.banks)."""
+    flops: int                # tensor-core FLOPs, 4 BR BC D
+    mma: int                  # mma.sync per warp: NS KD for S, KS NO for O
+    ldmatrix: int             # ldmatrix.x4 per warp, K and V
+    ldmatrix_wavefronts: int  # of all warps' ldmatrix
+    store_wavefronts: int     # the K and V tiles' 16-byte stores into shared memory
+    global_bytes: int         # K and V tiles read from global memory (L2, or DRAM)
+
+    @property
+    def wavefronts(self):
+        return self.ldmatrix_wavefronts + self.store_wavefronts
+
+
+def tile_cost(D=64, BR=64, BC=64, pad_bytes=16, swizzle=False) -> TileCost:
+    """Stage 05's cost per K/V tile per block, 16-bit inputs, rows D * 2 + pad_bytes apart
+    (0 and swizzle=True: stage 06's layout)."""
+    warps, row_bytes = BR // 16, 2 * D + pad_bytes
+    KD, NS, KS, NO = D // 16, BC // 8, BC // 16, D // 8
+    k_x4, v_x4 = NS * KD // 2, KS * NO // 2
+    per_warp = (k_x4 * ldmatrix_wavefronts(row_bytes, swizzle, "row").wavefronts
+                + v_x4 * ldmatrix_wavefronts(row_bytes, swizzle, "down").wavefronts)
+    return TileCost(4 * BR * BC * D, NS * KD + KS * NO, k_x4 + v_x4, warps * per_warp,
+                    2 * _copy_wavefronts(BC, D, row_bytes, swizzle, 32 * warps), 2 * BC * D * 2)
+
+
+def block_once_wavefronts(D=64, BR=64, pad_bytes=16, swizzle=False) -> int:
+    """Shared-memory wavefronts a block of stage 05 spends outside its K/V loop: Q stored and
+    read by ldmatrix once; O's fragments stored 4 bytes a lane (row g, column d * 8 + 2t) and
+    read back 16 bytes a lane for the global stores."""
+    warps, row_bytes, lane = BR // 16, 2 * D + pad_bytes, np.arange(WARP)
+    g, t, chunks = lane // 4, lane % 4, D // 8
+    q = _copy_wavefronts(BR, D, row_bytes, swizzle, 32 * warps) \
+        + warps * D // 16 * ldmatrix_wavefronts(row_bytes, swizzle).wavefronts
+    o_stores = sum(_warp_wavefronts(g + 8 * h, 8 * d + 2 * t, row_bytes, swizzle, 1)
+                   for d in range(D // 8) for h in (0, 1))
+    o_reads = sum(_warp_wavefronts(e // chunks, e % chunks * 8, row_bytes, swizzle, 4)
+                  for first in range(0, 16 * chunks, WARP) for e in [first + lane])
+    return q + warps * (o_stores + o_reads)
+
+
+def launch_wavefronts(B, H, N, D=64, BR=64, BC=64, pad_bytes=16, swizzle=False) -> int:
+    """Shared-memory wavefronts of a whole non-causal launch of stage 05: what Nsight Compute's
+    smem_wavefronts should count (the model's prediction of it)."""
+    blocks, tiles = B * H * math.ceil(N / BR), math.ceil(N / BC)
+    return blocks * (tiles * tile_cost(D, BR, BC, pad_bytes, swizzle).wavefronts
+                     + block_once_wavefronts(D, BR, pad_bytes, swizzle))
+
+
 # ---------------------------------------------------------------- figures
 
 

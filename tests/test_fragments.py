@@ -202,3 +202,21 @@ def test_figures_render(draw):
 def test_bank_map_titles_carry_the_counts():
     assert "8-way" in fr.bank_map(128).axes[0].get_title()
     assert "1-way" in fr.bank_map(128, swizzle=True).axes[0].get_title()
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_tile_cost(D, BR=64, BC=64):
+    padded = fr.tile_cost(D)
+    assert padded.flops == 4 * BR * BC * D == BR // 16 * padded.mma * 2 * 16 * 8 * 16
+    assert padded.ldmatrix == BC // 8 * D // 32 + BC // 16 * D // 16
+    # conflict-free: 4 wavefronts an ldmatrix.x4, 128 bytes a wavefront for the K, V copies
+    assert padded.ldmatrix_wavefronts == BR // 16 * padded.ldmatrix * 4
+    assert padded.store_wavefronts == padded.global_bytes // 128 == 2 * BC * D * 2 // 128
+    unpadded = fr.tile_cost(D, pad_bytes=0)
+    assert unpadded.ldmatrix_wavefronts == 8 * padded.ldmatrix_wavefronts
+    assert unpadded.store_wavefronts == padded.store_wavefronts   # a row per 8 lanes: no conflict
+    assert fr.tile_cost(D, pad_bytes=0, swizzle=True) == padded
+    # once per block: Q in (64 + 64 at D = 64), O out (2 x 16 + 16 per warp at D = 64)
+    assert fr.block_once_wavefronts(D) == D // 64 * 256
+    blocks, tiles = 4 * 16 * 1024 // BR, 1024 // BC
+    assert fr.launch_wavefronts(4, 16, 1024, D) == blocks * (tiles * padded.wavefronts + D // 64 * 256)
