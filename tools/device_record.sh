@@ -26,7 +26,9 @@ for phase in "${@:-tests run notebooks}"; do for p in $phase; do case $p in
     python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4 ;;
   run)
     echo "== flashlab run"
-    python3 -m flashlab run --no-progress --profile > "$OUT/run.out" 2>&1; echo "flashlab run exit $?"
+    # RUN_ARGS, e.g. "--stage 04 --stage 05", splits a long run over several device calls
+    python3 -m flashlab run --no-progress --profile ${RUN_ARGS:-} > "$OUT/run.out" 2>&1
+    echo "flashlab run exit $?"
     tail -16 "$OUT/run.out" ;;
   notebooks)
     echo "== notebooks (live)"
