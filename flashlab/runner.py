@@ -87,7 +87,7 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
     jobs = [("peaks", ["peaks"])] if with_baselines else []
     jobs += [(s.slug, [s.slug] + ([] if with_sweep else ["--no-sweep"])) for s in chosen]
     if with_profile:
-        jobs.append(("profile", ["profile"]))
+        jobs.append(("profile", ["profile"] + [a for s in chosen for a in ("--stage", s.slug)]))
     if with_baselines:
         jobs.append(("baselines", ["baselines"] + ([] if with_sweep else ["--no-sweep"])))
     paths.runs_dir().mkdir(parents=True, exist_ok=True)

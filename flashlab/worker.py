@@ -8,6 +8,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m flashlab.worker")
     ap.add_argument("job", help="'peaks', 'baselines', 'profile' or a stage such as 03")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--stage", action="append", default=[],
+                    help="profile: only these stages (repeatable; default every stage)")
     args = ap.parse_args(argv)
 
     from . import measure, peaks
@@ -26,7 +28,7 @@ def main(argv=None):
     if args.job == "profile":
         from . import profile as prof
         from .stages import stages
-        for st in stages():
+        for st in (stage(k) for k in args.stage) if args.stage else stages():
             cfg = teaching(st.dtypes[0])
             df = prof.profile(st, cfg)
             log(f"{st.slug} profiled at {cfg.label}: " + ", ".join(
