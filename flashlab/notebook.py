@@ -14,6 +14,7 @@ import difflib
 import re
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import pandas as pd
 
@@ -55,6 +56,30 @@ def unless_missing():
         yield
     except NotRecorded as err:
         print(err)
+
+
+class GPU(NamedTuple):
+    """The GPU a notebook's numbers are about (see the_gpu)."""
+    name: str
+    cc: str     # compute capability, "9.0"
+    sms: int
+    roof: dict  # its ceilings as flashlab.peaks measured them: {metric: value}
+
+    def __str__(self):
+        return (f"{self.name}: compute capability {self.cc}, {self.sms} SMs; measured ceilings: "
+                + ", ".join(f"{k} = {v:.1f}" for k, v in self.roof.items()))
+
+
+def the_gpu() -> GPU:
+    """This GPU live, else the one of the latest recorded rows: compute capability, SMs (an
+    H100's 132 for a name flashlab.tiling does not know) and measured ceilings (those of the
+    latest GPU measured, where this one has none)."""
+    from . import peaks, tiling
+    from .plots import latest_gpu
+    env = environment() if gpu_available() else \
+        measure.recorded(gpu=latest_gpu(results.load())).iloc[-1]
+    return GPU(env["gpu"], str(env["compute_capability"]), tiling.sm_count(env["gpu"]) or 132,
+               peaks.load(env["gpu"]) or peaks.load())
 
 
 def banner():

@@ -32,17 +32,13 @@ from IPython.display import display
 import flashlab as fl
 from flashlab import fragments as fr
 from flashlab import notebook as nb
-from flashlab import peaks, plots, tiling
+from flashlab import plots, tiling
 nb.banner()
 
 # %%
-latest = plots.latest_gpu(fl.results.load())  # the GPU the recorded figures show
-env = fl.environment() if fl.gpu_available() else fl.recorded(gpu=latest).iloc[-1]
-gpu, cc = env["gpu"], str(env["compute_capability"])
-sms = tiling.sm_count(gpu) or 132  # unknown name: assume an H100 / H200
-roof = peaks.load(gpu) or peaks.load()  # ceilings measured by `flashlab run` on this GPU
-print(f"{gpu}: compute capability {cc}, {sms} SMs; measured ceilings: "
-      + ", ".join(f"{k} = {v:.1f}" for k, v in roof.items()))
+here = nb.the_gpu()  # this GPU, or the one the recorded numbers come from
+gpu, cc, sms, roof = here  # roof: the ceilings `flashlab run` measured on it
+print(here)
 
 # %% [markdown]
 # ## 1 · What changes from stage 04
@@ -155,7 +151,7 @@ nb.show_lines("05_mma", r"float s\[NS\]\[4\] = \{\};", r"qf\[kk \+ 1\], b\[2\]")
 
 # %% [markdown]
 # **V.** The second product is O = P V. Now B is V itself, 16 keys × 8 dims, and its columns are
-# columns of V: 16 values 2·D bytes apart in shared memory. `ldmatrix` reads rows, so the kernel
+# columns of V: 16 values a row stride apart in shared memory. `ldmatrix` reads rows, so the kernel
 # asks for `.trans`: each 8 × 8 matrix is transposed on the way, and a quad receives a column
 # where it would have received a row. Lanes 0–15 point at 16 consecutive keys, lanes 16–31 at the
 # same keys 8 dims further, so one `ldmatrix.x4.trans` fills the B fragments of two 8-dim
@@ -450,8 +446,8 @@ print(f"if every K/V tile came from DRAM instead: {cost.global_bytes / dram_rate
 #
 # On a GPU this builds the stage, checks it against a float64 reference on fresh inputs (N = 1,
 # 17, 1000, 4096; D = 64 and 128; causal and not; fp16 and bf16), times it at the teaching
-# config (B = 4, H = 16, N = 1024, D = 64, fp16) and over the FlashAttention sweep, and records
-# the rows in `data/`. Without a GPU it shows the recorded rows.
+# config (B = 4, H = 16, N = 1024, D = 64) and over the FlashAttention sweep, in fp16 and bf16,
+# and records the rows in `data/`. Without a GPU it shows the recorded rows.
 
 # %%
 ev = nb.evaluate("05_mma")
@@ -500,7 +496,7 @@ plots.scaling()
 # %%
 with nb.unless_missing():
     sweep = fl.results.load()
-    sweep = sweep[(sweep["gpu"] == latest) & (sweep["dtype"] == "fp16")
+    sweep = sweep[(sweep["gpu"] == gpu) & (sweep["dtype"] == "fp16")
                   & (sweep["B"] * sweep["N"] == 16384) & (sweep["H"] * sweep["D"] == 2048)
                   & (sweep["status"].fillna("ok") == "ok")]
     wide = sweep.pivot_table(index=["D", "causal", "N"], columns="stage", values="tflops")
@@ -602,10 +598,10 @@ with nb.unless_missing():
 # %% [markdown]
 # ## 14 · What is next
 #
-# The padding that made `ldmatrix` conflict-free costs shared memory and makes rows
-# `2D + 16` bytes long — no longer a multiple of 128, which the hardware's asynchronous bulk copies
-# want. **Stage 06** drops it and stores 16-byte chunk `c` of row `r` at chunk `c XOR (r % 8)`
-# instead: the 8 rows of one `ldmatrix` phase still land in 8 different bank groups.
+# The padding that made `ldmatrix` conflict-free costs shared memory, `(BR + 2 BC) × 16` bytes a
+# block, and gives every row an odd stride. **Stage 06** drops it and stores 16-byte chunk `c` of
+# row `r` at chunk `c XOR (r % 8)` instead: rows are 128-byte multiples again, and the 8 rows of
+# one `ldmatrix` phase still land in 8 different bank groups.
 
 # %%
 fr.bank_map(2 * D, swizzle=True)
