@@ -129,16 +129,49 @@ def ldmatrix(smem, rows, cols, num=4, trans=False):
     return out.reshape(WARP, 2 * num)
 
 
-def x4_addresses(row0=0, col0=0, across=False):
-    """Where each lane points ldmatrix.x4 to read the 16 x 16 block at (row0, col0): matrices
-    [top-left, bottom-left, top-right, bottom-right] -- registers a0..a3 of an A fragment, and,
-    with .trans on V[key][d], the B fragments of d columns col0.. and col0 + 8.. -- or, across,
-    [top-left, top-right, bottom-left, bottom-right]: K[key][d] as the B fragments of keys
-    row0.. and row0 + 8.. (no .trans: a B column is a K row)."""
+# Where the 4 matrices of an ldmatrix.x4 sit, in 8 x 8 blocks (down, right), for matrix m (lanes
+# 8m..8m+7): "down" a 16 x 16 block, down then across; "across" the same block, across then down;
+# "row" an 8 x 32 strip, the 4 matrices side by side.
+X4_MODES = {"down": lambda m: (m % 2, m // 2), "across": lambda m: (m // 2, m % 2),
+            "row": lambda m: (0, m)}
+
+
+def x4_addresses(row0=0, col0=0, mode="down"):
+    """(rows, cols): where each lane points ldmatrix.x4 to, the start of one 8-element row of
+    matrix lane // 8 (row lane % 8 of it), for matrices laid out from (row0, col0) as X4_MODES
+    says. "down" [top-left, bottom-left, top-right, bottom-right] of a 16 x 16 block gives
+    registers a0..a3 of an A fragment, and, with .trans on V[key][d], the B fragments of d
+    columns col0.. and col0 + 8... "across" [top-left, top-right, bottom-left, bottom-right] of
+    K[key][d] gives the B fragments of keys row0.. and row0 + 8... "row" reads 8 keys x 32 dims
+    of K[key][d]: the B fragments of those keys for two k-steps, dims col0.. and col0 + 16..
+    (stage 05 reads K this way: k_addresses)."""
+    if mode not in X4_MODES:
+        raise ValueError(f"mode is one of {', '.join(X4_MODES)}, not {mode!r}")
     lane = np.arange(WARP)
-    m, r = lane // 8, lane % 8
-    down, right = (m // 2, m % 2) if across else (m % 2, m // 2)
-    return row0 + 8 * down + r, col0 + 8 * right
+    down, right = X4_MODES[mode](lane // 8)
+    return row0 + 8 * down + lane % 8, col0 + 8 * right
+
+
+# Stage 05's three ldmatrix.x4 calls, with the kernel's own loop variables: kernels/05_mma.cu
+# passes smem_u32(tile + row * LD + col) with the (row, col) below, and warp_tile uses these and
+# nothing else (tests/test_fragments.py evaluates the kernel's expressions against them):
+#   Q   Qw + (lane % 16) * LD + kk * 16 + (lane / 16) * 8          A of k-step kk
+#   K   Ks + (n * 8 + lane % 8) * LD + kk * 16 + (lane / 8) * 8    B of keys 8n.., k-steps kk, kk+1
+#   V   Vs + (ks * 16 + lane % 16) * LD + d * 8 + (lane / 16) * 8  .trans: B of k-step ks, n8
+#                                                                  tiles d, d + 1 of O
+def q_addresses(kk):
+    return x4_addresses(0, 16 * kk)
+
+
+def k_addresses(n, kk):
+    return x4_addresses(8 * n, 16 * kk, mode="row")
+
+
+def v_addresses(ks, d):
+    return x4_addresses(16 * ks, 8 * d)
+
+
+KERNEL_LDMATRIX = {"Q": (q_addresses, False), "K": (k_addresses, False), "V": (v_addresses, True)}
 
 
 # ---------------------------------------------------------------- the warp's arithmetic
@@ -195,34 +228,39 @@ class Tile(NamedTuple):
 
 
 def warp_tile(q, k, v, scale=None, half=np.float16) -> Tile:
-    """One warp's 16 query rows against one K/V tile, in registers, as stage 05 does it.
+    """One warp's 16 query rows against one K/V tile, in registers, as stage 05 does it: the
+    kernel's loops, loop variables and ldmatrix addresses (KERNEL_LDMATRIX).
     q (16, D), k and v (BC, D) as shared memory holds them ([row][d]); `half` is the operands'
     16-bit type (np.float32 keeps everything exact, to test the layouts alone). m comes from
     this tile alone, as for the first tile of a row."""
     q, k, v = (np.asarray(x).astype(half) for x in (q, k, v))
     D, BC = q.shape[1], k.shape[0]
+    KD, NS, KS, NO = D // 16, BC // 8, BC // 16, D // 8  # the kernel's constants
     scale = 1 / math.sqrt(D) if scale is None else scale
-    # S = Q K^T: one C fragment per n8 tile of keys, accumulated over D / 16 k16 steps
-    s = np.zeros((BC // 8, WARP, 4), np.float32)
-    for kk in range(0, D, 16):
-        a = ldmatrix(q, *x4_addresses(0, kk))                        # Q[:, kk:kk+16] as A
-        for j in range(0, BC // 8, 2):
-            b = ldmatrix(k, *x4_addresses(8 * j, kk, across=True))   # keys 8j..8j+15 as 2 B
-            s[j], s[j + 1] = mma(a, b[:, :4], s[j]), mma(a, b[:, 4:], s[j + 1])
+    # Q: one A fragment per k-step, loaded once (qf[kk]: 4 registers of 2 halves, (32, 8))
+    qf = [ldmatrix(q, *q_addresses(kk)) for kk in range(KD)]
+    # S = Q K^T: one C fragment per n8 tile of keys; an ldmatrix.x4 of K feeds two k-steps
+    s = np.zeros((NS, WARP, 4), np.float32)
+    for n in range(NS):
+        for kk in range(0, KD, 2):
+            b = ldmatrix(k, *k_addresses(n, kk))                # b[0], b[1] | b[2], b[3]
+            s[n] = mma(qf[kk], b[:, :4], s[n])
+            s[n] = mma(qf[kk + 1], b[:, 4:], s[n])
     s *= scale
     # softmax: a lane holds rows g (c0, c1) and g + 8 (c2, c3) of every tile; its quad the rest
     m = quad_reduce(np.stack([s[..., :2].max((0, 2)), s[..., 2:].max((0, 2))], 1))   # (32, 2)
     p = np.exp(s - np.repeat(m, 2, axis=1))
     l = quad_reduce(np.stack([p[..., :2].sum((0, 2)), p[..., 2:].sum((0, 2))], 1), np.add)
     # O = P V: P's accumulators are already A fragments; V's B fragments come via .trans
-    o = np.zeros((D // 8, WARP, 4), np.float32)
-    for kk in range(0, BC, 16):
-        a = repack(p[kk // 8], p[kk // 8 + 1], half)
-        for n in range(0, D // 8, 2):
-            b = ldmatrix(v, *x4_addresses(kk, 8 * n), trans=True)  # d 8n..8n+15 as 2 B
-            o[n], o[n + 1] = mma(a, b[:, :4], o[n]), mma(a, b[:, 4:], o[n + 1])
+    o = np.zeros((NO, WARP, 4), np.float32)
+    for ks in range(KS):
+        a = repack(p[2 * ks], p[2 * ks + 1], half)
+        for d in range(0, NO, 2):
+            b = ldmatrix(v, *v_addresses(ks, d), trans=True)   # n8 tiles d | d + 1 of O
+            o[d] = mma(a, b[:, :4], o[d])
+            o[d + 1] = mma(a, b[:, 4:], o[d + 1])
     o /= np.repeat(l, 2, axis=1)
-    out = np.hstack([from_fragment(o[n], "C") for n in range(D // 8)])
+    out = np.hstack([from_fragment(o[d], "C") for d in range(NO)])
     quad0 = slice(0, WARP, 4)  # lane 4g holds rows g and g + 8
     return Tile(out, np.concatenate([m[quad0, 0], m[quad0, 1]]),
                 np.concatenate([l[quad0, 0], l[quad0, 1]]))
@@ -248,14 +286,79 @@ class LdmatrixCost(NamedTuple):
     ways: int        # the worst phase's conflict degree (1 = conflict-free)
 
 
-def ldmatrix_wavefronts(row_bytes, swizzle=False) -> LdmatrixCost:
-    """Cost of one ldmatrix.x4 of a 16 x 16 block, rows row_bytes apart, modelled as the
-    hardware serves it: 4 phases, one 8x8 matrix each, 8 lanes reading a 16-byte row -- 128
-    bytes, one wavefront if the 8 rows fall in different banks (flashlab.banks counts them).
-    Unpadded D = 64 fp16 rows (128 bytes) all start in bank 0: 8-way; + 16 bytes: 1."""
-    addr = smem_offset(*x4_addresses(), row_bytes, swizzle) // BANK_BYTES
+def ldmatrix_wavefronts(row_bytes, swizzle=False, mode="down") -> LdmatrixCost:
+    """Cost of one ldmatrix.x4 (matrices placed as x4_addresses' `mode` says), rows row_bytes
+    apart, modelled as the hardware serves it: 4 phases, one 8x8 matrix each, 8 lanes reading a
+    16-byte row -- 128 bytes, one wavefront if the 8 rows fall in different banks
+    (flashlab.banks counts them). Unpadded D = 64 fp16 rows (128 bytes) all start in bank 0:
+    8-way; + 16 bytes: 1."""
+    addr = smem_offset(*x4_addresses(mode=mode), row_bytes, swizzle) // BANK_BYTES
     per = [wavefronts(addr[8 * m:8 * m + 8], vector=16 // BANK_BYTES)[0] for m in range(4)]
     return LdmatrixCost(sum(per), 4, max(per))
+
+
+def _warp_wavefronts(rows, cols, row_bytes, swizzle, vector):
+    """Wavefronts of one warp's shared-memory access: lane l at element (rows[l], cols[l]),
+    `vector` 4-byte words each."""
+    return wavefronts(smem_offset(rows, cols, row_bytes, swizzle) // BANK_BYTES, vector)[0]
+
+
+def _copy_wavefronts(rows, D, row_bytes, swizzle, threads):
+    """The 16-byte shared-memory stores of stage 05's load_tile (`rows` x D): element e =
+    threadIdx.x + i * THREADS goes to row e / CHUNKS, column (e % CHUNKS) * 8. Whole block."""
+    chunks, lane = D // 8, np.arange(WARP)
+    return sum(_warp_wavefronts(e // chunks, e % chunks * 8, row_bytes, swizzle, 4)
+               for first in range(0, rows * chunks, WARP) for e in [first + lane])
+
+
+class TileCost(NamedTuple):
+    """What one block of stage 05 asks of an SM per K/V tile (ldmatrix counts and wavefronts
+    from the kernel's own addresses and flashlab.banks)."""
+    flops: int                # tensor-core FLOPs, 4 BR BC D
+    mma: int                  # mma.sync per warp: NS KD for S, KS NO for O
+    ldmatrix: int             # ldmatrix.x4 per warp, K and V
+    ldmatrix_wavefronts: int  # of all warps' ldmatrix
+    store_wavefronts: int     # the K and V tiles' 16-byte stores into shared memory
+    global_bytes: int         # K and V tiles read from global memory (L2, or DRAM)
+
+    @property
+    def wavefronts(self):
+        return self.ldmatrix_wavefronts + self.store_wavefronts
+
+
+def tile_cost(D=64, BR=64, BC=64, pad_bytes=16, swizzle=False) -> TileCost:
+    """Stage 05's cost per K/V tile per block, 16-bit inputs, rows D * 2 + pad_bytes apart
+    (0 and swizzle=True: stage 06's layout)."""
+    warps, row_bytes = BR // 16, 2 * D + pad_bytes
+    KD, NS, KS, NO = D // 16, BC // 8, BC // 16, D // 8
+    k_x4, v_x4 = NS * KD // 2, KS * NO // 2
+    per_warp = (k_x4 * ldmatrix_wavefronts(row_bytes, swizzle, "row").wavefronts
+                + v_x4 * ldmatrix_wavefronts(row_bytes, swizzle, "down").wavefronts)
+    return TileCost(4 * BR * BC * D, NS * KD + KS * NO, k_x4 + v_x4, warps * per_warp,
+                    2 * _copy_wavefronts(BC, D, row_bytes, swizzle, 32 * warps), 2 * BC * D * 2)
+
+
+def block_once_wavefronts(D=64, BR=64, pad_bytes=16, swizzle=False) -> int:
+    """Shared-memory wavefronts a block of stage 05 spends outside its K/V loop: Q stored and
+    read by ldmatrix once; O's fragments stored 4 bytes a lane (row g, column d * 8 + 2t) and
+    read back 16 bytes a lane for the global stores."""
+    warps, row_bytes, lane = BR // 16, 2 * D + pad_bytes, np.arange(WARP)
+    g, t, chunks = lane // 4, lane % 4, D // 8
+    q = _copy_wavefronts(BR, D, row_bytes, swizzle, 32 * warps) \
+        + warps * D // 16 * ldmatrix_wavefronts(row_bytes, swizzle).wavefronts
+    o_stores = sum(_warp_wavefronts(g + 8 * h, 8 * d + 2 * t, row_bytes, swizzle, 1)
+                   for d in range(D // 8) for h in (0, 1))
+    o_reads = sum(_warp_wavefronts(e // chunks, e % chunks * 8, row_bytes, swizzle, 4)
+                  for first in range(0, 16 * chunks, WARP) for e in [first + lane])
+    return q + warps * (o_stores + o_reads)
+
+
+def launch_wavefronts(B, H, N, D=64, BR=64, BC=64, pad_bytes=16, swizzle=False) -> int:
+    """Shared-memory wavefronts of a whole non-causal launch of stage 05: what Nsight Compute's
+    smem_wavefronts should count (the model's prediction of it)."""
+    blocks, tiles = B * H * math.ceil(N / BR), math.ceil(N / BC)
+    return blocks * (tiles * tile_cost(D, BR, BC, pad_bytes, swizzle).wavefronts
+                     + block_once_wavefronts(D, BR, pad_bytes, swizzle))
 
 
 # ---------------------------------------------------------------- figures

@@ -6,7 +6,10 @@
     nb.show_diff("01_naive", "02_coalesced")      # what this stage changed
     ev = nb.evaluate("02_coalesced")  # build + check + time + record (GPU) or the recorded rows
     nb.compare()                      # every stage and baseline at the teaching config
+    with nb.unless_missing():         # a cell's measured part, or one line saying what to run
+        ...
 """
+import contextlib
 import difflib
 import re
 import time
@@ -17,8 +20,42 @@ import pandas as pd
 from . import measure, ptxas, results, runner
 from .bench import teaching
 from .env import environment, gpu_available
+from .paths import KERNELS
 from .results import at_config
 from .stages import stage as _stage
+
+class NotRecorded(LookupError):
+    """Numbers a notebook asks for are not in data/ yet: the message says what records them."""
+
+
+def _gpu_shown():
+    """The GPU whose numbers the notebooks show: this one live, else the latest recorded."""
+    if gpu_available():
+        return environment()["gpu"]
+    from .plots import latest_gpu
+    return latest_gpu(results.load()) or "any GPU"
+
+
+def not_recorded(name, what="", flags="") -> NotRecorded:
+    """The error for a stage (or baseline) with nothing recorded: "05_mma: not recorded yet on
+    <gpu>: run `flashlab run 05`"."""
+    try:
+        command = f"flashlab run {_stage(name).number:02d}{flags}"
+    except ValueError:  # a baseline: `flashlab run` times them all
+        command = f"flashlab run{flags}"
+    slug = getattr(name, "slug", name)
+    return NotRecorded(f"{slug}{what}: not recorded yet on {_gpu_shown()}: run `{command}`")
+
+
+@contextlib.contextmanager
+def unless_missing():
+    """`with nb.unless_missing():` runs a cell's measured part, or, where a stage has not been
+    recorded yet, prints what to run instead of a traceback."""
+    try:
+        yield
+    except NotRecorded as err:
+        print(err)
+
 
 def banner():
     """Print whether the notebook runs live on a GPU or replays recorded results."""
@@ -60,11 +97,36 @@ def _code(text, language="cuda"):
     display(Code(text, language=language))
 
 
+def _text(stage):
+    """A stage's .cu source, or a header in kernels/ named by its file name ("ptx.cuh")."""
+    if str(stage).endswith(".cuh"):
+        return (KERNELS / stage).read_text()
+    return _source_text(_stage(stage))
+
+
 def show_source(stage, name=None):
-    """Show a stage's .cu file, or just the definition of `name` in it."""
-    st = _stage(stage)
-    text = _source_text(st)
+    """Show a stage's .cu file (or a header of kernels/, e.g. "ptx.cuh"), or just the
+    definition of `name` in it."""
+    text = _text(stage)
     _code(extract(text, name) if name else text)
+
+
+def excerpt(text: str, start: str, stop=None) -> str:
+    """The lines of `text` from the first that matches the regex `start` to the next that
+    matches `stop` (just that line without one), each with its line number."""
+    lines = text.splitlines()
+    first = next((i for i, ln in enumerate(lines) if re.search(start, ln)), None)
+    if first is None:
+        raise ValueError(f"no line matches {start!r}")
+    last = first if stop is None else next(
+        (i for i in range(first, len(lines)) if re.search(stop, lines[i])), len(lines) - 1)
+    return "\n".join(f"{i + 1:4}  {lines[i]}" for i in range(first, last + 1))
+
+
+def show_lines(stage, start, stop=None):
+    """Show a few numbered lines of a stage's source (see excerpt): the part a notebook is
+    talking about, where it is not a whole function."""
+    _code(excerpt(_text(stage), start, stop))
 
 
 def show_diff(old, new, context=3):
@@ -90,6 +152,25 @@ def resources(stage, archs=("sm_80", "sm_90")) -> pd.DataFrame:
         return rec.drop_duplicates()
 
 
+def instructions(stage, arch="sm_90") -> pd.DataFrame:
+    """Static SASS instruction counts by kind (flashlab.sass), a row per kernel: compiled and
+    disassembled now (needs nvcc and cuobjdump, not a GPU), else as recorded in data/sass.csv."""
+    from . import sass
+    st = _stage(stage)
+    try:
+        return sass.table([st.slug], arch)
+    except (OSError, RuntimeError) as err:
+        print(f"(cuobjdump or nvcc unavailable: {err}; showing the recorded counts)")
+    rec = sass.load()
+    rec = rec[(rec["stage"] == st.slug) & (rec["arch"] == arch)]
+    if rec.empty:
+        raise NotRecorded(f"{st.slug}: no {arch} SASS counts recorded yet: run "
+                          f"`flashlab sass {st.number:02d} --record` where nvcc is installed")
+    wide = rec.pivot_table(index=["stage", "kernel"], columns="category", values="count",
+                           aggfunc="sum", sort=False)
+    return wide[[*sass.CATEGORIES, sass.TOTAL]].astype(int).rename_axis(columns=None)
+
+
 @dataclass
 class Evaluation:
     """What evaluate() returns: the check cases and the timed rows, live or recorded."""
@@ -107,10 +188,12 @@ class Evaluation:
         """The row at the teaching config."""
         r = at_config(self.rows, teaching(dtype))
         if r.empty:
-            raise LookupError(f"no {dtype} teaching-config row for {self.stage}")
+            raise not_recorded(self.stage, f" at the {dtype} teaching config")
         return r.iloc[-1]
 
     def __str__(self):
+        if not (len(self.check) or len(self.rows)):
+            return str(not_recorded(self.stage))
         mode = "measured now" if self.live else "recorded"
         lines = [f"{self.stage} ({mode}): check {'PASSED' if self.passed else 'FAILED'} on "
                  f"{len(self.check)} cases, max relative error {self.check['rel_err'].max():.2e}"]
@@ -145,11 +228,8 @@ def evaluate(stage, configs=None) -> Evaluation:
             keys = ["dtype", "B", "H", "N", "D", "causal"]
             rows = table.merge(rows[keys].astype(table[keys].dtypes.to_dict()), on=keys)
         return Evaluation(st.slug, True, pd.DataFrame(chk.rows()), rows, build_s)
-    checks = measure.recorded_checks(st)
-    rows = measure.recorded(st)
-    if checks.empty and rows.empty:
-        raise LookupError(f"nothing recorded for {st.slug} yet: run `flashlab run` on a GPU")
-    return Evaluation(st.slug, False, checks, rows)
+    # Nothing recorded yet: an empty Evaluation, which prints what to run.
+    return Evaluation(st.slug, False, measure.recorded_checks(st), measure.recorded(st))
 
 
 def compare(dtype="fp32", names=None) -> pd.DataFrame:
@@ -166,16 +246,16 @@ def compare(dtype="fp32", names=None) -> pd.DataFrame:
     return df.sort_values("median_ms", ascending=False)[cols].reset_index(drop=True)
 
 
-def speedup(slower, faster, dtype="fp32") -> float:
-    """How many times faster `faster` ran than `slower` at the teaching config (recorded)."""
-    table = compare(dtype)
-    t = table.set_index("stage")["median_ms"]
-    for name in (slower, faster):
+def speedup(slower, faster, dtype="fp32", faster_dtype=None) -> float:
+    """How many times faster `faster` ran than `slower` at the teaching config (recorded), each
+    in `dtype`, or `faster` in `faster_dtype` (fp32 stage 03 against an fp16 stage, say)."""
+    times = []
+    for name, d in ((slower, dtype), (faster, faster_dtype or dtype)):
+        t = compare(d).set_index("stage")["median_ms"]
         if name not in t:
-            gpu = table["gpu"].iloc[0] if len(table) else "any GPU"
-            raise LookupError(f"no {dtype} teaching-config timing of {name} on {gpu} yet: run its "
-                              f"notebook (or `flashlab run`) on this GPU first")
-    return float(t[slower] / t[faster])
+            raise not_recorded(name, f" at the {d} teaching config")
+        times.append(t[name])
+    return float(times[0] / times[1])
 
 
 def profile(stage, config=None) -> pd.DataFrame:
@@ -194,8 +274,7 @@ def profile(stage, config=None) -> pd.DataFrame:
     order = [s.slug for s in stages() if s.number <= st.number]
     rows = [s for s in order if s in table.index][-2:]
     if st.slug not in rows:
-        raise LookupError(f"no profile of {st.slug} at {cfg.label} recorded yet: run "
-                          f"`flashlab run --profile` on a GPU with Nsight Compute")
+        raise not_recorded(st, f" profile at {cfg.label}", " --profile")
     return table.loc[rows].T
 
 

@@ -1,6 +1,9 @@
 """flashlab.fragments: the PTX ISA's m16n8k16 and ldmatrix layouts, the P re-pack, the warp
 emulation against plain numpy, the ldmatrix bank model; every figure draws."""
+import inspect
 import io
+import itertools
+import re
 
 import matplotlib
 import numpy as np
@@ -8,6 +11,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from flashlab import fragments as fr
+from flashlab.paths import KERNELS
 
 matplotlib.use("Agg")
 LANES = np.arange(32)
@@ -66,9 +70,15 @@ def test_ldmatrix_layouts():
     a = fr.ldmatrix(tile, *fr.x4_addresses(16, 8))
     assert (a == fr.to_fragment(tile[16:32, 8:24], "A")).all()
     # K[key][d], across: the B fragments of keys 0..7 and 8..15 (B = K^T)
-    b = fr.ldmatrix(tile, *fr.x4_addresses(0, 16, across=True))
+    b = fr.ldmatrix(tile, *fr.x4_addresses(0, 16, mode="across"))
     assert (b[:, :4] == fr.to_fragment(tile[0:8, 16:32].T, "B")).all()
     assert (b[:, 4:] == fr.to_fragment(tile[8:16, 16:32].T, "B")).all()
+    # K[key][d], a row of 4 matrices (stage 05): keys 8..15, dims 0..15 and 16..31
+    b = fr.ldmatrix(tile, *fr.x4_addresses(8, 0, mode="row"))
+    assert (b[:, :4] == fr.to_fragment(tile[8:16, 0:16].T, "B")).all()
+    assert (b[:, 4:] == fr.to_fragment(tile[8:16, 16:32].T, "B")).all()
+    with pytest.raises(ValueError):
+        fr.x4_addresses(mode="diagonal")
     # V[key][d] with .trans: the B fragments of d columns 8..15 and 16..23 (B = V)
     bv = fr.ldmatrix(tile, *fr.x4_addresses(16, 8), trans=True)
     assert (bv[:, :4] == fr.to_fragment(tile[16:32, 8:16], "B")).all()
@@ -116,6 +126,50 @@ def test_warp_tile_matches_numpy(D, BC=64):
     assert np.abs(o16 - _attention(*h)[0]).max() < 2e-3
 
 
+def _ldmatrix_calls(source):
+    """[(function, tile pointer, address expression)] of every ldmatrix in a kernel's source:
+    the text inside smem_u32(...), parentheses balanced."""
+    calls = []
+    for m in re.finditer(r"\b(ldmatrix_x4(?:_trans)?)\(\w+(?:\[[^]]*\])?,\s*smem_u32\(", source):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(source[i], 0)
+            i += 1
+        base, expr = source[m.end():i - 1].split("+", 1)
+        calls.append((m.group(1), base.strip(), " ".join(expr.split())))
+    return calls
+
+
+def test_the_emulation_quotes_the_kernel(monkeypatch):
+    """kernels/05_mma.cu's three ldmatrix addresses, evaluated for lanes 0..31 at every value of
+    their loop variables, are the ones warp_tile loads with (fragments.KERNEL_LDMATRIX)."""
+    calls = _ldmatrix_calls((KERNELS / "05_mma.cu").read_text())
+    assert {base[0] for _, base, _ in calls} == set(fr.KERNEL_LDMATRIX) and len(calls) == 3
+    LD = 1 << 20  # any stride longer than a row: the offset splits into (row, column)
+    for func, base, expr in calls:
+        addresses, trans = fr.KERNEL_LDMATRIX[base[0]]
+        assert func.endswith("_trans") == trans, f"{base}: {func}"
+        loop = sorted(set(re.findall(r"[A-Za-z_]\w*", expr)) - {"lane", "LD"})
+        assert loop == sorted(inspect.signature(addresses).parameters), (base, expr)
+        python = expr.replace("/", "//")
+        for values in itertools.product(range(4), repeat=len(loop)):
+            env = dict(zip(loop, values))
+            off = eval(python, {}, dict(env, lane=np.arange(32), LD=LD))
+            rows, cols = addresses(**env)
+            assert (off // LD == rows).all() and (off % LD == cols).all(), (base, expr, env)
+    # ...and warp_tile loads through them, as often as the kernel does per K/V tile
+    count = dict.fromkeys(fr.KERNEL_LDMATRIX, 0)
+    for op, (addresses, _) in fr.KERNEL_LDMATRIX.items():
+        def spy(*args, op=op, addresses=addresses):
+            count[op] += 1
+            return addresses(*args)
+        monkeypatch.setattr(fr, addresses.__name__, spy)
+    D, BC = 64, 64
+    rng = np.random.default_rng(5)
+    fr.warp_tile(*(rng.standard_normal((r, D)) for r in (16, BC, BC)))
+    assert count == {"Q": D // 16, "K": BC // 8 * D // 32, "V": BC // 16 * D // 16}
+
+
 @pytest.mark.parametrize("row_bytes, swizzle, ways", [
     (128, False, 8), (64 * 2 + 16, False, 1), (128, True, 1),
     (256, False, 8), (128 * 2 + 16, False, 1), (256, True, 1)])
@@ -148,3 +202,21 @@ def test_figures_render(draw):
 def test_bank_map_titles_carry_the_counts():
     assert "8-way" in fr.bank_map(128).axes[0].get_title()
     assert "1-way" in fr.bank_map(128, swizzle=True).axes[0].get_title()
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_tile_cost(D, BR=64, BC=64):
+    padded = fr.tile_cost(D)
+    assert padded.flops == 4 * BR * BC * D == BR // 16 * padded.mma * 2 * 16 * 8 * 16
+    assert padded.ldmatrix == BC // 8 * D // 32 + BC // 16 * D // 16
+    # conflict-free: 4 wavefronts an ldmatrix.x4, 128 bytes a wavefront for the K, V copies
+    assert padded.ldmatrix_wavefronts == BR // 16 * padded.ldmatrix * 4
+    assert padded.store_wavefronts == padded.global_bytes // 128 == 2 * BC * D * 2 // 128
+    unpadded = fr.tile_cost(D, pad_bytes=0)
+    assert unpadded.ldmatrix_wavefronts == 8 * padded.ldmatrix_wavefronts
+    assert unpadded.store_wavefronts == padded.store_wavefronts   # a row per 8 lanes: no conflict
+    assert fr.tile_cost(D, pad_bytes=0, swizzle=True) == padded
+    # once per block: Q in (64 + 64 at D = 64), O out (2 x 16 + 16 per warp at D = 64)
+    assert fr.block_once_wavefronts(D) == D // 64 * 256
+    blocks, tiles = 4 * 16 * 1024 // BR, 1024 // BC
+    assert fr.launch_wavefronts(4, 16, 1024, D) == blocks * (tiles * padded.wavefronts + D // 64 * 256)
