@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The recorded run on the GPU machine. Phases, in the order given (default: all three):
+# The recorded run on the GPU machine. Phases, in the order given (default: tests run notebooks):
+#   tune       stage 08's autotune (tools/tune08.py), data/tune08.csv; apply it at home with
+#              `python tools/tune08.py --apply` and commit before recording the run
 #   tests      the GPU tests (checks, bad input, compute-sanitizer), log in data/runs/
 #   run        flashlab run --profile: every stage and baseline, Nsight Compute metrics, figures, README
 #   notebooks  every notebook executed live, outputs saved; figures and README regenerated
@@ -16,6 +18,9 @@ stamp=$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p data/runs
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 for phase in "${@:-tests run notebooks}"; do for p in $phase; do case $p in
+  tune)
+    echo "== stage 08 autotune"
+    python3 tools/tune08.py 2>&1 | grep -v Warning | tee "data/runs/tune08-$stamp.log" | tail -6 ;;
   tests)
     echo "== GPU tests"
     python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4 ;;
