@@ -179,6 +179,12 @@ IDEA_METRIC = {
     "03_coarsened": ["smem_load_bank_conflicts", "achieved_occupancy_pct"],
     # S and P stay in registers: shared-memory traffic falls, the tensor pipe gets busier.
     "05_mma": ["smem_wavefronts", "tensor_pipe_pct"],
+    # Same instructions, permuted addresses: the conflicts stay at zero without the padding.
+    "06_swizzle": ["smem_load_bank_conflicts", "smem_store_bank_conflicts"],
+    # Loads in flight during the math: warps stop waiting on memory and on each other.
+    "07_cp_async": ["stall_long_scoreboard", "stall_barrier", "stall_mio_throttle"],
+    # Two row tiles per warp halve the shared-memory traffic per FLOP; the tensor pipe fills up.
+    "08_tuned": ["smem_wavefronts", "tensor_pipe_pct"],
 }
 # Counts that can differ by orders of magnitude between two stages: a linear axis would hide one.
 LOG_METRICS = {"smem_load_bank_conflicts", "smem_store_bank_conflicts", "smem_wavefronts",

@@ -1,4 +1,5 @@
 """The stages of the workbook, in order, and the callable that each one builds."""
+import math
 from dataclasses import dataclass
 
 import torch
@@ -57,6 +58,8 @@ class Attention:
         if why is not None:
             raise ValueError(f"{st.slug}: {why}")
         scale = D ** -0.5 if scale is None else float(scale)
+        if not (0 < scale < math.inf):  # stage 08 folds it into exp2 after taking the row max
+            raise ValueError(f"{st.slug}: scale must be a positive finite number, got {scale}")
         out = torch.empty_like(q) if out is None else out
         ws_bytes = self.module.workspace_bytes(B, H, N, D, code, bool(causal))
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
@@ -81,6 +84,18 @@ _STAGES = (
     Stage(5, "05_mma", "mma.sync + ldmatrix (FlashAttention-2 split)",
           "PTX mma.sync with published fragment layouts: Q, S, P and O live in registers, "
           "softmax by quad shuffles, ldmatrix(.trans) for K and V",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
+    Stage(6, "06_swizzle", "Swizzled shared memory",
+          "dense tiles with the 16-byte chunks of row r XOR-permuted by r % 8: conflict-free "
+          "ldmatrix without padding",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
+    Stage(7, "07_cp_async", "cp.async pipeline",
+          "K/V tiles copied global -> shared with cp.async into 2 buffers: the next tile loads "
+          "while this one is computed",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
+    Stage(8, "08_tuned", "Tuned",
+          "tile shape, warps, rows per warp, pipeline depth and four small changes picked per head "
+          "dim and mask by an autotune on the GPU",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
 )
 

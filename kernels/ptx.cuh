@@ -76,3 +76,21 @@ __device__ __forceinline__ float exp2_approx(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+
+// cp.async (sm_80+): a 16-byte global -> shared copy that bypasses the registers and L1 (.cg) and
+// completes in the background. src_bytes < 16 fills the rest with zeros (0: all zeros, the
+// global address is not read, but must still be a valid one).
+__device__ __forceinline__ void cp_async_16(uint32_t smem_addr, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+               :: "r"(smem_addr), "l"(gmem), "r"(src_bytes));
+}
+
+// Close the group of cp.async issued since the last commit.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+// Wait until at most N committed groups are still in flight (this thread's copies only: a
+// __syncthreads() afterwards makes every thread's copies visible to the block).
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}

@@ -67,6 +67,7 @@ def _bad_inputs(dtype):
     yield "empty", (good(1, 2, 0, 64),) * 3, {}, "empty"
     yield "non-contiguous", (q.transpose(2, 3),) * 3, {}, "contiguous"
     yield "bad out", (q, q, q), {"out": good(1, 2, 64, 32)}, "shape"
+    yield "negative scale", (q, q, q), {"scale": -0.125}, "scale"
 
 
 @pytest.mark.parametrize("slug", STAGES)

@@ -30,6 +30,11 @@ EXPECT = {
     "03_coarsened": {**SCALAR_FP32, "LDG.E.128": True, "LDS.128": True, "SHFL": True},
     # mma.sync tensor cores fed by ldmatrix; quad shuffles for the row max/sum; 16-byte loads.
     "05_mma": {"HMMA": True, "LDSM": True, "LDG.E.128": True, "SHFL": True},
+    # the same instructions: swizzling changes addresses, not the mix.
+    "06_swizzle": {"HMMA": True, "LDSM": True, "LDG.E.128": True, "SHFL": True},
+    # cp.async: global -> shared without registers (LDGSTS), no more 16-byte loads into registers.
+    "07_cp_async": {"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
+    "08_tuned": {"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
 }
 
 

@@ -1,0 +1,234 @@
+// Stage 06 — swizzled shared memory: stage 05 without the padding, and still no bank conflicts.
+//
+// Stage 05 stored each row of Q, K and V 16 bytes longer than it is, so that the 8 rows one
+// ldmatrix phase reads start in 8 different 16-byte groups of banks. Padding works, but it wastes
+// shared memory (1/8 of it at D=64), breaks the dense power-of-two layout that the asynchronous
+// copies of stage 07 and the TMA of later GPUs want, and leaves every address computation with an
+// odd stride. This stage keeps rows dense (stride D) and permutes the 16-byte chunks of each row
+// instead: logical chunk c of row r is stored at chunk c ^ (r % 8). The 8 rows of an ldmatrix phase
+// all ask for the same logical chunk, so they land in 8 different bank groups — conflict-free,
+// with no byte wasted. The 16-byte stores that fill a tile touch each chunk of a row once, so
+// they stay conflict-free too. Everything else is stage 05, line for line.
+#include <cmath>
+#include "common.cuh"
+#include "ptx.cuh"
+
+template <int D, int BR, int BC>
+struct Tiles {
+  static constexpr int WARPS = BR / 16;       // a warp per 16 query rows
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int SMEM_BYTES = (BR + 2 * BC) * D * 2;  // dense rows: no padding
+  // Blocks per SM to leave room for: a register cap of 65536 / (MIN_BLOCKS * THREADS). Left to
+  // itself ptxas gives the D=64 kernel 128 registers and spills; 3 blocks (<= 168) spill nothing.
+  static constexpr int MIN_BLOCKS = D == 64 ? 3 : 2;
+};
+
+// Element (row, col) of a swizzled tile with D columns; col must be a multiple of 8 (a chunk).
+// Rows are 128 or 256 bytes, a whole number of bank rows, so a chunk's banks depend only on its
+// position in the row: XOR with row % 8 gives the 8 rows of an ldmatrix phase 8 different ones.
+template <int D>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * D + (((col >> 3) ^ (row & 7)) << 3);
+}
+
+// Rows [first, first + ROWS) of an (N, D) matrix into a swizzled tile, 16 bytes per thread per
+// step, zeros past N so the masked keys and padded queries hold finite values.
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int first, int N) {
+  constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
+  static_assert(ROWS * CHUNKS % THREADS == 0, "tile does not split evenly over the block");
+#pragma unroll
+  for (int i = 0; i < ROWS * CHUNKS / THREADS; i++) {
+    const int e = threadIdx.x + i * THREADS;
+    const int r = e / CHUNKS, c = (e % CHUNKS) * 8;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (first + r < N) x = *reinterpret_cast<const uint4*>(src + (size_t)(first + r) * D + c);
+    *reinterpret_cast<uint4*>(dst + swz<D>(r, c)) = x;
+  }
+}
+
+template <typename T, int D, int BR, int BC>
+__global__ void __launch_bounds__(Tiles<D, BR, BC>::THREADS, Tiles<D, BR, BC>::MIN_BLOCKS)
+swizzle_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+               T* __restrict__ O, int N, float scale_log2, int causal) {
+  using Cfg = Tiles<D, BR, BC>;
+  constexpr int THREADS = Cfg::THREADS;
+  constexpr int KD = D / 16;   // k-steps of Q K^T (over the head dim)
+  constexpr int NS = BC / 8;   // 16x8 tiles of S per warp
+  constexpr int KS = BC / 16;  // k-steps of P V (over the keys)
+  constexpr int NO = D / 8;    // 16x8 tiles of O per warp
+  static_assert(KD % 2 == 0 && NO % 2 == 0, "ldmatrix.x4 feeds two mma k-steps / n-tiles");
+  extern __shared__ uint4 smem_raw[];
+  T* Qs = reinterpret_cast<T*>(smem_raw);
+  T* Ks = Qs + BR * D;
+  T* Vs = Ks + BC * D;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;  // the PTX ISA's groupID and threadID_in_group
+  // Causal blocks near the end of the sequence have the most tiles: start them first.
+  const int tile = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int q0 = tile * BR;
+  const size_t base = (size_t)blockIdx.y * N * D;
+  Q += base; K += base; V += base; O += base;
+
+  // Q: once through shared memory into registers, where it stays (A operand, one per k-step).
+  load_tile<BR, D, THREADS>(Qs, Q, q0, N);
+  __syncthreads();
+  T* Qw = Qs + warp * 16 * D;  // this warp's 16 rows (16 is a multiple of 8: same swizzle)
+  uint32_t qf[KD][4];
+#pragma unroll
+  for (int kk = 0; kk < KD; kk++)
+    ldmatrix_x4(qf[kk], smem_u32(Qw + swz<D>(lane % 16, kk * 16 + (lane / 16) * 8)));
+
+  // This lane's share of rows r0 = q0 + 16 warp + g and r0 + 8: indices [0] and [1] below.
+  const int r0 = q0 + warp * 16 + g;
+  float o[NO][4] = {};
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  const int last_key = causal ? min(N, q0 + BR) : N;
+  const int n_tiles = (last_key + BC - 1) / BC;
+  for (int j = 0; j < n_tiles; j++) {
+    const int k0 = j * BC;
+    __syncthreads();  // every warp is done with the previous K and V
+    load_tile<BC, D, THREADS>(Ks, K, k0, N);
+    load_tile<BC, D, THREADS>(Vs, V, k0, N);
+    __syncthreads();
+
+    // S = Q K^T: K is stored [key][d], which is exactly the "col" B operand; one ldmatrix.x4
+    // covers 8 keys x 32 dims, two k-steps.
+    float s[NS][4] = {};
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+      for (int kk = 0; kk < KD; kk += 2) {
+        uint32_t b[4];
+        ldmatrix_x4(b, smem_u32(Ks + swz<D>(n * 8 + lane % 8, kk * 16 + (lane / 8) * 8)));
+        mma_m16n8k16<T>(s[n], qf[kk], b[0], b[1]);
+        mma_m16n8k16<T>(s[n], qf[kk + 1], b[2], b[3]);
+      }
+
+    // Scores in log2 units; masks only where the tile crosses N or the diagonal.
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) s[n][i] *= scale_log2;
+    if (k0 + BC > N || (causal && k0 + BC - 1 > q0)) {
+#pragma unroll
+      for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + (i >= 2 ? 8 : 0);
+          if (key >= N || (causal && key > row)) s[n][i] = -INFINITY;
+        }
+    }
+
+    // Online softmax in registers. Lane holds s[n][0..1] of row r0 and s[n][2..3] of row r0 + 8;
+    // the other 3 lanes of its quad hold the rest of those rows.
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no key yet: keep zeros
+      const float alpha = exp2_approx(m[h] - m_use);
+      m[h] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NS; n++) {
+        s[n][2 * h] = exp2_approx(s[n][2 * h] - m_use);
+        s[n][2 * h + 1] = exp2_approx(s[n][2 * h + 1] - m_use);
+        sum += s[n][2 * h] + s[n][2 * h + 1];
+      }
+      l[h] = fmaf(l[h], alpha, sum);  // this lane's part of the row sum; the quad adds up at the end
+#pragma unroll
+      for (int d = 0; d < NO; d++) {
+        o[d][2 * h] *= alpha;
+        o[d][2 * h + 1] *= alpha;
+      }
+    }
+
+    // O += P V. P's accumulator tiles 2ks and 2ks+1 are the A fragment of k-step ks.
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      const uint32_t a[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]),
+                             pack2<T>(s[2 * ks][2], s[2 * ks][3]),
+                             pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                             pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+#pragma unroll
+      for (int d = 0; d < NO; d += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, smem_u32(Vs + swz<D>(ks * 16 + lane % 16, d * 8 + (lane / 16) * 8)));
+        mma_m16n8k16<T>(o[d], a, b[0], b[1]);
+        mma_m16n8k16<T>(o[d + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Normalise, then write through this warp's own (now unused) rows of Qs so that global stores
+  // are whole 16-byte chunks of consecutive columns.
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float sum = l[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    inv[h] = sum > 0.f ? 1.f / sum : 0.f;
+  }
+#pragma unroll
+  for (int d = 0; d < NO; d++) {
+    *reinterpret_cast<uint32_t*>(Qw + swz<D>(g, d * 8) + 2 * t) =
+        pack2<T>(o[d][0] * inv[0], o[d][1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(Qw + swz<D>(g + 8, d * 8) + 2 * t) =
+        pack2<T>(o[d][2] * inv[1], o[d][3] * inv[1]);
+  }
+  __syncwarp();
+  constexpr int CHUNKS = D / 8;
+#pragma unroll
+  for (int i = 0; i < 16 * CHUNKS / 32; i++) {
+    const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
+    const int row = q0 + warp * 16 + r;
+    if (row < N)
+      *reinterpret_cast<uint4*>(O + (size_t)row * D + c) =
+          *reinterpret_cast<const uint4*>(Qw + swz<D>(r, c));
+  }
+}
+
+template <typename T, int D, int BR, int BC>
+static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
+  using Cfg = Tiles<D, BR, BC>;
+  auto kernel = swizzle_kernel<T, D, BR, BC>;
+  FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
+  dim3 grid(flashlab_cdiv(p->N, BR), p->B * p->H);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
+      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->N,
+      p->scale * 1.4426950408889634f, p->causal);
+  FLASHLAB_TRY(cudaGetLastError());
+  return nullptr;
+}
+
+// 64 query rows (4 warps) x 64 keys, as in stage 05.
+template <typename T>
+static const char* launch_dtype(const FlashlabProblem* p, cudaStream_t s) {
+  if (p->D == 64) return launch<T, 64, 64, 64>(p, s);
+  return launch<T, 128, 64, 64>(p, s);
+}
+
+extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
+  if (p->dtype != FLASHLAB_F16 && p->dtype != FLASHLAB_BF16)
+    return "stage 06 runs on the tensor cores in fp16 or bf16 only, not float32";
+  if (p->D != 64 && p->D != 128)
+    return flashlab_say("stage 06 is compiled for head dims 64 and 128, not %d", p->D);
+  if (p->B * p->H > 65535) return "stage 06 needs B*H <= 65535 (one grid row per head)";
+  return nullptr;
+}
+
+extern "C" size_t flashlab_workspace_bytes(const FlashlabProblem*) { return 0; }
+
+extern "C" const char* flashlab_launch(const FlashlabProblem* p, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (p->dtype == FLASHLAB_BF16) return launch_dtype<__nv_bfloat16>(p, s);
+  return launch_dtype<__half>(p, s);
+}

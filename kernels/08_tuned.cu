@@ -1,0 +1,366 @@
+// Stage 08 — tuned: stage 07's kernel with its shape opened up, and the shape picked by measurement.
+//
+// Stage 07 fixed one shape for every problem: 4 warps, each owning 16 query rows, 64 keys per
+// tile, 2 buffers, Q held in registers. Every one of those numbers trades something:
+//  * WM, row tiles per warp. A warp that owns 32 rows (WM = 2) multiplies each K and V fragment
+//    it reads with ldmatrix by two Q tiles: half the shared-memory traffic per FLOP, twice the
+//    accumulator registers.
+//  * Q_REGS. Holding Q in registers saves one ldmatrix per k-step and tile, but costs D/4
+//    registers per row tile; with WM = 2 at D = 128 that no longer fits, so Q is re-read from
+//    shared memory at every tile instead.
+//  * BC, keys per tile: longer tiles mean fewer barriers and rescales per key, more registers.
+//  * WARPS and STAGES: rows per block (K/V reuse) against blocks per SM, and how many tiles are
+//    in flight.
+// The kernel is stage 07 with these five as template parameters; `tools/tune08.py` times the
+// candidates on the GPU, writes its choice per head dim and mask to data/tune08.csv, and the
+// table in `pick()` below is that choice. Four smaller changes ride along as the bits of a sixth
+// parameter, OPTS; the tuner measures each by switching it off and keeps it only where it pays:
+//  * FOLD_SCALE: the row max is taken on raw scores and the scale goes into the exponent's FFMA,
+//    exp2(s * scale log2 e - m): one multiply per score fewer.
+//  * SKIP_RESCALE: once a row's max settles, alpha is exactly 1; skip rescaling O then.
+//  * WARP_SKIP: causal tiles that are masked for all of a warp's rows are not computed.
+//  * LANE_OFFSETS: every swizzled ldmatrix and cp.async address is a per-lane base computed once
+//    plus a compile-time constant, instead of a fresh multiply-XOR-shift per access.
+// Everything else is stage 07.
+#include <cmath>
+#include "common.cuh"
+#include "ptx.cuh"
+
+enum Opts { FOLD_SCALE = 1, SKIP_RESCALE = 2, WARP_SKIP = 4, LANE_OFFSETS = 8, ALL_OPTS = 15 };
+
+template <int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS>
+struct Tiles {
+  static constexpr int BR = 16 * WM * WARPS;  // query rows per block
+  static constexpr int THREADS = WARPS * 32;
+  static constexpr int SMEM_BYTES = (BR + 2 * BC * STAGES) * D * 2;  // Q + STAGES x (K, V)
+};
+
+// Element (row, col) of a swizzled tile with D columns (stage 06); col a multiple of 8.
+template <int D>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * D + (((col >> 3) ^ (row & 7)) << 3);
+}
+
+// Start copying rows [first, first + ROWS) into a swizzled tile; rows past N become zeros (stage 07).
+// Thread t copies chunk t % (D/8) of rows t / (D/8) + i * STEP. STEP is a multiple of 8, so the
+// swizzle (row % 8) is the same for all of a thread's rows: one offset, then constant strides.
+template <int ROWS, int D, int THREADS, bool LANE, typename T>
+__device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int first, int N) {
+  constexpr int CHUNKS = D / 8, STEP = THREADS / CHUNKS;
+  static_assert(ROWS * CHUNKS % THREADS == 0 && STEP % 8 == 0, "tile does not split evenly");
+  const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+  const uint32_t s0 = dst + 2 * swz<D>(r, 8 * c);
+  const T* g0 = src + (size_t)(first + r) * D + 8 * c;
+#pragma unroll
+  for (int i = 0; i < ROWS / STEP; i++) {
+    if constexpr (LANE) {  // one swizzle per thread, then constant strides
+      const bool in = first + r + i * STEP < N;
+      cp_async_16(s0 + 2 * i * STEP * D, in ? g0 + i * STEP * D : src, in ? 16 : 0);
+    } else {  // stage 07's: the whole formula for every chunk
+      const int e = threadIdx.x + i * THREADS, rr = e / CHUNKS, cc = (e % CHUNKS) * 8;
+      const bool in = first + rr < N;
+      cp_async_16(dst + 2 * swz<D>(rr, cc), src + (size_t)(in ? first + rr : 0) * D + cc,
+                  in ? 16 : 0);
+    }
+  }
+}
+
+// Byte offsets of one lane's ldmatrix rows in a swizzled tile (LANE_OFFSETS). The 16-byte
+// chunk a lane asks for is (2m + h) ^ (row % 8), m a compile-time step, h and row % 8 the lane's:
+// it equals (2m & 8) + (2(m & 3) ^ y) with y = h ^ (row % 8), so four bases per lane cover every
+// step. A (Q) and .trans B (V) reads: rows lane % 16, h = lane / 16. K reads: rows lane % 8,
+// chunk 2kk + lane / 8 with kk even: two bases.
+template <int D>
+struct LaneOffsets {
+  uint32_t av[4], k[2];
+  __device__ __forceinline__ LaneOffsets(int lane) {
+    const int rl = lane % 8, y = (lane / 16) ^ rl, x = (lane / 8) ^ rl;
+#pragma unroll
+    for (int i = 0; i < 4; i++) av[i] = 2 * (lane % 16) * D + 16 * ((2 * i) ^ y);
+#pragma unroll
+    for (int i = 0; i < 2; i++) k[i] = 2 * rl * D + 16 * ((4 * i) ^ x);
+  }
+  // Q or V rows [row0, row0 + 16) (row0 a multiple of 8), 8-column chunks 2m, 2m + 1.
+  __device__ __forceinline__ uint32_t av_at(int row0, int m) const {
+    return 2 * row0 * D + 16 * ((2 * m) & ~7) + av[m & 3];
+  }
+  // K rows [row0, row0 + 8), chunks 2kk .. 2kk + 3 (kk even).
+  __device__ __forceinline__ uint32_t k_at(int row0, int kk) const {
+    return 2 * row0 * D + 16 * ((2 * kk) & ~7) + k[(kk >> 1) & 1];
+  }
+};
+
+template <typename T, int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS, int OPTS>
+__global__ void __launch_bounds__(WARPS * 32)
+tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+             T* __restrict__ O, int N, float scale_log2, int causal) {
+  using Cfg = Tiles<D, BC, WARPS, WM, STAGES, Q_REGS>;
+  constexpr int BR = Cfg::BR, THREADS = Cfg::THREADS;
+  constexpr int KD = D / 16, NS = BC / 8, KS = BC / 16, NO = D / 8;
+  constexpr bool kFold = OPTS & FOLD_SCALE, kSkipRescale = OPTS & SKIP_RESCALE,
+                 kWarpSkip = OPTS & WARP_SKIP, kLane = OPTS & LANE_OFFSETS;
+  static_assert(KD % 2 == 0 && NO % 2 == 0, "ldmatrix.x4 feeds two mma k-steps / n-tiles");
+  extern __shared__ uint4 smem_raw[];
+  T* Qs = reinterpret_cast<T*>(smem_raw);
+  const uint32_t Qs_u = smem_u32(Qs);                 // .shared addresses of the tiles
+  const uint32_t Ks_u = Qs_u + 2 * BR * D;            // STAGES K tiles
+  const uint32_t Vs_u = Ks_u + 2 * STAGES * BC * D;   // STAGES V tiles
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int tile = causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+  const int q0 = tile * BR;
+  const size_t base = (size_t)blockIdx.y * N * D;
+  Q += base; K += base; V += base; O += base;
+
+  const int last_key = causal ? min(N, q0 + BR) : N;
+  const int n_tiles = (last_key + BC - 1) / BC;
+  load_tile_async<BR, D, THREADS, kLane>(Qs_u, Q, q0, N);
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; st++) {
+    if (st < n_tiles) {
+      load_tile_async<BC, D, THREADS, kLane>(Ks_u + 2 * st * BC * D, K, st * BC, N);
+      load_tile_async<BC, D, THREADS, kLane>(Vs_u + 2 * st * BC * D, V, st * BC, N);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+
+  T* Qw = Qs + warp * WM * 16 * D;  // this warp's WM x 16 rows
+  const LaneOffsets<D> lo(lane);
+  // The .shared address of the A fragment (Q rows 16 w of the warp, k-step kk) or of the K/V
+  // fragments: the lane's base plus constants, or the swizzle formula in full.
+  auto q_addr = [&](int w, int kk) -> uint32_t {
+    const int row0 = warp * WM * 16 + 16 * w;
+    if constexpr (kLane) return Qs_u + lo.av_at(row0, kk);
+    return Qs_u + 2 * swz<D>(row0 + lane % 16, kk * 16 + (lane / 16) * 8);
+  };
+  auto k_addr = [&](uint32_t Kt, int n, int kk) -> uint32_t {
+    if constexpr (kLane) return Kt + lo.k_at(n * 8, kk);
+    return Kt + 2 * swz<D>(n * 8 + lane % 8, kk * 16 + (lane / 8) * 8);
+  };
+  auto v_addr = [&](uint32_t Vt, int ks, int d) -> uint32_t {
+    if constexpr (kLane) return Vt + lo.av_at(ks * 16, d / 2);
+    return Vt + 2 * swz<D>(ks * 16 + lane % 16, d * 8 + (lane / 16) * 8);
+  };
+  // Q's A fragment for row tile w, k-step kk: from registers, or re-read from shared memory.
+  uint32_t qf[Q_REGS ? WM : 1][Q_REGS ? KD : 1][4];
+  if constexpr (Q_REGS) {
+#pragma unroll
+    for (int w = 0; w < WM; w++)
+#pragma unroll
+      for (int kk = 0; kk < KD; kk++) ldmatrix_x4(qf[w][kk], q_addr(w, kk));
+  }
+
+  const int r0 = q0 + warp * WM * 16 + g;  // rows r0 + 16 w (index 2w) and r0 + 16 w + 8 (2w + 1)
+  float o[WM][NO][4] = {};
+  float m[2 * WM], l[2 * WM];
+#pragma unroll
+  for (int h = 0; h < 2 * WM; h++) m[h] = -INFINITY, l[h] = 0.f;
+
+  for (int j = 0; j < n_tiles; j++) {
+    const int k0 = j * BC;
+    if (j > 0) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+    }
+    const int next = j + STAGES - 1;
+    if (next < n_tiles) {
+      load_tile_async<BC, D, THREADS, kLane>(Ks_u + 2 * (next % STAGES) * BC * D, K, next * BC, N);
+      load_tile_async<BC, D, THREADS, kLane>(Vs_u + 2 * (next % STAGES) * BC * D, V, next * BC, N);
+    }
+    cp_async_commit();
+    const uint32_t Kt = Ks_u + 2 * (j % STAGES) * BC * D;
+    const uint32_t Vt = Vs_u + 2 * (j % STAGES) * BC * D;
+    // Causal: a tile that starts past this warp's last row is masked for all of its rows. The
+    // block's later warps need it; this one only helps load it and meets the barrier.
+    if (kWarpSkip && causal && k0 > q0 + (warp + 1) * WM * 16 - 1) continue;
+
+    // S = Q K^T: each K fragment feeds WM row tiles.
+    float s[WM][NS][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KD; kk += 2) {
+      uint32_t qa[WM][2][4];
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          if constexpr (Q_REGS) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) qa[w][e][r] = qf[w][kk + e][r];
+          } else {
+            ldmatrix_x4(qa[w][e], q_addr(w, kk + e));
+          }
+        }
+#pragma unroll
+      for (int n = 0; n < NS; n++) {
+        uint32_t b[4];
+        ldmatrix_x4(b, k_addr(Kt, n, kk));
+#pragma unroll
+        for (int w = 0; w < WM; w++) {
+          mma_m16n8k16<T>(s[w][n], qa[w][0], b[0], b[1]);
+          mma_m16n8k16<T>(s[w][n], qa[w][1], b[2], b[3]);
+        }
+      }
+    }
+
+    if constexpr (!kFold) {
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) s[w][n][i] *= scale_log2;
+    }
+    if (k0 + BC > N || (causal && k0 + BC - 1 > q0)) {
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + 16 * w + (i >= 2 ? 8 : 0);
+            if (key >= N || (causal && key > row)) s[w][n][i] = -INFINITY;
+          }
+    }
+
+    // Online softmax on the raw scores: the max commutes with the (positive) scale, so the scale
+    // goes into the exponent's FFMA, exp2(s * scale log2 e - m), instead of a multiply per score.
+    float alpha[2 * WM];
+#pragma unroll
+    for (int w = 0; w < WM; w++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const int h = 2 * w + hh;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[w][n][2 * hh], s[w][n][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[h], kFold ? mx * scale_log2 : mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alpha[h] = exp2_approx(m[h] - m_use);
+        m[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            float& x = s[w][n][2 * hh + e];
+            x = exp2_approx(kFold ? fmaf(x, scale_log2, -m_use) : x - m_use);
+          }
+          sum += s[w][n][2 * hh] + s[w][n][2 * hh + 1];
+        }
+        l[h] = fmaf(l[h], alpha[h], sum);
+      }
+    // Once a row's max has settled (most tiles, for long sequences) alpha is exactly 1: skip the
+    // rescale of O, D/2 multiplies per row and lane, unless some lane of the warp needs it.
+    bool moved = false;
+#pragma unroll
+    for (int h = 0; h < 2 * WM; h++) moved |= alpha[h] != 1.f;
+    if (!kSkipRescale || __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int d = 0; d < NO; d++) {
+          o[w][d][0] *= alpha[2 * w];
+          o[w][d][1] *= alpha[2 * w];
+          o[w][d][2] *= alpha[2 * w + 1];
+          o[w][d][3] *= alpha[2 * w + 1];
+        }
+    }
+
+    // O += P V: each V fragment feeds WM row tiles.
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t a[WM][4];
+#pragma unroll
+      for (int w = 0; w < WM; w++) {
+        a[w][0] = pack2<T>(s[w][2 * ks][0], s[w][2 * ks][1]);
+        a[w][1] = pack2<T>(s[w][2 * ks][2], s[w][2 * ks][3]);
+        a[w][2] = pack2<T>(s[w][2 * ks + 1][0], s[w][2 * ks + 1][1]);
+        a[w][3] = pack2<T>(s[w][2 * ks + 1][2], s[w][2 * ks + 1][3]);
+      }
+#pragma unroll
+      for (int d = 0; d < NO; d += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v_addr(Vt, ks, d));
+#pragma unroll
+        for (int w = 0; w < WM; w++) {
+          mma_m16n8k16<T>(o[w][d], a[w], b[0], b[1]);
+          mma_m16n8k16<T>(o[w][d + 1], a[w], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // Normalise and write through the warp's own rows of Qs (no other warp reads them), once every
+  // lane is done reading Q there (with a single K/V tile no barrier has passed since).
+  __syncwarp();
+#pragma unroll
+  for (int w = 0; w < WM; w++) {
+    float inv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float sum = l[2 * w + hh];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+#pragma unroll
+    for (int d = 0; d < NO; d++) {
+      *reinterpret_cast<uint32_t*>(Qw + swz<D>(16 * w + g, d * 8) + 2 * t) =
+          pack2<T>(o[w][d][0] * inv[0], o[w][d][1] * inv[0]);
+      *reinterpret_cast<uint32_t*>(Qw + swz<D>(16 * w + g + 8, d * 8) + 2 * t) =
+          pack2<T>(o[w][d][2] * inv[1], o[w][d][3] * inv[1]);
+    }
+  }
+  __syncwarp();
+  constexpr int CHUNKS = D / 8;
+#pragma unroll
+  for (int i = 0; i < WM * 16 * CHUNKS / 32; i++) {
+    const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
+    const int row = q0 + warp * WM * 16 + r;
+    if (row < N)
+      *reinterpret_cast<uint4*>(O + (size_t)row * D + c) =
+          *reinterpret_cast<const uint4*>(Qw + swz<D>(r, c));
+  }
+}
+
+template <typename T, int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS, int OPTS>
+static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
+  using Cfg = Tiles<D, BC, WARPS, WM, STAGES, Q_REGS>;
+  auto kernel = tuned_kernel<T, D, BC, WARPS, WM, STAGES, Q_REGS, OPTS>;
+  FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
+  dim3 grid(flashlab_cdiv(p->N, Cfg::BR), p->B * p->H);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
+      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->N,
+      p->scale * 1.4426950408889634f, p->causal);
+  FLASHLAB_TRY(cudaGetLastError());
+  return nullptr;
+}
+
+// TUNED: the shapes tools/tune08.py chose (data/tune08.csv).
+template <typename T>
+static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
+  if (p->D == 64) return launch<T, 64, 64, 4, 1, 2, true, ALL_OPTS>(p, s);
+  return launch<T, 128, 64, 4, 1, 2, true, ALL_OPTS>(p, s);
+}
+
+extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
+  if (p->dtype != FLASHLAB_F16 && p->dtype != FLASHLAB_BF16)
+    return "stage 08 runs on the tensor cores in fp16 or bf16 only, not float32";
+  if (p->D != 64 && p->D != 128)
+    return flashlab_say("stage 08 is compiled for head dims 64 and 128, not %d", p->D);
+  if (p->B * p->H > 65535) return "stage 08 needs B*H <= 65535 (one grid row per head)";
+  return nullptr;
+}
+
+extern "C" size_t flashlab_workspace_bytes(const FlashlabProblem*) { return 0; }
+
+extern "C" const char* flashlab_launch(const FlashlabProblem* p, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (p->dtype == FLASHLAB_BF16) return pick<__nv_bfloat16>(p, s);
+  return pick<__half>(p, s);
+}
