@@ -137,8 +137,10 @@ def measure(out=print):
             path.parent.mkdir(exist_ok=True)
             path.write_text(with_pick(text, {(D, False): c, (D, True): c}))
             return build_module(path)
+        shapes = list(dict.fromkeys((job[0], job[1]) for job in jobs))  # build each shape once
         with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            return dict(zip(jobs, pool.map(one, jobs)))
+            built = dict(zip(shapes, pool.map(one, shapes)))
+        return {job: built[(job[0], job[1])] for job in jobs}
 
     def run(jobs):
         for job, module in build_all(jobs).items():
@@ -180,7 +182,7 @@ def measure(out=print):
             jobs += [(D, c, tuple(cs), f"without {sw}") for c, cs in by_shape.items()]
     run(jobs)
     # 3. keep a switch where turning it off lost; time the final choice if it differs
-    final, jobs = {}, []
+    final = {}
     for (D, causal), c in best.items():
         opts = ALL_OPTS
         for sw, bit in SWITCHES.items():
@@ -190,10 +192,12 @@ def measure(out=print):
             if score(D, causal, off, f"without {sw}") > score(D, causal, c, RETIMED):
                 opts &= ~bit
         final[(D, causal)] = c[:-1] + (opts,)
-        if opts != ALL_OPTS:
-            jobs.append((D, final[(D, causal)], (causal,), CHOSEN))
-    if jobs:
-        run(jobs)
+    by_shape = {}
+    for (D, causal), c in final.items():
+        if c != best[(D, causal)]:
+            by_shape.setdefault((D, c), []).append(causal)
+    if by_shape:
+        run([(D, c, tuple(cs), CHOSEN) for (D, c), cs in by_shape.items()])
     df = pd.DataFrame(rows)
     df = df.merge(_scores(df), on=["D", "causal", "variant", *FIELDS])
     df["chosen"] = False
