@@ -344,8 +344,15 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 // TUNED: the shapes tools/tune08.py chose (data/tune08.csv).
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
-  if (p->D == 64) return launch<T, 64, 64, 4, 1, 2, true, ALL_OPTS>(p, s);
-  return launch<T, 128, 64, 4, 1, 2, true, ALL_OPTS>(p, s);
+  if (p->D == 64) {
+    if (p->causal) return launch<T, 64, 64, 4, 2, 2, true, 13>(p, s);
+    return launch<T, 64, 64, 4, 2, 3, true, 13>(p, s);
+  }
+  if (p->D == 128) {
+    if (p->causal) return launch<T, 128, 32, 4, 2, 3, false, 15>(p, s);
+    return launch<T, 128, 32, 4, 2, 3, false, 15>(p, s);
+  }
+  return "no tuned shape for this head dim";
 }
 
 extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
