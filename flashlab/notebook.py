@@ -209,11 +209,16 @@ class Evaluation:
     def passed(self) -> bool:
         return bool(len(self.check)) and bool(self.check["passed"].all())
 
-    def timing(self, dtype="fp32") -> pd.Series:
-        """The row at the teaching config."""
-        r = at_config(self.rows, teaching(dtype))
+    def timing(self, dtype="fp32", missing_ok=False):
+        """The row at the teaching config. Not recorded: NotRecorded, or with missing_ok the
+        message printed and None."""
+        r = at_config(self.rows, teaching(dtype)) if len(self.rows) else self.rows
         if r.empty:
-            raise not_recorded(self.stage, f" at the {dtype} teaching config")
+            err = not_recorded(self.stage, f" at the {dtype} teaching config")
+            if missing_ok:
+                print(err)
+                return None
+            raise err
         return r.iloc[-1]
 
     def __str__(self):
@@ -271,19 +276,24 @@ def compare(dtype="fp32", names=None) -> pd.DataFrame:
     return df.sort_values("median_ms", ascending=False)[cols].reset_index(drop=True)
 
 
-def speedup(slower, faster, dtype="fp32", faster_dtype=None) -> float:
+def speedup(slower, faster, dtype="fp32", faster_dtype=None, missing_ok=False) -> float:
     """How many times faster `faster` ran than `slower` at the teaching config (recorded), each
-    in `dtype`, or `faster` in `faster_dtype` (fp32 stage 03 against an fp16 stage, say)."""
+    in `dtype`, or `faster` in `faster_dtype` (fp32 stage 03 against an fp16 stage, say). Not
+    recorded: NotRecorded, or with missing_ok the message printed and NaN."""
     times = []
     for name, d in ((slower, dtype), (faster, faster_dtype or dtype)):
         t = compare(d).set_index("stage")["median_ms"]
         if name not in t:
-            raise not_recorded(name, f" at the {d} teaching config")
+            err = not_recorded(name, f" at the {d} teaching config")
+            if missing_ok:
+                print(err)
+                return float("nan")
+            raise err
         times.append(t[name])
     return float(times[0] / times[1])
 
 
-def profile(stage, config=None) -> pd.DataFrame:
+def profile(stage, config=None, missing_ok=False) -> pd.DataFrame:
     """Nsight Compute metrics of `stage` at the teaching config, beside its predecessor's:
     profiled now when a GPU and ncu are here (and recorded), else as recorded."""
     from . import profile as prof
@@ -295,12 +305,25 @@ def profile(stage, config=None) -> pd.DataFrame:
         prof.profile(st, cfg)
     else:
         print(f"(replay: {why}; the metrics below were recorded by `flashlab run --profile`)")
-    table = prof.wide(prof.load(gpu=_profile_gpu(prof)), cfg)
-    order = [s.slug for s in stages() if s.number <= st.number]
-    rows = [s for s in order if s in table.index][-2:]
+    recorded = prof.load(gpu=_profile_gpu(prof))
+    # Each stage at its own teaching config: fp32 stage 03 sits beside fp16 stage 04.
+    tables = {}
+    for s in stages():
+        if s.number > st.number:
+            break
+        t = prof.wide(recorded, cfg if s.slug == st.slug else teaching(s.dtypes[0]))
+        if s.slug in t.index:
+            tables[s.slug] = t.loc[[s.slug]]
+    rows = list(tables)[-2:]
     if st.slug not in rows:
-        raise not_recorded(st, f" profile at {cfg.label}", " --profile")
-    return table.loc[rows].T
+        err = not_recorded(st, f" profile at {cfg.label}", " --profile")
+        if not missing_ok:
+            raise err
+        print(err)
+        rows = rows[-1:]  # the predecessor alone
+    if not rows:
+        return pd.DataFrame()
+    return pd.concat([tables[r] for r in rows]).T
 
 
 def _profile_gpu(prof):
