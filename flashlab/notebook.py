@@ -39,9 +39,9 @@ def _gpu_shown():
 
 def not_recorded(name, what="", flags="") -> NotRecorded:
     """The error for a stage (or baseline) with nothing recorded: "05_mma: not recorded yet on
-    <gpu>: run `flashlab run 05`"."""
+    <gpu>: run `flashlab run --stage 05`"."""
     try:
-        command = f"flashlab run {_stage(name).number:02d}{flags}"
+        command = f"flashlab run --stage {_stage(name).number:02d}{flags}"
     except ValueError:  # a baseline: `flashlab run` times them all
         command = f"flashlab run{flags}"
     slug = getattr(name, "slug", name)
