@@ -220,12 +220,10 @@ def candidates_figure(log=None):
         win = chosen.get((D, causal), (None,) * 6)[:-1]
         colors = ["tab:red" if c == win else "tab:blue" for c in cands]
         notes = ["← chosen" if c == win else "" for c in cands]
-        _bars(ax, [shape(c) for c in cands], vals, colors, notes,
-              f"D = {D}, {'causal' if causal else 'not causal'}")
+        labels = [shape(c) + ("\n(stage 07's shape)" if i == 0 else "") for i, c in enumerate(cands)]
+        _bars(ax, labels, vals, colors, notes, f"D = {D}, {'causal' if causal else 'not causal'}")
         if ax.patches:
             ax.patches[0].set_hatch("//")  # the first candidate is stage 07's shape
-            ax.patches[0].set_label("stage 07's shape")
-            ax.legend(fontsize=7, loc="lower right")
     return fig
 
 
@@ -293,6 +291,43 @@ def block_tile(D, BC, WARPS, WM, STAGES, Q_REGS=True) -> dict:
                 accumulators=w["regs_o"] + w["regs_s"], q_regs=w["regs_q"])
 
 
+def issue(D, BC, WM=1, Q_REGS=True, WARPS=4, opts=15, rescale_skipped=0.0) -> pd.Series:
+    """Warp-instructions one warp issues per K/V tile, step by step, as notebook 05 counted them
+    for stage 05: mma.sync and ldmatrix exact (the loops are unrolled), the rest estimated from the
+    source (≈). `opts` removes what the switches remove; `rescale_skipped` is the fraction of tiles
+    on which SKIP_RESCALE skips the rescale (rescales_skipped)."""
+    sw = tool().SWITCHES
+    w = warp_tile(D, BC, WM, Q_REGS)
+    scores = w["regs_s"]  # the scores a lane holds per tile, WM NS 4
+    copies = 2 * BC * D * 2 // (16 * 32 * WARPS)  # 16-byte cp.async per lane per tile, K and V
+    skip = opts & sw["SKIP_RESCALE"]
+    return pd.Series({
+        "mma.sync (exact)": w["mma"],
+        "ldmatrix.x4 (exact)": w["ldmatrix"],
+        "scale every score (an FMUL; none with FOLD_SCALE)": 0 if opts & sw["FOLD_SCALE"] else scores,
+        "softmax: max, exponent, ex2, sum (≈ 4 per score)": 4 * scores,
+        "rescale O (an FMUL per accumulator, where needed)": w["regs_o"] * (1 - (rescale_skipped if skip else 0)),
+        "vote on the rescale (SKIP_RESCALE, ≈ 2 per row tile + 2)": 2 * WM + 2 if skip else 0,
+        "pack P to 16 bits": WM * (BC // 16) * 4,
+        "cp.async of K and V with addresses (≈ 3 per 16 bytes)": 3 * copies,
+        "shuffles, row bookkeeping, loop, barrier (≈)": 16 * WM + 14,
+    }, name="warp-instructions per warp per K/V tile")
+
+
+def limits(D, c, tc_rate, rescale_skipped=0.0) -> pd.Series:
+    """SM clocks one block of candidate c = (BC, WARPS, WM, STAGES, Q_REGS, OPTS) needs per K/V
+    tile from each unit, if it had the SM to itself: the tensor cores at `tc_rate` FLOP per clock
+    (from the measured matmul ceiling), shared memory at one wavefront per clock, instruction issue
+    at 4 warp-instructions per clock. The largest binds; the others overlap with it."""
+    bc, warps, wm, stages, q_regs, opts = c
+    b = block_tile(D, bc, warps, wm, stages, q_regs)
+    return pd.Series({
+        "tensor cores": b["flops"] / tc_rate,
+        "shared memory": b["wavefronts"],
+        "instruction issue": warps * issue(D, bc, wm, q_regs, warps, opts, rescale_skipped).sum() / 4,
+    }, name="SM clocks per K/V tile per block")
+
+
 def rescales_skipped(rows, tiles) -> float:
     """The expected fraction of a warp's `tiles` K/V tiles on which no one of its `rows` rows sees
     its running max move, so that alpha == 1 for all of them and SKIP_RESCALE skips the rescale of
@@ -315,6 +350,22 @@ def warp_tiles_skipped(N, BR, BC, WM) -> float:
             done += tiles
             skipped += skip
     return skipped / done
+
+
+def launch_efficiency(N, heads, BR, BC, slots, causal) -> float:
+    """How busy a launch keeps the GPU: the ideal time (all K/V tiles of all blocks spread evenly
+    over `slots` = SMs x blocks per SM) over the time of the block schedule, blocks dispatched in
+    grid order (query tiles of head 0 first: for a causal mask the kernel numbers the longest
+    first) each to the slot that frees first, a block's time its number of K/V tiles. 1: no
+    slot idles; a causal launch's last, short blocks cannot fill what its long ones leave."""
+    import heapq
+    q_tiles = math.ceil(N / BR)
+    work = [math.ceil((min(N, (q_tiles - 1 - x) * BR + BR) if causal else N) / BC)
+            for x in range(q_tiles)] * heads
+    free = [0] * min(slots, len(work))
+    for w in work:
+        heapq.heappush(free, heapq.heappop(free) + w)
+    return sum(work) / slots / max(free)
 
 
 def kernel_pick(text=None) -> dict:
@@ -363,7 +414,10 @@ def resources(jobs, arch="sm_90") -> pd.DataFrame:
                     spill_bytes=r.spill_bytes, stack_bytes=r.stack_bytes)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return pd.DataFrame(list(pool.map(one, jobs)))
+        try:
+            return pd.DataFrame(list(pool.map(one, jobs)))
+        except FileNotFoundError as err:  # no nvcc here
+            raise NotRecorded(f"ptxas's report of stage 08's candidates: {err}") from None
 
 
 ADDRESS_OPS = ["IMAD", "LEA", "LOP3", "IADD3", "SHF"]
@@ -377,7 +431,10 @@ def address_mix(sources, arch="sm_90") -> pd.DataFrame:
     from . import sass
     rows = {}
     for label, src in sources.items():
-        mix = sass.instruction_mix(src, arch)
+        try:
+            mix = sass.instruction_mix(src, arch)
+        except FileNotFoundError as err:  # no nvcc or cuobjdump here
+            raise NotRecorded(f"SASS counts: {err}") from None
         mix = mix[mix["kernel"].str.contains(r"<__half, 64\b")]
         base = mix["opcode"].str.split(".").str[0]
         moves = mix["opcode"].str.startswith("IMAD.MOV")

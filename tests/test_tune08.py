@@ -323,3 +323,12 @@ def test_rescale_and_warp_skip_fractions():
     assert 0 < frac < 0.05
     # one block of 4 warps x 32 rows, two key tiles: warps 0 and 1 skip the second
     assert math.isclose(tuning.warp_tiles_skipped(128, 128, 64, 2), 2 / 8)
+
+
+def test_launch_efficiency():
+    # equal blocks filling whole waves: nothing idles; one block more than the slots: half idle
+    assert tuning.launch_efficiency(1024, 8, 64, 64, 32, False) == 1.0
+    assert tuning.launch_efficiency(1024, 1, 64, 64, 15, False) == pytest.approx(16 / 15 / 2)
+    # a single causal head on many slots waits for its longest block
+    assert tuning.launch_efficiency(4096, 1, 64, 64, 64, True) == pytest.approx((64 * 65 / 2) / 64 / 64)
+    assert tuning.launch_efficiency(4096, 64, 64, 64, 64, True) > 0.9
