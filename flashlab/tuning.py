@@ -306,7 +306,8 @@ def issue(D, BC, WM=1, Q_REGS=True, WARPS=4, opts=15, rescale_skipped=0.0) -> pd
         "ldmatrix.x4 (exact)": w["ldmatrix"],
         "scale every score (an FMUL; none with FOLD_SCALE)": 0 if opts & sw["FOLD_SCALE"] else scores,
         "softmax: max, exponent, ex2, sum (≈ 4 per score)": 4 * scores,
-        "rescale O (an FMUL per accumulator, where needed)": w["regs_o"] * (1 - (rescale_skipped if skip else 0)),
+        "rescale O (an FMUL per accumulator, where needed)":
+            w["regs_o"] * (1 - (rescale_skipped if skip else 0)),
         "vote on the rescale (SKIP_RESCALE, ≈ 2 per row tile + 2)": 2 * WM + 2 if skip else 0,
         "pack P to 16 bits": WM * (BC // 16) * 4,
         "cp.async of K and V with addresses (≈ 3 per 16 bytes)": 3 * copies,

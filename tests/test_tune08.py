@@ -271,7 +271,8 @@ def test_figures_on_a_synthetic_log(log_dir):
     for ax, (D, causal) in zip(axes, tuning.PANELS):
         cands = tune08.CANDIDATES[D]
         assert len(ax.patches) == len(cands)
-        red = [p for p in ax.patches if p.get_facecolor()[:3] == pytest.approx((0.839, 0.153, 0.157), abs=0.01)]
+        tab_red = pytest.approx((0.839, 0.153, 0.157), abs=0.01)
+        red = [p for p in ax.patches if p.get_facecolor()[:3] == tab_red]
         assert len(red) == 1  # the chosen shape, once
         assert ax.patches[0].get_hatch() == "//"  # stage 07's shape
     fig = tuning.ablation_figure(log)

@@ -208,7 +208,8 @@ occ = []
 for _, r in cands.iterrows():
     smem = int(r.smem_KiB * 1024)
     occ.append(dict(D=r.D, shape=r["shape"], smem_KiB=r.smem_KiB,
-                    blocks_per_SM_by_smem=tiling.occupancy(1, smem, 32 * r.WARPS, cc)["limits"]["shared memory"],
+                    blocks_per_SM_by_smem=tiling.occupancy(1, smem, 32 * r.WARPS, cc)["limits"][
+                        "shared memory"],
                     per_tile_costs_per_key=tuning.issue(r.D, r.BC, r.WM, r.Q_REGS, r.WARPS).filter(
                         regex="rescale|bookkeeping").sum() / r.BC))
 pd.DataFrame(occ).round(2)
@@ -257,9 +258,9 @@ with nb.unless_missing():
           f"(255 is the most a thread can have)")
 
 # %% [markdown]
-# The `WM = 2` shapes sit near the 255-register ceiling (table above), which is why the candidates with
-# it take the shorter tiles (BC 64 at D = 64, BC 32 at D = 128) and, at D = 128, re-read Q. The
-# 8-warp shape at D = 64 is a reminder that spills are ptxas's choice, not a law: with 256
+# The `WM = 2` shapes sit near the 255-register ceiling (table above), which is why the
+# candidates with it take the shorter tiles (BC 64 at D = 64, BC 32 at D = 128) and, at D = 128,
+# re-read Q. The 8-warp shape at D = 64 is a reminder that spills are ptxas's choice, not a law: with 256
 # threads a block and no minimum-blocks bound it settles on a register count that spills.
 #
 # ### 3.5 Measured: the shapes
@@ -328,9 +329,10 @@ def saving(switch, skipped=0.0):
 
 
 def measured(switch):
-    """The log's verdict on `switch`: the winner all on, without it, the change, kept or not."""
+    """The log's verdict on `switch`: the winner all on, without it, the change, kept or not
+    (rows where it was not timed left out)."""
     with nb.unless_missing():
-        display(tuning.verdicts(log).loc[switch].round(2))
+        display(tuning.verdicts(log).loc[switch].dropna(subset=["without"]).round(2))
 
 # %% [markdown]
 # ## 4 · Change (ii): FOLD_SCALE — the scale goes into the exponent
@@ -338,8 +340,8 @@ def measured(switch):
 # Stage 07 multiplies every score by `scale·log2 e` before the softmax: one `FMUL` per score.
 # But the row max commutes with a positive scale, max(c·s) = c·max(s), so the kernel can take
 # the max of the raw scores, scale only the max, and fold the scale of each score into the
-# `FFMA` that computes the exponent, exp2(s·c − m). (That is why stage 08 refuses a scale that is
-# not positive and finite.)
+# `FFMA` that computes the exponent, exp2(s·c − m). (That is why flashlab refuses a softmax scale
+# that is not positive and finite: a negative one would turn the max into the min.)
 
 # %%
 nb.show_lines("08_tuned", r"const float m_new = fmaxf\(m\[h\], kFold", r"x = exp2_approx\(kFold")
@@ -390,9 +392,9 @@ pred.insert(0, "tiles_skipped", pd.Series(mean_skip))
 pred.round(2)
 
 # %% [markdown]
-# (A causal block sees on average half the tiles, which the second column approximates.) The
-# saving is small beside the tensor-core work; the vote is not free either, so the prediction is
-# a gain of at most the share above.
+# (A causal block sees half the tiles on average; `tiles_skipped` approximates it by halving the
+# tile count.) The vote is not free — `all_on` counts it — and the share above is the most the
+# switch can gain, if instruction issue binds.
 #
 # **Measured:**
 
@@ -413,8 +415,9 @@ nb.show_lines("08_tuned", r"// Causal: a tile that starts past", r"if \(kWarpSki
 # %% [markdown]
 # **Prediction.** From the kernel's own condition (`tuning.warp_tiles_skipped`): with `BR = BC`,
 # as in stage 07, the diagonal tile starts at the block's first row and no warp can skip it —
-# the switch can only matter where a block has more rows than a tile has keys (`WM = 2`, or 8
-# warps). Even then it is a small share of a launch's (warp, tile) steps, largest at short N:
+# the switch can only matter where a block has more rows than a tile has keys (`WM = 2`, 8
+# warps, or 32-key tiles). Even then it is a small share of a launch's (warp, tile) steps,
+# largest at short N:
 
 # %%
 ws = pd.DataFrame({f"D={D} {tuning.shape(c)}": {n: tuning.warp_tiles_skipped(
@@ -446,7 +449,7 @@ measured("WARP_SKIP")
 #
 # Every `ldmatrix` needs a shared-memory address per lane, and with stage 06's swizzle the
 # address of 16-byte chunk `c` of row `r` is `r·D + ((c ⊕ (r mod 8))·8)` halves. Stage 07
-# evaluates that formula for every load: shifts, an XOR, multiplies and adds, per lane. But the
+# writes that formula out for every load: shifts, an XOR, multiplies and adds, per lane. But the
 # loops are unrolled, so every load's `row0` and chunk step `m` are **compile-time constants**;
 # only the lane's part varies. The chunk a lane asks for is `(2m + h) ⊕ (r mod 8)`, with `h` and
 # `r mod 8` the lane's. Because `r mod 8 < 8`, the XOR only touches the low three bits, and
@@ -514,7 +517,8 @@ with nb.unless_missing():
           f"instructions of {off['every instruction']} in the D = 64 kernel; all instructions: "
           f"{100 * (off['every instruction'] - on['every instruction']) / off['every instruction']:.1f}% "
           f"fewer. The most: " + ", ".join(f"{op} {n:+d}" for op, n in (-fewer).head(3).items())
-          + f"; IMAD.MOV (register copies, not arithmetic): {on['IMAD.MOV (moves)'] - off['IMAD.MOV (moves)']:+d}")
+          + "; IMAD.MOV (register copies, not arithmetic): "
+          + f"{on['IMAD.MOV (moves)'] - off['IMAD.MOV (moves)']:+d}")
 
 # %% [markdown]
 # The category counts of both stages (`nb.instructions`: tensor-core, load and spill
@@ -648,9 +652,9 @@ plots.roofline()
 # %% [markdown]
 # ## 11 · The profile: did the shape change what it was meant to?
 #
-# `WM = 2` was chosen to cut shared-memory traffic per FLOP and so to keep the tensor pipe
-# busier (`IDEA_METRIC` in `flashlab/plots.py`): Nsight Compute's counters of both, stage 07
-# beside stage 08, at the teaching config.
+# Opening the shape (`WM = 2` above all) was meant to cut shared-memory traffic per FLOP and so
+# to keep the tensor pipe busier (`IDEA_METRIC` in `flashlab/plots.py`): Nsight Compute's
+# counters of both, stage 07 beside stage 08, at the teaching config.
 
 # %%
 with nb.unless_missing():
