@@ -404,8 +404,6 @@ def resources(jobs, arch="sm_90") -> pd.DataFrame:
     from concurrent.futures import ThreadPoolExecutor
 
     from . import ptxas
-    folder = Path(tempfile.mkdtemp(prefix="flashlab-08-"))
-
     def one(job):
         D, c = job
         found = [r for r in ptxas.resources(variant_source(D, c, folder), arch)
@@ -414,7 +412,9 @@ def resources(jobs, arch="sm_90") -> pd.DataFrame:
         return dict(D=D, shape=shape(c), OPTS=options(c[-1]), registers=r.registers,
                     spill_bytes=r.spill_bytes, stack_bytes=r.stack_bytes)
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
+    with tempfile.TemporaryDirectory(prefix="flashlab-08-") as tmp, \
+            ThreadPoolExecutor(max_workers=4) as pool:
+        folder = Path(tmp)
         try:
             return pd.DataFrame(list(pool.map(one, jobs)))
         except FileNotFoundError as err:  # no nvcc here
