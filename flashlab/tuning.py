@@ -404,7 +404,8 @@ def resources(jobs, arch="sm_90") -> pd.DataFrame:
     from concurrent.futures import ThreadPoolExecutor
 
     from . import ptxas
-    def one(job):
+
+    def one(job):  # `folder` is the temporary one below
         D, c = job
         found = [r for r in ptxas.resources(variant_source(D, c, folder), arch)
                  if "__half" in r.kernel]
