@@ -90,6 +90,10 @@ def apply():
     df["chosen"] = df["chosen"].astype(str).str.lower().isin(["true", "1"])
     gpu = df.sort_values("time")["gpu"].iloc[-1]  # the GPU tuned most recently
     choice = chosen(df[df["gpu"] == gpu])
+    missing = [(D, causal) for D in CANDIDATES for causal in (False, True) if (D, causal) not in choice]
+    if missing:  # pick() would lose a head dim or mask: say so instead of a KeyError
+        raise SystemExit(f"{csv_path()}: no chosen row on {gpu} for (D, causal) in {missing}: "
+                         "re-run python tools/tune08.py on that GPU")
     print(f"the choices tuned on {gpu}")
     text = KERNEL.read_text()
     KERNEL.write_text(with_pick(text, choice))
