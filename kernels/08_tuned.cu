@@ -67,7 +67,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int 
 
 // Byte offsets of one lane's ldmatrix rows in a swizzled tile (LANE_OFFSETS). The 16-byte
 // chunk a lane asks for is (2m + h) ^ (row % 8), m a compile-time step, h and row % 8 the lane's:
-// it equals (2m & 8) + (2(m & 3) ^ y) with y = h ^ (row % 8), so four bases per lane cover every
+// it equals (2m & ~7) + (2(m & 3) ^ y) with y = h ^ (row % 8), so four bases per lane cover every
 // step. A (Q) and .trans B (V) reads: rows lane % 16, h = lane / 16. K reads: rows lane % 8,
 // chunk 2kk + lane / 8 with kk even: two bases.
 template <int D>
