@@ -78,6 +78,10 @@ _STAGES = (
     Stage(3, "03_coarsened", "Thread coarsening",
           "query tiles outer, m/l/O in registers, each thread a 4x4 patch, padded shared memory",
           ("fp32",), (64, 128), any_head_dim=False),
+    Stage(4, "04_wmma", "WMMA tensor cores",
+          "QKᵀ and PV as 16x16x16 WMMA products (fp16/bf16 in, fp32 accumulate); S, P and O go "
+          "through shared memory because fragments are opaque",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
 )
 
 
