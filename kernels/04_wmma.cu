@@ -21,6 +21,8 @@
 //  4. Padding for 16-bit rows and for the fragment access patterns (see Tiles).
 // Each warp touches only its own 16 rows of S, P and O, so those steps are separated by
 // __syncwarp; __syncthreads only brackets the shared K/V tile.
+// (nvcc 13 compiles fp16 fragment loads to ldmatrix, LDSM in the SASS, but bf16 ones to generic
+// loads, LD.E: the same tiles, more instructions. Stage 05 writes its own ldmatrix.)
 #include <cmath>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -34,7 +36,8 @@ constexpr int THREADS = 32 * WARPS;
 constexpr int F = 16;  // the WMMA shape: F x F x F
 
 // Shared memory: K and V tiles (T), the score tile S (fp32; P is written over it), O (fp32).
-// Q passes through the warp's O rows once on its way into registers.
+// Q passes through the warp's O rows once on its way into registers. The two aliases keep a
+// D = 64 block at 54 KiB, so that 4 blocks (16 warps) fit on an H100 SM.
 template <int D, int BR, int BC>
 struct Tiles {
   static_assert(BR == F * WARPS, "each warp owns 16 query rows");
@@ -101,6 +104,17 @@ __device__ __forceinline__ float sum16(float x) {
 // The softmax layout: in step i (0..7) half-warp h handles row (i & 3) + 4h + 8(i >> 2) of the
 // warp's 16. The two rows of a step are 4 apart, so their P stores fall in different banks.
 __device__ __forceinline__ int softmax_row(int i, int h) { return (i & 3) + 4 * h + 8 * (i >> 2); }
+
+// Multiply the columns 4c .. 4c+3 (+ 64g) of a row of O by f: lane c's share of the row.
+template <int D>
+__device__ __forceinline__ void scale_row(float* row, int c, float f) {
+#pragma unroll
+  for (int g = 0; g < D / 64; g++) {
+    float4* o = reinterpret_cast<float4*>(row + 4 * c + 64 * g);
+    const float4 x = *o;
+    *o = make_float4(x.x * f, x.y * f, x.z * f, x.w * f);
+  }
+}
 
 template <int D, int BR, int BC, typename T>
 __global__ void __launch_bounds__(THREADS, D == 64 ? 4 : 2)
@@ -171,16 +185,15 @@ wmma_kernel(const T* Q, const T* K, const T* V, T* O, int N, float scale, int ca
 #pragma unroll
     for (int i = 0; i < 8; i++) {
       const int r = softmax_row(i, h), row = r0 + r;
+      auto scaled = [&](float x, int key) {  // in log2 units; -inf for a key past N or the diagonal
+        return edge && (key >= N || (causal && key > row)) ? -INFINITY : x * scale_log2;
+      };
       float mx = -INFINITY;
 #pragma unroll
       for (int b = 0; b < NP; b++) {
-        float* x = &s[i][b].x;
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int key = k0 + 2 * c + 32 * b + e;
-          x[e] = edge && (key >= N || (causal && key > row)) ? -INFINITY : x[e] * scale_log2;
-          mx = fmaxf(mx, x[e]);
-        }
+        const int key = k0 + 2 * c + 32 * b;
+        s[i][b] = make_float2(scaled(s[i][b].x, key), scaled(s[i][b].y, key + 1));
+        mx = fmaxf(mx, fmaxf(s[i][b].x, s[i][b].y));
       }
       const float m_new = fmaxf(m[i], max16(mx));
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet stays at 0
@@ -194,12 +207,7 @@ wmma_kernel(const T* Q, const T* K, const T* V, T* O, int N, float scale, int ca
         part += p0 + p1;
       }
       l[i] = fmaf(l[i], alpha, part);
-#pragma unroll
-      for (int g = 0; g < D / 64; g++) {  // the rescale a fragment could not do
-        float4* o = reinterpret_cast<float4*>(Ow + r * LDO + 4 * c + 64 * g);
-        float4 x = *o;
-        *o = make_float4(x.x * alpha, x.y * alpha, x.z * alpha, x.w * alpha);
-      }
+      scale_row<D>(Ow + r * LDO, c, alpha);  // the rescale a fragment could not do
     }
     __syncwarp();  // P and the rescaled O rows are complete
 
@@ -225,13 +233,8 @@ wmma_kernel(const T* Q, const T* K, const T* V, T* O, int N, float scale, int ca
   __syncwarp();
 #pragma unroll
   for (int i = 0; i < 8; i++) {
-    const float sum = sum16(l[i]), inv = sum > 0.f ? 1.f / sum : 0.f;
-#pragma unroll
-    for (int g = 0; g < D / 64; g++) {
-      float4* o = reinterpret_cast<float4*>(Ow + softmax_row(i, h) * LDO + 4 * c + 64 * g);
-      float4 x = *o;
-      *o = make_float4(x.x * inv, x.y * inv, x.z * inv, x.w * inv);
-    }
+    const float sum = sum16(l[i]);
+    scale_row<D>(Ow + softmax_row(i, h) * LDO, c, sum > 0.f ? 1.f / sum : 0.f);
   }
   __syncwarp();
 #pragma unroll

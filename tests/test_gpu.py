@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import flashlab as fl
+from flashlab.inputs import dtype_of
 
 pytestmark = pytest.mark.gpu
 STAGES = [st.slug for st in fl.stages()]
@@ -38,22 +39,28 @@ def test_any_head_dim_that_fits(built, slug):
     assert result.passed, str(result)
 
 
+def dtypes_of(slug):
+    return [dtype_of(d) for d in fl.stage(slug).dtypes]
+
+
 @pytest.mark.parametrize("slug", STAGES)
 def test_every_output_element_written(built, slug):
     attn = attn_for(built, slug)
-    q, k, v = (torch.randn(3, 2, 77, 64, device="cuda") for _ in range(3))
-    out = torch.full_like(q, float("nan"))
-    attn(q, k, v, out=out)
-    assert torch.isfinite(out).all()
+    for dt in dtypes_of(slug):
+        q, k, v = (torch.randn(3, 2, 77, 64, device="cuda", dtype=dt) for _ in range(3))
+        out = torch.full_like(q, float("nan"))
+        attn(q, k, v, out=out)
+        assert torch.isfinite(out).all(), dt
 
 
-def _bad_inputs():
-    c = dict(device="cuda")
+def _bad_inputs(dt=torch.float32):
+    c = dict(device="cuda", dtype=dt)
     good = lambda *s, **kw: torch.randn(*s, **{**c, **kw})  # noqa: E731
     q = good(1, 2, 64, 64)
+    other = torch.float16 if dt == torch.float32 else torch.float32
     yield "cpu", (q.cpu(), q.cpu(), q.cpu()), {}, "CUDA"
     yield "dtype", (q.double(), q.double(), q.double()), {}, "dtype"
-    yield "mixed dtype", (q, q.half(), q), {}, "dtype"
+    yield "mixed dtype", (q, q.to(other), q), {}, "dtype"
     yield "rank", (q[0], q[0], q[0]), {}, "rank 4"
     yield "shape", (q, good(1, 2, 65, 64), q), {}, "shape"
     yield "empty", (good(1, 2, 0, 64),) * 3, {}, "empty"
@@ -64,11 +71,12 @@ def _bad_inputs():
 @pytest.mark.parametrize("slug", STAGES)
 def test_bad_input_is_a_value_error(built, slug):
     attn = attn_for(built, slug)
-    for what, args, kwargs, words in _bad_inputs():
+    dt = dtypes_of(slug)[0]
+    for what, args, kwargs, words in _bad_inputs(dt):
         with pytest.raises(ValueError, match=words):
             attn(*args, **kwargs)
     # the context is still healthy afterwards
-    q = torch.randn(1, 1, 8, 64, device="cuda")
+    q = torch.randn(1, 1, 8, 64, device="cuda", dtype=dt)
     assert torch.isfinite(attn(q, q, q)).all()
 
 
@@ -76,6 +84,8 @@ def test_unsupported_head_dims(built):
     q = torch.randn(1, 1, 16, 96, device="cuda")
     with pytest.raises(ValueError, match="head dim"):
         attn_for(built, "03_coarsened")(q, q, q)
+    with pytest.raises(ValueError, match="head dim"):
+        attn_for(built, "04_wmma")(q.half(), q.half(), q.half())
     big = torch.randn(1, 1, 16, 4096, device="cuda")
     for slug in ("01_naive", "02_coalesced"):
         with pytest.raises(ValueError, match="shared memory"):
