@@ -90,9 +90,22 @@ def resources(stage, archs=("sm_80", "sm_90")) -> pd.DataFrame:
         return rec.drop_duplicates()
 
 
+def _latest_gpu():
+    from .plots import latest_gpu
+    return latest_gpu(results.load()) or "any GPU"
+
+
+def not_recorded(stage, what="") -> str:
+    """The sentence a notebook prints in place of numbers nobody has measured yet."""
+    st = _stage(stage)
+    return (f"{st.slug}{' ' + what if what else ''}: not recorded yet on {_latest_gpu()}: run "
+            f"`flashlab run --stage {st.number:02d}` on a GPU")
+
+
 @dataclass
 class Evaluation:
-    """What evaluate() returns: the check cases and the timed rows, live or recorded."""
+    """What evaluate() returns: the check cases and the timed rows, live or recorded (both
+    empty when nothing is recorded for the stage yet)."""
     stage: str
     live: bool
     check: pd.DataFrame
@@ -103,14 +116,21 @@ class Evaluation:
     def passed(self) -> bool:
         return bool(len(self.check)) and bool(self.check["passed"].all())
 
-    def timing(self, dtype="fp32") -> pd.Series:
-        """The row at the teaching config."""
-        r = at_config(self.rows, teaching(dtype))
+    def timing(self, dtype="fp32", missing_ok=False):
+        """The row at the teaching config; with missing_ok, None (and a printed note) when it
+        was not recorded, instead of a LookupError."""
+        r = at_config(self.rows, teaching(dtype)) if len(self.rows) else self.rows
         if r.empty:
-            raise LookupError(f"no {dtype} teaching-config row for {self.stage}")
+            msg = not_recorded(self.stage, f"{dtype} teaching-config timing")
+            if missing_ok:
+                print(msg)
+                return None
+            raise LookupError(msg)
         return r.iloc[-1]
 
     def __str__(self):
+        if self.check.empty and self.rows.empty:
+            return not_recorded(self.stage)
         mode = "measured now" if self.live else "recorded"
         lines = [f"{self.stage} ({mode}): check {'PASSED' if self.passed else 'FAILED'} on "
                  f"{len(self.check)} cases, max relative error {self.check['rel_err'].max():.2e}"]
@@ -147,9 +167,7 @@ def evaluate(stage, configs=None) -> Evaluation:
         return Evaluation(st.slug, True, pd.DataFrame(chk.rows()), rows, build_s)
     checks = measure.recorded_checks(st)
     rows = measure.recorded(st)
-    if checks.empty and rows.empty:
-        raise LookupError(f"nothing recorded for {st.slug} yet: run `flashlab run` on a GPU")
-    return Evaluation(st.slug, False, checks, rows)
+    return Evaluation(st.slug, False, checks, rows)  # both empty: str() says what to run
 
 
 def compare(dtype="fp32", names=None) -> pd.DataFrame:
@@ -166,23 +184,34 @@ def compare(dtype="fp32", names=None) -> pd.DataFrame:
     return df.sort_values("median_ms", ascending=False)[cols].reset_index(drop=True)
 
 
-def speedup(slower, faster, dtype="fp32") -> float:
-    """How many times faster `faster` ran than `slower` at the teaching config (recorded)."""
-    table = compare(dtype)
-    t = table.set_index("stage")["median_ms"]
-    for name in (slower, faster):
+def speedup(slower, faster, dtype="fp32", faster_dtype=None, missing_ok=False) -> float:
+    """How many times faster `faster` ran than `slower` at the teaching config (recorded), each in
+    its dtype (`faster_dtype` defaults to `dtype`: fp32 stage 03 against fp16 stage 04 is
+    speedup("03_coarsened", "04_wmma", "fp32", "fp16")). A missing timing raises LookupError, or
+    with missing_ok prints why and gives NaN."""
+    times = []
+    for name, dt in ((slower, dtype), (faster, faster_dtype or dtype)):
+        table = compare(dt)
+        t = table.set_index("stage")["median_ms"]
         if name not in t:
-            gpu = table["gpu"].iloc[0] if len(table) else "any GPU"
-            raise LookupError(f"no {dtype} teaching-config timing of {name} on {gpu} yet: run its "
-                              f"notebook (or `flashlab run`) on this GPU first")
-    return float(t[slower] / t[faster])
+            gpu = table["gpu"].iloc[0] if len(table) else _latest_gpu()
+            msg = (f"no {dt} teaching-config timing of {name} on {gpu} yet: run its notebook (or "
+                   f"`flashlab run`) on this GPU first")
+            if missing_ok:
+                print(msg)
+                return float("nan")
+            raise LookupError(msg)
+        times.append(t[name])
+    return float(times[0] / times[1])
 
 
-def profile(stage, config=None) -> pd.DataFrame:
+def profile(stage, config=None, missing_ok=False) -> pd.DataFrame:
     """Nsight Compute metrics of `stage` at the teaching config, beside its predecessor's:
-    profiled now when a GPU and ncu are here (and recorded), else as recorded."""
+    profiled now when a GPU and ncu are here (and recorded), else as recorded. Without a profile
+    of `stage`: LookupError, or with missing_ok a printed note and the predecessor's column."""
     from . import profile as prof
     from .stages import stages
+    from .plots import _by_stage, profile_rows
     st = _stage(stage)
     cfg = config or teaching(st.dtypes[0])
     ok, why = prof.available()
@@ -190,13 +219,21 @@ def profile(stage, config=None) -> pd.DataFrame:
         prof.profile(st, cfg)
     else:
         print(f"(replay: {why}; the metrics below were recorded by `flashlab run --profile`)")
-    table = prof.wide(prof.load(gpu=_profile_gpu(prof)), cfg)
+    gpu = _profile_gpu(prof)
+    if config is None:  # each stage at the teaching config in its own dtype (03 fp32, 04 fp16)
+        table = _by_stage(profile_rows(gpu=gpu)[0]) if gpu else pd.DataFrame()
+    else:
+        table = prof.wide(prof.load(gpu=gpu), cfg)
     order = [s.slug for s in stages() if s.number <= st.number]
     rows = [s for s in order if s in table.index][-2:]
     if st.slug not in rows:
-        raise LookupError(f"no profile of {st.slug} at {cfg.label} recorded yet: run "
-                          f"`flashlab run --profile` on a GPU with Nsight Compute")
-    return table.loc[rows].T
+        msg = (f"no profile of {st.slug} at {cfg.label} recorded yet on {gpu or 'any GPU'}: run "
+               f"`flashlab run --stage {st.number:02d} --profile` on a GPU with Nsight Compute")
+        if not missing_ok:
+            raise LookupError(msg)
+        print(msg)
+        rows = rows[-1:]  # the predecessor alone
+    return table.loc[rows].T.sort_index()
 
 
 def _profile_gpu(prof):

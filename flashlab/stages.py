@@ -79,8 +79,8 @@ _STAGES = (
           "query tiles outer, m/l/O in registers, each thread a 4x4 patch, padded shared memory",
           ("fp32",), (64, 128), any_head_dim=False),
     Stage(4, "04_wmma", "WMMA tensor cores",
-          "QKᵀ and PV as 16x16x16 WMMA products (fp16/bf16 in, fp32 accumulate); S, P and O go "
-          "through shared memory because fragments are opaque",
+          "QKᵀ and PV on tensor cores as 16x16x16 WMMA fragments, fp32 accumulate; S, P, O via "
+          "shared memory",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
 )
 
