@@ -331,6 +331,13 @@ def wmma_smem_traffic(D=64, BC=64, elem=2) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["step", "bytes", "kind", "source"])
 
 
+def wmma_smem_bytes(D=64, BC=64, BR=64) -> int:
+    """A block's dynamic shared memory in kernels/04_wmma.cu (Tiles::SMEM): K and V tiles of
+    2-byte elements in rows of D + 8, S in fp32 rows of BC + 8 (P lives inside it), O in fp32
+    rows of D + 8 (Q passes through it)."""
+    return 2 * BC * (D + 8) * 2 + BR * (BC + 8) * 4 + BR * (D + 8) * 4
+
+
 def wmma_flops(D=64, BC=64) -> int:
     """Tensor-core FLOPs of one warp per K/V tile: 16 x BC x D for QKᵀ and again for PV, 2 each."""
     return 2 * 2 * WMMA * BC * D

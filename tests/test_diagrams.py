@@ -79,6 +79,7 @@ def test_wmma_traffic_at_d64():
     trip = t[t["kind"] == dg.ROUND_TRIP]["bytes"].sum()
     assert trip == 28 * 1024                     # S, P and O: what stage 05 keeps in registers
     assert dg.wmma_flops() == 4 * 16 * 64 * 64
+    assert (dg.wmma_smem_bytes(), dg.wmma_smem_bytes(D=128)) == (55296, 88064)  # Tiles::SMEM
     t128 = dg.wmma_smem_traffic(D=128).set_index("step")["bytes"]
     assert t128["QKᵀ: K fragments"] == 2 * t.set_index("step")["bytes"]["QKᵀ: K fragments"]
 
