@@ -99,7 +99,7 @@ class _Untouchable:
 @pytest.mark.parametrize("slug", [st.slug for st in fl.stages()])
 def test_attention_validates_before_reaching_the_kernel(slug):
     attn = Attention(fl.stage(slug), _Untouchable())
-    q = t()
+    q = t(dtype=dtype_of(fl.stage(slug).dtypes[0]))  # valid but for its device
     with pytest.raises(ValueError, match="CUDA"):
         attn(q, q, q)
     with pytest.raises(ValueError, match="rank 4"):
