@@ -1,8 +1,8 @@
 """Pictures and counts for the notebooks, computed from the kernels' own indexing (no GPU needed).
 
-Every function here models a line of kernels/01_naive.cu or kernels/02_coalesced.cu; the `source`
-fragments quoted below are copied from those files, and tests/test_diagrams.py checks that they are
-still there. Figures are matplotlib Figures made without pyplot: a notebook cell that ends with one
+Every function here models a line of kernels/01_naive.cu, kernels/02_coalesced.cu or (the last
+section) kernels/04_wmma.cu; the `source` fragments quoted below are copied from those files, and
+tests/test_diagrams.py checks that they are still there. Figures are matplotlib Figures made without pyplot: a notebook cell that ends with one
 shows it once, and nothing is left open.
 """
 import math
@@ -12,7 +12,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
+from matplotlib.patches import FancyBboxPatch, Patch, Rectangle
 
 from .banks import wavefronts
 from .stages import stage as _stage
@@ -288,4 +288,120 @@ def grid_fill(stages=("01_naive",), B=4, H=16, sms=132, warp_slots=64):
         ax.set_ylim(rows, -0.1)
         ax.set_aspect("equal")
         ax.axis("off")
+    return fig
+
+
+# ---------------------------------------------------------------- stage 04: the shared-memory round trip
+
+WMMA = 16             # the WMMA tile: 16 x 16 x 16; one warp owns 16 query rows
+WMMA_WARPS = 4        # warps per block in kernels/04_wmma.cu (BR = 64 rows)
+ROUND_TRIP = "round trip"   # traffic that exists only because a fragment's layout is hidden
+OPERANDS = "operands"       # K and V: a tensor-core kernel reads them however it is written
+
+
+def wmma_smem_traffic(D=64, BC=64, elem=2) -> pd.DataFrame:
+    """Bytes of shared memory one warp moves per K/V tile in kernels/04_wmma.cu, step by step,
+    in the order the kernel runs them: its 16 rows of S, P and O, the whole K and V tiles its
+    fragments read, and its quarter of the block's K/V tile stores. `kind` says whether the step
+    is a ROUND_TRIP (S, P and O pass through shared memory because WMMA fragments are opaque)
+    or moves OPERANDS. `source` is the line of the .cu file the step comes from."""
+    r, f32 = WMMA, 4
+    rows = [
+        ("copy K, V tiles (1/4 of the block's stores)", 2 * BC * D * elem // WMMA_WARPS, OPERANDS,
+         "load_rows<BC, D, LDK, THREADS>(Ks, K, k0, N, threadIdx.x)"),
+        ("QKᵀ: K fragments", BC * D * elem, OPERANDS,
+         "wmma::load_matrix_sync(kf, Ks + F * n * LDK + F * k, LDK)"),
+        ("store S (fp32 accumulators)", r * BC * f32, ROUND_TRIP,
+         "wmma::store_matrix_sync(Sw + F * n, sf, LDS, wmma::mem_row_major)"),
+        ("softmax: load S", r * BC * f32, ROUND_TRIP,
+         "*reinterpret_cast<const float2*>(Sw + softmax_row(i, h) * LDS + 2 * c + 32 * b)"),
+        ("softmax: store P", r * BC * elem, ROUND_TRIP,
+         "*reinterpret_cast<unsigned*>(Pw + r * LDP + 2 * c + 32 * b)"),
+        ("softmax: rescale O rows by α (load + store)", 2 * r * D * f32, ROUND_TRIP,
+         "scale_row<D>(Ow + r * LDO, c, alpha)"),
+        ("PV: P fragments", r * BC * elem, ROUND_TRIP,
+         "wmma::load_matrix_sync(pf[k], Pw + F * k, LDP)"),
+        ("PV: V fragments", BC * D * elem, OPERANDS,
+         "wmma::load_matrix_sync(vf, Vs + F * k * LDK + F * n, LDK)"),
+        ("PV: load O as accumulator", r * D * f32, ROUND_TRIP,
+         "wmma::load_matrix_sync(of, Ow + F * n, LDO, wmma::mem_row_major)"),
+        ("PV: store O", r * D * f32, ROUND_TRIP,
+         "wmma::store_matrix_sync(Ow + F * n, of, LDO, wmma::mem_row_major)"),
+    ]
+    return pd.DataFrame(rows, columns=["step", "bytes", "kind", "source"])
+
+
+def wmma_smem_bytes(D=64, BC=64, BR=64) -> int:
+    """A block's dynamic shared memory in kernels/04_wmma.cu (Tiles::SMEM): K and V tiles of
+    2-byte elements in rows of D + 8, S in fp32 rows of BC + 8 (P lives inside it), O in fp32
+    rows of D + 8 (Q passes through it)."""
+    return 2 * BC * (D + 8) * 2 + BR * (BC + 8) * 4 + BR * (D + 8) * 4
+
+
+def wmma_flops(D=64, BC=64) -> int:
+    """Tensor-core FLOPs of one warp per K/V tile: 16 x BC x D for QKᵀ and again for PV, 2 each."""
+    return 2 * 2 * WMMA * BC * D
+
+
+def _box(ax, x, y, text, color, w=1.9, h=1.0):
+    ax.add_patch(FancyBboxPatch((x - w / 2, y - h / 2), w, h, boxstyle="round,pad=0.04,rounding_size=0.12",
+                                fc=color, ec="0.3", lw=1))
+    ax.text(x, y, text, ha="center", va="center", fontsize=8.5)
+
+
+def _arrow(ax, a, b, label="", color="0.2", offset=(0, 0.14), rad=0.0):
+    ax.annotate("", b, a, arrowprops=dict(arrowstyle="-|>", color=color, lw=1.4,
+                                          shrinkA=0, shrinkB=0, connectionstyle=f"arc3,rad={rad}"))
+    if label:
+        ax.text((a[0] + b[0]) / 2 + offset[0], (a[1] + b[1]) / 2 + offset[1], label, ha="center",
+                va="bottom", fontsize=7.5, color=color)
+
+
+def wmma_dataflow(D=64, BC=64):
+    """One warp, one K/V tile of kernels/04_wmma.cu: what lives where (registers, shared memory,
+    tensor cores) and the bytes each arrow moves through shared memory (wmma_smem_traffic). Red
+    arrows are the round trips that only exist because a WMMA fragment's layout is hidden."""
+    t = wmma_smem_traffic(D, BC).set_index("step")["bytes"]
+    kib = lambda *steps: f"{sum(t[s] for s in steps) / 1024:.3g} KiB"  # noqa: E731
+    smem, regs, tensor, red = "#dbe9f6", "#e5f5e0", "#fde0c5", "tab:red"
+    fig = Figure(figsize=(12.5, 5.2), layout="constrained")
+    ax = fig.subplots()
+    _box(ax, 0.9, 3.6, "Q fragments\n(registers,\nloaded once)", regs)
+    _box(ax, 0.9, 1.2, f"K tile {BC}×{D}\n(shared, fp16/bf16)", smem)
+    _box(ax, 3.2, 2.4, "wmma\nS = Q·Kᵀ", tensor, w=1.4)
+    _box(ax, 5.5, 2.4, f"S  16×{BC}\n(shared, fp32)", smem)
+    _box(ax, 7.9, 2.4, "online softmax\n(16 lanes a row:\nmax, exp2, sum;\nm, l in registers)", regs,
+         h=1.3)
+    _box(ax, 10.3, 2.4, f"P  16×{BC}\n(shared, fp16/bf16,\nover S)", smem)
+    _box(ax, 12.5, 2.4, "wmma\nO += P·V", tensor, w=1.4)
+    _box(ax, 12.5, 0.6, f"V tile {BC}×{D}\n(shared, fp16/bf16)", smem)
+    _box(ax, 10.3, 4.4, f"O  16×{D}\n(shared, fp32)", smem)
+    _arrow(ax, (1.85, 3.3), (2.5, 2.6))
+    _arrow(ax, (1.85, 1.5), (2.5, 2.2), kib("QKᵀ: K fragments"), offset=(-0.35, 0.05))
+    _arrow(ax, (3.9, 2.4), (4.55, 2.4), kib("store S (fp32 accumulators)"), red)
+    _arrow(ax, (6.45, 2.4), (6.95, 2.4), kib("softmax: load S"), red, offset=(0, 0.3))
+    _arrow(ax, (8.85, 2.4), (9.35, 2.4), kib("softmax: store P"), red, offset=(0, 0.3))
+    _arrow(ax, (11.25, 2.4), (11.8, 2.4), kib("PV: P fragments"), red)
+    _arrow(ax, (12.5, 1.1), (12.5, 1.9), kib("PV: V fragments"), offset=(0.55, -0.1))
+    _arrow(ax, (8.3, 3.05), (9.35, 4.25), "× α per row\n" + kib("softmax: rescale O rows by α (load + store)"),
+           red, offset=(-0.75, 0.05))
+    _arrow(ax, (11.25, 4.55), (12.3, 2.9), "load as accumulator\n" + kib("PV: load O as accumulator"), red,
+           offset=(0.95, 0.25), rad=-0.25)
+    _arrow(ax, (12.7, 2.9), (11.25, 4.25), "store\n" + kib("PV: store O"), red, offset=(0.9, -0.45),
+           rad=-0.25)
+    df = wmma_smem_traffic(D, BC)
+    total, trip = df["bytes"].sum(), df.loc[df["kind"] == ROUND_TRIP, "bytes"].sum()
+    ax.legend(handles=[Patch(fc=regs, ec="0.3", label="registers"),
+                       Patch(fc=smem, ec="0.3", label="shared memory"),
+                       Patch(fc=tensor, ec="0.3", label="tensor cores"),
+                       Patch(fc=red, label="round trip forced by opaque fragments")],
+              loc="lower left", fontsize=8, ncol=2, bbox_to_anchor=(0.0, -0.02))
+    ax.set_xlim(-0.2, 14.0)
+    ax.set_ylim(-0.4, 5.2)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(f"stage 04, one warp (16 query rows) and one K/V tile, D = {D}, BC = {BC}: "
+                 f"{total / 1024:.0f} KiB of shared-memory traffic\nfor {wmma_flops(D, BC) / 1e6:.2f} "
+                 f"MFLOP of tensor-core work; {trip / total:.0%} of the bytes are round trips "
+                 f"(red, in KiB per warp and tile)", fontsize=10)
     return fig

@@ -45,13 +45,17 @@ def _stage_color(i, n):
 
 
 def ladder(df=None, gpu=None, dtype="fp32", ax=None):
-    """TFLOP/s of every stage at the teaching config, the PyTorch baselines as lines."""
+    """TFLOP/s of every stage at the teaching config, the PyTorch baselines as lines. A stage
+    that does not take `dtype` (the fp16 tensor-core stages on the fp32 ladder) stands at its
+    own first dtype, named under its bar."""
     df = results.load() if df is None else df
     gpu = gpu or latest_gpu(df)
     ok = _ok(df, gpu)
     cfg = teaching(dtype)
     here = results.at_config(ok, cfg)
-    st = here[here["kind"] == "stage"].sort_values("stage")
+    own = [_at_teaching(ok, s) for s in stages() if dtype not in s.dtypes]
+    st = pd.concat([here[here["kind"] == "stage"]] + [r.iloc[-1:] for r in own if len(r)])
+    st = st.sort_values("stage")
     if ax is None:
         _, ax = _axes((8, 4.8))
     xs = range(len(st))
@@ -60,7 +64,8 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None):
         ax.annotate(f"{r.tflops:.2f}\n{r.median_ms:.3g} ms", (bar.get_x() + bar.get_width() / 2,
                     bar.get_height()), ha="center", va="bottom", fontsize=8,
                     xytext=(0, 2), textcoords="offset points")
-    ax.set_xticks(list(xs), [s.replace("_", "\n", 1) for s in st["stage"]])
+    ax.set_xticks(list(xs), [s.replace("_", "\n", 1) + ("" if d == dtype else f"\n({d})")
+                             for s, d in zip(st["stage"], st["dtype"])])
     other = "fp16" if dtype == "fp32" else "fp32"
     for d, alpha in ((dtype, 1.0), (other, 0.35)):
         base = results.at_config(ok, teaching(d))
@@ -177,6 +182,7 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
 IDEA_METRIC = {
     "02_coalesced": ["global_load_sectors_per_request"],
     "03_coarsened": ["smem_load_bank_conflicts", "achieved_occupancy_pct"],
+    "04_wmma": ["tensor_pipe_pct"],
     # S and P stay in registers: shared-memory traffic falls, the tensor pipe gets busier.
     "05_mma": ["smem_wavefronts", "tensor_pipe_pct"],
     # Same instructions, permuted addresses: the conflicts stay at zero without the padding.

@@ -55,6 +55,17 @@ def _grid(rows, fmt):
                      + [line("td", r) for r in rows] + ["</tbody>", "</table>"])
 
 
+def _unrecorded_rows(sts, m, notebooks):
+    """Table rows for stages that have no recorded timing on this GPU yet."""
+    rows = []
+    for st in sts:
+        name = m["bold"](st.slug)
+        name = m["link"](name, f"{notebooks}{st.slug}.ipynb") if notebooks is not None else name
+        rows.append([name, m["text"](st.idea), m["text"](st.dtypes[0]),
+                     m["text"](f"not recorded yet: flashlab run --stage {st.number:02d}"), "", "", "", ""])
+    return rows
+
+
 def stage_table(df=None, fmt="md", notebooks="notebooks/", by="python -m flashlab.readme") -> str:
     """Every stage and baseline at the teaching config (fp32, and fp16 baselines), with a note on
     where and how it was measured. fmt: "md" or "html"; notebooks: where the stages' notebooks
@@ -71,7 +82,12 @@ def stage_table(df=None, fmt="md", notebooks="notebooks/", by="python -m flashla
     rows = []
     order = sorted(df.itertuples(), key=lambda r: (r.kind != "stage", r.dtype != "fp32",
                                                    r.stage if r.kind == "stage" else -r.tflops))
+    seen = {r.stage for r in order if r.kind == "stage"}
+    unrecorded = [st for st in stages() if st.slug not in seen]  # added since the last run
     for r in order:
+        if r.kind != "stage" and unrecorded:
+            rows += _unrecorded_rows(unrecorded, m, notebooks)
+            unrecorded = []
         if r.kind == "stage":
             st = titles.get(r.stage)
             name = m["bold"](r.stage)
@@ -85,6 +101,7 @@ def stage_table(df=None, fmt="md", notebooks="notebooks/", by="python -m flashla
         regs = "–" if r.registers != r.registers else f"{int(r.registers)}"
         rows.append([name, idea, m["text"](r.dtype), _fmt(r.median_ms, ".3f"), _fmt(r.tflops, ".2f"),
                      _fmt(r.pct_sdpa_best, ".1f"), _fmt(r.rel_err, ".1e"), regs])
+    rows += _unrecorded_rows(unrecorded, m, notebooks)
     last = df.sort_values("time").iloc[-1]
     cfg = teaching()
     note = (m["text"](f"B={cfg.B}, H={cfg.H}, N={cfg.N}, D={cfg.D}, not causal. Measured on ")

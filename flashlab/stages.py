@@ -81,6 +81,10 @@ _STAGES = (
     Stage(3, "03_coarsened", "Thread coarsening",
           "query tiles outer, m/l/O in registers, each thread a 4x4 patch, padded shared memory",
           ("fp32",), (64, 128), any_head_dim=False),
+    Stage(4, "04_wmma", "WMMA tensor cores",
+          "QKᵀ and PV on tensor cores as 16x16x16 WMMA fragments, fp32 accumulate; S, P, O via "
+          "shared memory",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
     Stage(5, "05_mma", "mma.sync + ldmatrix (FlashAttention-2 split)",
           "PTX mma.sync with published fragment layouts: Q, S, P and O live in registers, "
           "softmax by quad shuffles, ldmatrix(.trans) for K and V",

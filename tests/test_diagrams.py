@@ -73,6 +73,23 @@ def test_models_quote_the_kernels(slug):
     assert load in text
 
 
+def test_wmma_traffic_at_d64():
+    t = dg.wmma_smem_traffic()
+    assert t["bytes"].sum() == 48 * 1024        # per warp and K/V tile, K/V copy share included
+    trip = t[t["kind"] == dg.ROUND_TRIP]["bytes"].sum()
+    assert trip == 28 * 1024                     # S, P and O: what stage 05 keeps in registers
+    assert dg.wmma_flops() == 4 * 16 * 64 * 64
+    assert (dg.wmma_smem_bytes(), dg.wmma_smem_bytes(D=128)) == (55296, 88064)  # Tiles::SMEM
+    t128 = dg.wmma_smem_traffic(D=128).set_index("step")["bytes"]
+    assert t128["QKᵀ: K fragments"] == 2 * t.set_index("step")["bytes"]["QKᵀ: K fragments"]
+
+
+def test_wmma_model_quotes_the_kernel():
+    text = stage("04_wmma").source.read_text()
+    for fragment in dg.wmma_smem_traffic()["source"]:
+        assert fragment in text, fragment
+
+
 def test_serial_work():
     assert dg.serial_fmas("01_naive") == 4096
     assert dg.serial_fmas("02_coalesced") == 128
@@ -94,7 +111,8 @@ def _renders(fig):
     lambda: dg.access_pattern("01_naive"), lambda: dg.access_pattern("02_coalesced", D=128),
     dg.access_comparison, lambda: dg.thread_ownership("01_naive"),
     lambda: dg.thread_ownership("02_coalesced"), dg.loop_order, lambda: dg.loop_order("fa2"),
-    lambda: dg.grid_fill(STAGES), lambda: dg.grid_fill("01_naive"),
+    lambda: dg.grid_fill(STAGES), lambda: dg.grid_fill("01_naive"), dg.wmma_dataflow,
+    lambda: dg.wmma_dataflow(D=128),
 ])
 def test_figures_render(draw):
     assert _renders(draw())

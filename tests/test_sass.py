@@ -17,7 +17,7 @@ needs_tools = pytest.mark.skipif(TOOLS is None, reason=f"cannot disassemble: {WH
 ARCHS = ["sm_80", "sm_90"]
 STAGES = [st.slug for st in fl.stages()]
 
-# Every stage so far: __expf -> MUFU.EX2, fp32 FMAs, nothing spilled to local memory.
+# Every stage so far: __expf (or ex2.approx) -> MUFU.EX2, fp32 FMAs, nothing spilled to local memory.
 COMMON = {"MUFU.EX2": True, "FFMA": True, "LDL": False, "STL": False}
 # Scalar fp32 stages: no tensor cores. A tensor-core stage sets "HMMA": True in its own row.
 SCALAR_FP32 = {"HMMA": False}
@@ -28,6 +28,9 @@ EXPECT = {
     "02_coalesced": {**SCALAR_FP32, "LDG": True, "LDG.E.128": False, "SHFL": True},
     # float4 tiles: 16-byte global and shared loads; 16-lane shuffles for the row max/sum.
     "03_coarsened": {**SCALAR_FP32, "LDG.E.128": True, "LDS.128": True, "SHFL": True},
+    # Tensor cores: every instantiation (fp16 and bf16) multiplies with HMMA; global loads are all
+    # 16 bytes. LDSM is not asserted: nvcc emits ldmatrix for fp16 fragments but not for bf16.
+    "04_wmma": {"HMMA": True, "LDG.E.128": True, "LDG": False, "SHFL": True},
     # mma.sync tensor cores fed by ldmatrix; quad shuffles for the row max/sum; 16-byte loads.
     "05_mma": {"HMMA": True, "LDSM": True, "LDG.E.128": True, "SHFL": True},
     # the same instructions: swizzling changes addresses, not the mix.
