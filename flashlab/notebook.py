@@ -196,6 +196,30 @@ def instructions(stage, arch="sm_90") -> pd.DataFrame:
     return wide[[*sass.CATEGORIES, sass.TOTAL]].astype(int).rename_axis(columns=None)
 
 
+def opcode_changes(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
+    """Static SASS counts of every opcode whose count differs between the stages' kernels (the
+    first kernel of each stage whose name matches the regex `kernel`), most changed first:
+    finer than instructions()' categories. Compiled and disassembled now; where nvcc or
+    cuobjdump is missing, NotRecorded (data/ keeps only the categories)."""
+    from . import sass
+    counts = {}
+    try:
+        for name in stages:
+            st = _stage(name)
+            mix = sass.instruction_mix(st.source, arch)
+            picked = sorted(k for k in mix["kernel"].unique() if re.search(kernel, k))
+            if not picked:
+                raise ValueError(f"{st.slug} has no kernel matching {kernel!r}")
+            counts[st.slug] = mix[mix["kernel"] == picked[0]].set_index("opcode")["count"]
+    except (OSError, RuntimeError) as err:
+        raise NotRecorded(f"opcode counts need nvcc and cuobjdump here ({err}); data/sass.csv "
+                          f"keeps only the categories that instructions() shows") from None
+    table = pd.DataFrame(counts).fillna(0).astype(int)
+    table = table[table.nunique(axis=1) > 1]
+    spread = table.max(axis=1) - table.min(axis=1)
+    return table.loc[spread.sort_values(ascending=False, kind="stable").index].rename_axis("opcode")
+
+
 @dataclass
 class Evaluation:
     """What evaluate() returns: the check cases and the timed rows, live or recorded."""
@@ -269,6 +293,20 @@ def compare(dtype="fp32", names=None) -> pd.DataFrame:
     cols = ["stage", "kind", "median_ms", "tflops", "pct_sdpa_best", "rel_err", "registers",
             "spill_bytes", "gpu"]
     return df.sort_values("median_ms", ascending=False)[cols].reset_index(drop=True)
+
+
+def sweep_ratio(new, old, dtype="fp16") -> pd.DataFrame:
+    """new's TFLOP/s over old's at every recorded point of the FlashAttention sweep (B·N = 16k,
+    H·D = 2048) on the GPU the notebooks show: rows (D, causal), columns N."""
+    df = results.load()
+    df = df[(df["gpu"] == the_gpu().name) & (df["dtype"] == dtype)
+            & (df["B"] * df["N"] == 16384) & (df["H"] * df["D"] == 2048)
+            & (df["status"].fillna("ok") == "ok")]
+    wide = df.pivot_table(index=["D", "causal", "N"], columns="stage", values="tflops")
+    for name in (new, old):
+        if name not in wide:
+            raise not_recorded(name, f" over the {dtype} FlashAttention sweep")
+    return (wide[new] / wide[old]).unstack("N")
 
 
 def speedup(slower, faster, dtype="fp32", faster_dtype=None) -> float:
