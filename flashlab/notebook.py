@@ -196,28 +196,60 @@ def instructions(stage, arch="sm_90") -> pd.DataFrame:
     return wide[[*sass.CATEGORIES, sass.TOTAL]].astype(int).rename_axis(columns=None)
 
 
+@contextlib.contextmanager
+def _disassembling():
+    """Static SASS inspection beyond instructions()' categories is not recorded in data/: where
+    nvcc or cuobjdump is missing, NotRecorded says so (and unless_missing prints it)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        raise NotRecorded(f"this needs nvcc and cuobjdump here ({err}); data/sass.csv keeps only "
+                          f"the categories that instructions() shows") from None
+
+
+def _matching(kernels, pattern, slug):
+    picked = sorted(k for k in set(kernels) if re.search(pattern, k))
+    if not picked:
+        raise ValueError(f"{slug} has no kernel matching {pattern!r}")
+    return picked[0]
+
+
 def opcode_changes(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
     """Static SASS counts of every opcode whose count differs between the stages' kernels (the
     first kernel of each stage whose name matches the regex `kernel`), most changed first:
-    finer than instructions()' categories. Compiled and disassembled now; where nvcc or
-    cuobjdump is missing, NotRecorded (data/ keeps only the categories)."""
+    finer than instructions()' categories. Compiled and disassembled now (nvcc, cuobjdump)."""
     from . import sass
     counts = {}
-    try:
+    with _disassembling():
         for name in stages:
             st = _stage(name)
             mix = sass.instruction_mix(st.source, arch)
-            picked = sorted(k for k in mix["kernel"].unique() if re.search(kernel, k))
-            if not picked:
-                raise ValueError(f"{st.slug} has no kernel matching {kernel!r}")
-            counts[st.slug] = mix[mix["kernel"] == picked[0]].set_index("opcode")["count"]
-    except (OSError, RuntimeError) as err:
-        raise NotRecorded(f"opcode counts need nvcc and cuobjdump here ({err}); data/sass.csv "
-                          f"keeps only the categories that instructions() shows") from None
+            counts[st.slug] = mix[mix["kernel"] == _matching(mix["kernel"], kernel, st.slug)] \
+                .set_index("opcode")["count"]
     table = pd.DataFrame(counts).fillna(0).astype(int)
     table = table[table.nunique(axis=1) > 1]
     spread = table.max(axis=1) - table.min(axis=1)
     return table.loc[spread.sort_values(ascending=False, kind="stable").index].rename_axis("opcode")
+
+
+def loop_bodies(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
+    """The K/V loop of each stage's kernel (the first matching the regex `kernel`), read off its
+    machine code (flashlab.sass.loops: the loop with the most HMMA): instructions in one trip
+    and the categories among them, a row per stage; categories that are 0 everywhere left out."""
+    from . import sass
+    rows = {}
+    with _disassembling():
+        for name in stages:
+            st = _stage(name)
+            found = sass.loops(st.source, arch)
+            mine = found[found["kernel"] == _matching(found["kernel"], kernel, st.slug)]
+            rows[st.slug] = mine.sort_values("HMMA").iloc[-1]
+    table = pd.DataFrame(rows).T.drop(columns=["first", "last"])
+    kernel_col = table.pop("kernel")
+    table = table.astype(int)
+    table = table.loc[:, (table != 0).any()]
+    table.insert(0, "kernel", kernel_col)
+    return table.rename_axis("stage")
 
 
 @dataclass
