@@ -177,6 +177,29 @@ def resources(stage, archs=("sm_80", "sm_90")) -> pd.DataFrame:
         return rec.drop_duplicates()
 
 
+def blocks_per_sm(stage, smem, threads=128) -> pd.DataFrame:
+    """For each head dim D of `smem` ({D: shared-memory bytes per block}): the registers ptxas
+    gives the stage's fp16 kernel for D (for this GPU's architecture, else sm_90) and the blocks
+    per SM that registers, threads and shared memory each allow (flashlab.tiling.occupancy);
+    `blocks` is the least of them, `decided_by` which."""
+    from . import tiling
+    res = resources(stage)
+    if "kernel" not in res:  # nvcc unavailable, and the recorded rows name no kernels
+        raise not_recorded(stage, " ptxas report")
+    cc = the_gpu().cc
+    arch = f"sm_{cc.replace('.', '')}"
+    res = res[res["arch"] == (arch if arch in set(res["arch"]) else "sm_90")]
+    rows = []
+    for D, nbytes in smem.items():
+        regs = int(res[res["kernel"].str.contains(f"__half, {D},")]["registers"].max())
+        occ = tiling.occupancy(regs, int(nbytes), threads, cc)
+        lim = occ["limits"]
+        rows.append(dict(D=D, registers=regs, smem_bytes=int(nbytes),
+                         **{f"by {k}": v for k, v in lim.items()}, blocks=occ["blocks"],
+                         decided_by=min(lim, key=lim.get)))
+    return pd.DataFrame(rows).set_index("D")
+
+
 def instructions(stage, arch="sm_90") -> pd.DataFrame:
     """Static SASS instruction counts by kind (flashlab.sass), a row per kernel: compiled and
     disassembled now (needs nvcc and cuobjdump, not a GPU), else as recorded in data/sass.csv."""
@@ -230,6 +253,25 @@ def opcode_changes(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
     table = table[table.nunique(axis=1) > 1]
     spread = table.max(axis=1) - table.min(axis=1)
     return table.loc[spread.sort_values(ascending=False, kind="stable").index].rename_axis("opcode")
+
+
+def sass_lines(stage, pattern, kernel=r"__half, 64,", arch="sm_90") -> list:
+    """The machine instructions of a stage's kernel (the first whose name matches the regex
+    `kernel`) that match the regex `pattern`, as cuobjdump writes them, without the encodings:
+    ['/*0660*/ LDGSTS.E.BYPASS.128 [R21], desc[UR6][R10.64], !P0 ;', ...]."""
+    from . import sass
+    st = _stage(stage)
+    with _disassembling():
+        text = sass.disassemble(st.source, arch)
+    parts = re.split(r"^\s*Function\s*:\s*", text, flags=re.M)[1:]
+    names = map(sass.short_name, ptxas.kernel_names([p.split(None, 1)[0] for p in parts]))
+    bodies = dict(zip(names, parts))
+    lines = []
+    for line in bodies[_matching(bodies, kernel, st.slug)].splitlines():
+        m = re.match(r"\s*(/\*[0-9a-f]+\*/)\s+([^;]*;)", line)
+        if m and re.search(pattern, m.group(2)):
+            lines.append(f"{m.group(1)} {' '.join(m.group(2).split())}")
+    return lines
 
 
 def loop_bodies(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:

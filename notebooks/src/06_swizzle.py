@@ -9,8 +9,8 @@
 #
 # Why bother, if the padding already works? It costs shared memory (16 bytes on every 128-byte
 # row at D = 64), it gives rows an odd stride, and the asynchronous copies of stage 07 and the TMA unit of Hopper
-# GPUs work on dense, power-of-two tiles. Swizzling is how every fast attention and GEMM kernel
-# lays out its tiles.
+# GPUs work on dense, power-of-two tiles. An XOR swizzle like this one is how CUTLASS and
+# FlashAttention lay out their tiles.
 #
 # Everything before the measurement — bank maps, wavefront counts, shared-memory sizes, the
 # machine code — is computed from the kernels' own indexing (`flashlab/fragments.py`) and the
@@ -25,13 +25,11 @@ from IPython.display import display
 import flashlab as fl
 from flashlab import fragments as fr
 from flashlab import notebook as nb
-from flashlab import plots, tiling
+from flashlab import plots
 nb.banner()
 
 # %%
-here = nb.the_gpu()  # this GPU, or the one the recorded numbers come from
-gpu, cc, sms, roof = here
-print(here)
+print(nb.the_gpu())  # this GPU, or the one the recorded numbers come from
 
 # %% [markdown]
 # ## 1 · The one change
@@ -172,19 +170,7 @@ smem
 
 # %%
 with nb.unless_missing():
-    arch = f"sm_{cc.replace('.', '')}"
-    for s, how in layouts.items():
-        res = nb.resources(s)
-        if "kernel" not in res:  # nvcc unavailable and nothing recorded for the stage
-            raise nb.not_recorded(s, " ptxas report")
-        res = res[res["arch"] == (arch if arch in set(res["arch"]) else "sm_90")]
-        for d_ in (64, 128):
-            regs = int(res[res["kernel"].str.contains(f", {d_}, {BR}, {BC}>")]["registers"].max())
-            occ = tiling.occupancy(regs, int(smem.at[d_, s]), threads=32 * BR // 16, cc=cc)
-            lim = occ["limits"]
-            print(f"{s} D={d_}: {regs} registers, {smem.at[d_, s]} B -> blocks per SM allowed by "
-                  f"registers {lim['registers']}, shared memory {lim['shared memory']}: "
-                  f"{occ['blocks']} ({min(lim, key=lim.get)} decide)")
+    display(pd.concat({s: nb.blocks_per_sm(s, smem[s].to_dict()) for s in layouts}, names=["stage"]))
 
 # %% [markdown]
 # Where registers decide, the saved bytes change nothing today: they are headroom. Stage 07
@@ -342,11 +328,11 @@ with nb.unless_missing():
               "instruction.")
 
 # %% [markdown]
-# The same two counters, and the metric of every other stage's idea, as paired bars
-# (`IDEA_METRIC` in `flashlab/plots.py`):
+# The same two counters as paired bars, stage 05 against stage 06 (`IDEA_METRIC` in
+# `flashlab/plots.py` names them as this stage's idea metrics):
 
 # %%
-plots.idea_metrics()
+plots.idea_metrics(only=["06_swizzle"])
 
 # %% [markdown]
 # ## 8 · What is next
