@@ -8,9 +8,9 @@
 # kernel computes the same thing with the same instructions; only addresses change.
 #
 # Why bother, if the padding already works? It costs shared memory (16 bytes on every 128-byte
-# row at D = 64), it gives rows an odd stride, and the asynchronous copies of stage 07 and the TMA unit of Hopper
-# GPUs work on dense, power-of-two tiles. An XOR swizzle like this one is how CUTLASS and
-# FlashAttention lay out their tiles.
+# row at D = 64), it gives rows an odd stride, and the asynchronous copies of stage 07 and the
+# TMA unit of Hopper GPUs work on dense, power-of-two tiles. An XOR swizzle like this one is how
+# CUTLASS and FlashAttention lay out their tiles.
 #
 # Everything before the measurement — bank maps, wavefront counts, shared-memory sizes, the
 # machine code — is computed from the kernels' own indexing (`flashlab/fragments.py`) and the
@@ -145,8 +145,10 @@ for d_ in (64, 128):
 cfg = fl.TEACHING
 launch = pd.Series({name: fr.launch_wavefronts(cfg.B, cfg.H, cfg.N, D, BR, BC, **how)
                     for name, how in fr.LAYOUTS.items()}, name="shared-memory wavefronts, one launch")
-print(f"the swizzle needs {launch.iloc[2] / launch.iloc[1]:.3f}x the padded layout's wavefronts; "
-      f"dense rows would need {launch.iloc[0] / launch.iloc[1]:.2f}x")
+padded, swizzled, dense = (launch[k] for k in ("+16 bytes a row (05)", "XOR swizzle (06)",
+                                                 "dense rows"))
+print(f"the swizzle needs {swizzled / padded:.3f}x the padded layout's wavefronts; dense rows "
+      f"would need {dense / padded:.2f}x")
 launch
 
 # %% [markdown]
@@ -298,7 +300,7 @@ nb.compare("fp16")
 # %%
 shown = ["smem_load_bank_conflicts", "smem_store_bank_conflicts", "smem_wavefronts",
          "duration_ms", "tensor_pipe_pct", "achieved_occupancy_pct"]
-predicted = {"05_mma": launch["+16 bytes a row (05)"], "06_swizzle": launch["XOR swizzle (06)"]}
+predicted = {"05_mma": padded, "06_swizzle": swizzled}
 with nb.unless_missing():
     prof = nb.profile("06_swizzle")
     display(prof.loc[[m for m in shown if m in prof.index]])

@@ -77,10 +77,10 @@ nb.show_source("ptx.cuh", "cp_async_wait")
 #   `src_bytes = 0` it reads nothing and writes 16 zero bytes: the kernel uses that for key rows
 #   past N, which stage 06 zeroed by hand.
 # * **`cp.async.commit_group`** closes the copies this thread issued since the last commit into a
-#   *group*. Groups complete in order.
-# * **`cp.async.wait_group N`** waits until at most N of this thread's groups are still in
-#   flight. It only covers the thread's own copies; a `__syncthreads()` after it makes every
-#   thread's copies visible to the whole block.
+#   *group*.
+# * **`cp.async.wait_group N`** waits until every group of this thread but the N most recent
+#   ones is complete: at most N still in flight. It only covers the thread's own copies; a
+#   `__syncthreads()` after it makes every thread's copies visible to the whole block.
 #
 # ## 3 · The pipeline in the kernel
 #
@@ -242,8 +242,8 @@ with nb.unless_missing():
 # %% [markdown]
 # The copies, waits and barriers themselves, at D = 64: the prologue's `LDGSTS` (Q, then K and
 # V of tile 0 at the buffers' offsets), `LDGDEPBAR` closing the group (`commit_group`),
-# `DEPBAR.LE SB0, 0x0` waiting for it (`wait_group 0`), and in the loop the refill, one commit,
-# one wait and one `BAR.SYNC`. The predicate at the end of each `LDGSTS` (`!P0`, ...) is the
+# `DEPBAR.LE SB0, 0x0` waiting for it (`wait_group 0`), and in the loop one wait, one
+# `BAR.SYNC`, the refill and one commit. The predicate at the end of each `LDGSTS` (`!P0`, ...) is the
 # kernel's `in ? 16 : 0` turned into a switch: it selects the zero fill for rows past N.
 
 # %%
@@ -285,7 +285,7 @@ with nb.unless_missing():
     if where == "above":
         print("Above the bound: tiles arrive faster than the DRAM rate the model assumed (the L2 "
               "serves most of them), so load and compute are closer than modelled and the bound "
-              "is nearer 2x; fewer instructions per tile (no LDG/STS pairs) help too.")
+              "is nearer 2x.")
     elif where == "below":
         print("Slower than stage 06: the overlap bought less than the extra cost. Check the "
               "blocks per SM (section 3) and the stall reasons (section 9): a full memory "
@@ -305,8 +305,8 @@ with nb.unless_missing():
         larger = 128 if by_d[128] > by_d[64] else 64
         print(f"larger at D={larger}: "
               + ("as predicted (fewer blocks per SM hide less of stage 06's wait)" if larger == 128
-                 else "not as predicted: at D=64 the overlap bought more, so stage 06's 3 blocks "
-                      "per SM hid less of its wait than assumed"))
+                 else "not as predicted: at D=64 the overlap bought more, so the blocks sharing "
+                      "an SM in stage 06 hid less of each other's wait than assumed"))
 
 # %%
 plots.scaling()
