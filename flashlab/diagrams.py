@@ -1,8 +1,10 @@
 """Pictures and counts for the notebooks, computed from the kernels' own indexing (no GPU needed).
 
-Every function here models a line of kernels/01_naive.cu, kernels/02_coalesced.cu or (the last
-section) kernels/04_wmma.cu; the `source` fragments quoted below are copied from those files, and
-tests/test_diagrams.py checks that they are still there. Figures are matplotlib Figures made without pyplot: a notebook cell that ends with one
+Every function here models a line of kernels/01_naive.cu, kernels/02_coalesced.cu or
+kernels/04_wmma.cu; the `source` fragments quoted below are copied from those files, and
+tests/test_diagrams.py checks that they are still there. The last section models the K/V loop of
+stages 06 and 07 in time: loads and math per tile, one after the other or overlapped. Figures are
+matplotlib Figures made without pyplot: a notebook cell that ends with one
 shows it once, and nothing is left open.
 """
 import math
@@ -404,4 +406,72 @@ def wmma_dataflow(D=64, BC=64):
                  f"{total / 1024:.0f} KiB of shared-memory traffic\nfor {wmma_flops(D, BC) / 1e6:.2f} "
                  f"MFLOP of tensor-core work; {trip / total:.0%} of the bytes are round trips "
                  f"(red, in KiB per warp and tile)", fontsize=10)
+
+
+# ---------------------------------------------------------------- stages 06 and 07: loads against math
+
+def pipeline_schedule(load, compute, tiles=6, stages=2) -> pd.DataFrame:
+    """When one block's K/V tiles load and are computed, in a bandwidth model: a tile takes `load`
+    to arrive (loads are served one at a time, in the order issued, no latency term) and
+    `compute` to be used. stages=1 is stage 06: at the top of iteration j a barrier (everyone is
+    done with tile j - 1), the load of tile j into the one buffer, a barrier, the math. stages=2
+    (or more) is stage 07: tiles 0 .. stages-2 are issued before the loop; at the top of
+    iteration j the block waits for tile j (cp.async.wait_group + one barrier), issues tile
+    j + stages - 1 into the buffer tile j - 1 used, and computes tile j while it loads.
+    Returns a row per tile: load_issue, load_start, load_end, compute_start, compute_end."""
+    if stages < 1 or tiles < 1:
+        raise ValueError("stages and tiles are at least 1")
+    issue = {k: 0.0 for k in range(min(stages - 1, tiles))}
+    rows, load_free, done = [], 0.0, 0.0
+    for j in range(tiles):
+        if stages == 1:
+            issue[j] = done                     # the buffer is free once tile j - 1 is computed
+        start_load = max(issue[j], load_free)
+        load_free = start_load + load
+        start = max(done, load_free)            # wait for tile j (and, in 06, its barrier)
+        if stages > 1 and j + stages - 1 < tiles:
+            issue[j + stages - 1] = start       # refill the buffer of tile j - 1
+        done = start + compute
+        rows.append(dict(tile=j, load_issue=issue[j], load_start=start_load, load_end=load_free,
+                         compute_start=start, compute_end=done))
+    return pd.DataFrame(rows).set_index("tile")
+
+
+def pipeline_speedup_bound(load, compute) -> float:
+    """(load + compute) / max(load, compute): per tile, serial (06) over overlapped (07), once
+    the pipeline is full. At most 2, reached when the two are equal."""
+    return (load + compute) / max(load, compute)
+
+
+def pipeline_timeline(load, compute, tiles=6, stages=2, unit="ns"):
+    """pipeline_schedule of stage 06 (serial) above stage 07 (`stages` buffers), on one time
+    axis: per K/V tile a bar on the copy row (global -> shared) and one on the math row (tensor
+    cores, softmax); dashed lines are the barriers. The titles give the total and the time per
+    tile; the figure's title the speedup and its bound for many tiles."""
+    plans = {"06_swizzle: load, barrier, compute": pipeline_schedule(load, compute, tiles, 1),
+             f"07_cp_async: {stages} buffers, tile j + 1 loads during tile j": pipeline_schedule(
+                 load, compute, tiles, stages)}
+    fig = Figure(figsize=(12, 4.6), layout="constrained")
+    axes = fig.subplots(2, 1, sharex=True)
+    colors = matplotlib.colormaps["tab10"]
+    for ax, (name, plan) in zip(axes, plans.items()):
+        for j, r in plan.iterrows():
+            for y, (a, b) in ((1, (r.load_start, r.load_end)), (0, (r.compute_start, r.compute_end))):
+                ax.broken_barh([(a, b - a)], (y - 0.35, 0.7), color=colors(j % 10),
+                               alpha=0.55 if y else 0.9, ec="k", lw=0.6)
+                ax.text((a + b) / 2, y, f"K/V {j}", ha="center", va="center", fontsize=8)
+            barriers = [r.compute_start] if "07" in name else [r.load_issue, r.compute_start]
+            for x in barriers:
+                ax.axvline(x, color="0.4", ls="--", lw=0.7)
+        total = plan["compute_end"].iloc[-1]
+        ax.set_yticks([0, 1], ["math", "copy"])
+        ax.set_ylim(-0.6, 1.6)
+        ax.set_title(f"{name}: {total:.0f} {unit} for {tiles} tiles "
+                     f"({total / tiles:.0f} {unit} a tile)", fontsize=9, loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel(f"time ({unit}); dashed: __syncthreads")
+    serial, piped = (p["compute_end"].iloc[-1] for p in plans.values())
+    fig.suptitle(f"A model of one block's K/V loop: load {load:.0f} {unit}, compute {compute:.0f} "
+                 f"{unit} a tile — {serial / piped:.2f}x faster overlapped over {tiles} tiles, at "
+                 f"most {pipeline_speedup_bound(load, compute):.2f}x over many", fontsize=10)
     return fig

@@ -24,7 +24,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from .banks import BANK_BYTES, BANKS, wavefronts
+from .banks import BANK_BYTES, BANKS, WAVEFRONT_BYTES, wavefronts
 
 WARP = 32
 LANES = ListedColormap([matplotlib.colormaps["tab20"](i) for i in range(20)]
@@ -456,16 +456,16 @@ def quad_figure(BC=64, g=1):
     return fig
 
 
-def bank_map(row_bytes, swizzle=False):
+def bank_map(row_bytes, swizzle=False, ax=None):
     """The 16-byte chunks of 8 rows of a shared-memory tile, each labelled with the first of the
     4 banks it lands in (colour: bank // 4); red: the 8 rows one ldmatrix phase reads (column 0
-    of the block). Grey: padding."""
+    of the block). Grey: padding. Draws into `ax` if given."""
     n = row_bytes // 16
     data = n - (row_bytes % 128) // 16
     r, c = np.indices((8, n))
     bank = np.where(c < data, smem_offset(r, 8 * c, row_bytes, swizzle) // BANK_BYTES % BANKS, -1)
-    fig = Figure(figsize=(0.75 * n + 1.5, 4), layout="constrained")
-    ax = fig.subplots()
+    if ax is None:
+        ax = Figure(figsize=(0.75 * n + 1.5, 4), layout="constrained").subplots()
     cmap = matplotlib.colormaps["tab10"].resampled(8).with_extremes(bad="0.85")
     ax.imshow(np.ma.masked_less(bank // 4, 0), cmap=cmap, vmin=-0.5, vmax=7.5)
     for (rr, cc), b in np.ndenumerate(bank):
@@ -477,4 +477,125 @@ def bank_map(row_bytes, swizzle=False):
                  f"{cost.ideal}), {cost.ways}-way", fontsize=9)
     ax.set_xlabel("16-byte chunk of the row (8 halves)")
     ax.set_ylabel("row")
+    return ax.figure
+
+
+# ---------------------------------------------------------------- stage 06: three layouts, side by side
+
+# How stages 05-07 place a tile's rows in shared memory: keyword arguments of the functions below
+# (and of tile_cost). Dense rows are what stage 05 would have had without its padding.
+LAYOUTS = {"dense rows": dict(pad_bytes=0, swizzle=False),
+           "+16 bytes a row (05)": dict(pad_bytes=16, swizzle=False),
+           "XOR swizzle (06)": dict(pad_bytes=0, swizzle=True)}
+
+
+def smem_bytes(D, BR=64, BC=64, pad_bytes=16, stages=1) -> int:
+    """Shared memory per block of stages 05-07 (their Tiles::SMEM_BYTES): Q's BR rows and
+    `stages` buffers of K and V, BC rows each, every row 2 D + pad_bytes bytes. Stage 05: pad 16;
+    06: pad 0; 07: pad 0, stages 2."""
+    return (BR + 2 * BC * stages) * (2 * D + pad_bytes)
+
+
+# One warp's shared-memory requests in stages 05-07, as the kernels index them at loop index 0
+# (tests/test_fragments.py checks that the other indices cost the same): description, and
+# (rows, cols, 4-byte words per lane, lanes served together) for a head dim D. ldmatrix.x4 is
+# served one 8 x 8 matrix, 8 lanes, at a time; the other requests a warp at once.
+ACCESSES = {
+    "ldmatrix K": "ldmatrix.x4 of K: 8 keys x 32 dims (S = Q Kᵀ)",
+    "ldmatrix Q, V": "ldmatrix.x4 of Q, or .trans of V: 16 rows x 16 dims",
+    "tile rows": "16-byte stores that fill a Q/K/V tile (and the reads of O's rows on the way "
+                 "out)",
+    "O stores": "4-byte stores of O's accumulators before the write-out",
+}
+
+
+def warp_access(access, D=64):
+    """(rows, cols, words, phase) of ACCESSES[access]: lane l touches `words` 4-byte words from
+    element (rows[l], cols[l]) of the tile; groups of `phase` lanes are served one after the
+    other. "tile rows": lane e stores chunk e of the tile, row-major (load_tile's
+    e = threadIdx.x + i * THREADS, row e / CHUNKS, column (e % CHUNKS) * 8); "O stores": lane
+    (g, t) writes row g, columns 2t, 2t + 1 of O's first 8-column tile."""
+    lane = np.arange(WARP)
+    chunks = D // 8
+    table = {"ldmatrix K": (*k_addresses(0, 0), 4, 8),
+             "ldmatrix Q, V": (*x4_addresses(), 4, 8),
+             "tile rows": (lane // chunks, lane % chunks * 8, 4, WARP),
+             "O stores": (lane // 4, 2 * (lane % 4), 1, WARP)}
+    if access not in table:
+        raise ValueError(f"access is one of {', '.join(table)}, not {access!r}")
+    return table[access]
+
+
+class AccessCost(NamedTuple):
+    wavefronts: int       # shared-memory passes the warp's request takes
+    ideal: int            # its bytes / 128: the fewest possible
+    passes: np.ndarray    # (32,): the pass that serves each lane
+    banks: np.ndarray     # (32, words): the banks each lane touches
+
+
+def access_cost(access, D=64, pad_bytes=0, swizzle=False, shift=(0, 0)) -> AccessCost:
+    """warp_access through the bank model (flashlab.banks), rows 2 D + pad_bytes bytes apart,
+    every lane moved by shift = (rows, cols) (another loop index)."""
+    rows, cols, words, phase = warp_access(access, D)
+    addr = smem_offset(rows + shift[0], cols + shift[1], 2 * D + pad_bytes, swizzle) // BANK_BYTES
+    passes, total = np.empty(WARP, int), 0
+    for first in range(0, WARP, phase):
+        n, p = wavefronts(addr[first:first + phase], words)
+        passes[first:first + phase] = p + total
+        total += n
+    banks = (addr[:, None] + np.arange(words)) % BANKS
+    return AccessCost(total, max(1, WARP * words * BANK_BYTES // WAVEFRONT_BYTES), passes, banks)
+
+
+def access_table(D=64) -> pd.DataFrame:
+    """Wavefronts of every ACCESSES request in every LAYOUTS layout, with the ideal: the
+    conflicts each layout leaves, counted from the kernels' addresses."""
+    rows = {ACCESSES[a]: {name: access_cost(a, D, **how).wavefronts for name, how in LAYOUTS.items()}
+            | {"ideal": access_cost(a, D).ideal} for a in ACCESSES}
+    return pd.DataFrame(rows).T.rename_axis(f"one warp's request, D = {D}")
+
+
+def bank_maps(D=64):
+    """bank_map of the three LAYOUTS side by side, for rows of D halves."""
+    fig = Figure(figsize=(15 if D <= 64 else 20, 4.3), layout="constrained")
+    for ax, (name, how) in zip(fig.subplots(1, 3), LAYOUTS.items()):
+        bank_map(2 * D + how["pad_bytes"], how["swizzle"], ax=ax)
+        ax.set_title(f"{name}\n{ax.get_title()}", fontsize=9)
+    fig.suptitle(f"Rows of {D} halves in three layouts: where each logical 16-byte chunk of the "
+                 "first 8 rows lands (label: its first bank)", fontsize=10)
+    return fig
+
+
+def bank_comparison(access="ldmatrix K", D=64):
+    """Which banks each lane of a warp's request touches (rows: lanes, columns: the 32 banks;
+    thin lines: 16-byte bank groups), in each of the three LAYOUTS side by side. A cell's number
+    and colour are the wavefront (pass) that serves that lane: two lanes in one column of a
+    phase (between thick lines) with different numbers are a bank conflict."""
+    words, phase = warp_access(access, D)[2:]
+    fig = Figure(figsize=(15, 6.2), layout="constrained")
+    axes = fig.subplots(1, 3, sharey=True)
+    cmap = matplotlib.colormaps["tab20"].with_extremes(bad="white")
+    for ax, (name, how) in zip(axes, LAYOUTS.items()):
+        cost = access_cost(access, D, **how)
+        grid = np.full((WARP, BANKS), np.nan)
+        grid[np.arange(WARP)[:, None], cost.banks] = cost.passes[:, None]
+        ax.imshow(np.ma.masked_invalid(grid % 20), cmap=cmap, vmin=0, vmax=19, aspect="auto",
+                  interpolation="nearest")
+        for lane, (first, served) in enumerate(zip(cost.banks[:, 0], cost.passes)):
+            ax.text(first + (words - 1) / 2, lane, served, ha="center", va="center", fontsize=6)
+        for x in range(4, BANKS, 4):
+            ax.axvline(x - 0.5, color="0.8", lw=0.6)
+        for y in range(phase, WARP, phase):
+            ax.axhline(y - 0.5, color="k", lw=1.2)
+        ax.set_xticks(range(0, BANKS, 4))
+        ax.set_yticks(range(0, WARP, 4))
+        ax.set_xlabel("bank")
+        slower = f"{cost.wavefronts / cost.ideal:.0f}x the ideal" if cost.wavefronts > cost.ideal \
+            else "conflict-free"
+        ax.set_title(f"{name}: {cost.wavefronts} wavefronts (ideal {cost.ideal}), {slower}",
+                     fontsize=9)
+    axes[0].set_ylabel("lane" + (f" (thick lines: the {WARP // phase} phases)" if phase < WARP
+                                 else ""))
+    fig.suptitle(f"{ACCESSES[access]}, D = {D}: the banks each lane touches, numbered by the "
+                 "wavefront that serves it", fontsize=10)
     return fig

@@ -177,6 +177,29 @@ def resources(stage, archs=("sm_80", "sm_90")) -> pd.DataFrame:
         return rec.drop_duplicates()
 
 
+def blocks_per_sm(stage, smem, threads=128) -> pd.DataFrame:
+    """For each head dim D of `smem` ({D: shared-memory bytes per block}): the registers ptxas
+    gives the stage's fp16 kernel for D (for this GPU's architecture, else sm_90) and the blocks
+    per SM that registers, threads and shared memory each allow (flashlab.tiling.occupancy);
+    `blocks` is the least of them, `decided_by` which."""
+    from . import tiling
+    res = resources(stage)
+    if "kernel" not in res:  # nvcc unavailable, and the recorded rows name no kernels
+        raise not_recorded(stage, " ptxas report")
+    cc = the_gpu().cc
+    arch = f"sm_{cc.replace('.', '')}"
+    res = res[res["arch"] == (arch if arch in set(res["arch"]) else "sm_90")]
+    rows = []
+    for D, nbytes in smem.items():
+        regs = int(res[res["kernel"].str.contains(f"__half, {D},")]["registers"].max())
+        occ = tiling.occupancy(regs, int(nbytes), threads, cc)
+        lim = occ["limits"]
+        rows.append(dict(D=D, registers=regs, smem_bytes=int(nbytes),
+                         **{f"by {k}": v for k, v in lim.items()}, blocks=occ["blocks"],
+                         decided_by=min(lim, key=lim.get)))
+    return pd.DataFrame(rows).set_index("D")
+
+
 def instructions(stage, arch="sm_90") -> pd.DataFrame:
     """Static SASS instruction counts by kind (flashlab.sass), a row per kernel: compiled and
     disassembled now (needs nvcc and cuobjdump, not a GPU), else as recorded in data/sass.csv."""
@@ -194,6 +217,81 @@ def instructions(stage, arch="sm_90") -> pd.DataFrame:
     wide = rec.pivot_table(index=["stage", "kernel"], columns="category", values="count",
                            aggfunc="sum", sort=False)
     return wide[[*sass.CATEGORIES, sass.TOTAL]].astype(int).rename_axis(columns=None)
+
+
+@contextlib.contextmanager
+def _disassembling():
+    """Static SASS inspection beyond instructions()' categories is not recorded in data/: where
+    nvcc or cuobjdump is missing, NotRecorded says so (and unless_missing prints it)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:
+        raise NotRecorded(f"this needs nvcc and cuobjdump here ({err}); data/sass.csv keeps only "
+                          f"the categories that instructions() shows") from None
+
+
+def _matching(kernels, pattern, slug):
+    picked = sorted(k for k in set(kernels) if re.search(pattern, k))
+    if not picked:
+        raise ValueError(f"{slug} has no kernel matching {pattern!r}")
+    return picked[0]
+
+
+def opcode_changes(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
+    """Static SASS counts of every opcode whose count differs between the stages' kernels (the
+    first kernel of each stage whose name matches the regex `kernel`), most changed first:
+    finer than instructions()' categories. Compiled and disassembled now (nvcc, cuobjdump)."""
+    from . import sass
+    counts = {}
+    with _disassembling():
+        for name in stages:
+            st = _stage(name)
+            mix = sass.instruction_mix(st.source, arch)
+            counts[st.slug] = mix[mix["kernel"] == _matching(mix["kernel"], kernel, st.slug)] \
+                .set_index("opcode")["count"]
+    table = pd.DataFrame(counts).fillna(0).astype(int)
+    table = table[table.nunique(axis=1) > 1]
+    spread = table.max(axis=1) - table.min(axis=1)
+    return table.loc[spread.sort_values(ascending=False, kind="stable").index].rename_axis("opcode")
+
+
+def sass_lines(stage, pattern, kernel=r"__half, 64,", arch="sm_90") -> list:
+    """The machine instructions of a stage's kernel (the first whose name matches the regex
+    `kernel`) that match the regex `pattern`, as cuobjdump writes them, without the encodings:
+    ['/*0660*/ LDGSTS.E.BYPASS.128 [R21], desc[UR6][R10.64], !P0 ;', ...]."""
+    from . import sass
+    st = _stage(stage)
+    with _disassembling():
+        text = sass.disassemble(st.source, arch)
+    parts = re.split(r"^\s*Function\s*:\s*", text, flags=re.M)[1:]
+    names = map(sass.short_name, ptxas.kernel_names([p.split(None, 1)[0] for p in parts]))
+    bodies = dict(zip(names, parts))
+    lines = []
+    for line in bodies[_matching(bodies, kernel, st.slug)].splitlines():
+        m = re.match(r"\s*(/\*[0-9a-f]+\*/)\s+([^;]*;)", line)
+        if m and re.search(pattern, m.group(2)):
+            lines.append(f"{m.group(1)} {' '.join(m.group(2).split())}")
+    return lines
+
+
+def loop_bodies(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
+    """The K/V loop of each stage's kernel (the first matching the regex `kernel`), read off its
+    machine code (flashlab.sass.loops: the loop with the most HMMA): instructions in one trip
+    and the categories among them, a row per stage; categories that are 0 everywhere left out."""
+    from . import sass
+    rows = {}
+    with _disassembling():
+        for name in stages:
+            st = _stage(name)
+            found = sass.loops(st.source, arch)
+            mine = found[found["kernel"] == _matching(found["kernel"], kernel, st.slug)]
+            rows[st.slug] = mine.sort_values("HMMA").iloc[-1]
+    table = pd.DataFrame(rows).T.drop(columns=["first", "last"])
+    kernel_col = table.pop("kernel")
+    table = table.astype(int)
+    table = table.loc[:, (table != 0).any()]
+    table.insert(0, "kernel", kernel_col)
+    return table.rename_axis("stage")
 
 
 @dataclass
@@ -274,6 +372,20 @@ def compare(dtype="fp32", names=None) -> pd.DataFrame:
     cols = ["stage", "kind", "median_ms", "tflops", "pct_sdpa_best", "rel_err", "registers",
             "spill_bytes", "gpu"]
     return df.sort_values("median_ms", ascending=False)[cols].reset_index(drop=True)
+
+
+def sweep_ratio(new, old, dtype="fp16") -> pd.DataFrame:
+    """new's TFLOP/s over old's at every recorded point of the FlashAttention sweep (B·N = 16k,
+    H·D = 2048) on the GPU the notebooks show: rows (D, causal), columns N."""
+    df = results.load()
+    df = df[(df["gpu"] == the_gpu().name) & (df["dtype"] == dtype)
+            & (df["B"] * df["N"] == 16384) & (df["H"] * df["D"] == 2048)
+            & (df["status"].fillna("ok") == "ok")]
+    wide = df.pivot_table(index=["D", "causal", "N"], columns="stage", values="tflops")
+    for name in (new, old):
+        if name not in wide:
+            raise not_recorded(name, f" over the {dtype} FlashAttention sweep")
+    return (wide[new] / wide[old]).unstack("N")
 
 
 def speedup(slower, faster, dtype="fp32", faster_dtype=None, missing_ok=False) -> float:

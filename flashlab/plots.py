@@ -338,17 +338,20 @@ def _before_after(ax, vals, before, after, metric, unit):
     ax.grid(axis="y", which="both", alpha=0.3, zorder=0)
 
 
-def idea_metrics(profile=None, gpu=None):
+def idea_metrics(profile=None, gpu=None, only=None):
     """For each stage after the first, the metric its idea targets (IDEA_METRIC) in the previous
-    stage and in this one, as paired bars, one panel per transition."""
+    stage and in this one, as paired bars, one panel per transition; `only`: just the
+    transitions into these stages (slugs)."""
     prof, gpu = profile_rows(profile, gpu)
     title = "The metric each stage's idea targets, before and after (teaching config)"
     slugs = [st.slug for st in stages()]
     vals = _by_stage(prof)
     pairs = [(slugs[slugs.index(s) - 1], s, metrics) for s, metrics in IDEA_METRIC.items()
-             if s in slugs[1:] and {s, slugs[slugs.index(s) - 1]} & set(vals.index)]
+             if s in slugs[1:] and {s, slugs[slugs.index(s) - 1]} & set(vals.index)
+             and (only is None or s in only)]
     if not pairs:
-        return _message(_nothing_on(gpu), title)
+        return _message(_nothing_on(gpu) if only is None else
+                        f"{', '.join(only)} and the stage before: {_nothing_on(gpu)}", title)
     units = _units(prof)
     widths = [len(metrics) for *_, metrics in pairs]
     fig = Figure(figsize=(1.2 + 2.6 * sum(widths), 4.6), layout="constrained")
@@ -366,14 +369,17 @@ def _stall_table(vals):
     return vals.loc[vals[cols].notna().any(axis=1), cols].fillna(0) if cols else pd.DataFrame()
 
 
-def stalls(profile=None, gpu=None, top=8):
+def stalls(profile=None, gpu=None, top=8, only=None):
     """Why warps wait: stall reasons per stage at the teaching config, stacked; the `top` largest
-    reasons overall by name, the rest as "other"."""
+    reasons overall by name, the rest as "other"; `only`: just these stages (slugs)."""
     prof, gpu = profile_rows(profile, gpu)
     title = "Where warps wait: stall reasons per stage (teaching config)"
     table = _stall_table(_by_stage(prof))
+    if only is not None:
+        table = table.loc[[s for s in table.index if s in only]]
     if table.empty:
-        return _message(_nothing_on(gpu), title)
+        return _message(_nothing_on(gpu) if only is None else
+                        f"{', '.join(only)}: {_nothing_on(gpu)}", title)
     order = table.sum().sort_values(ascending=False).index
     shown, rest = list(order[:top]), table[order[top:]].sum(axis=1)
     fig = Figure(figsize=(9, 2.2 + 0.5 * len(table)), layout="constrained")

@@ -146,15 +146,27 @@ _INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
 
 
-def parse(sass: str) -> dict:
-    """{mangled kernel name: Counter of opcodes} from cuobjdump -sass text."""
-    counts, current = {}, None
+_ADDRESS = re.compile(r"^\s*/\*([0-9a-f]+)\*/")
+_BRANCH_TARGET = re.compile(r"\bBRA\b[^;]*?\b0x([0-9a-f]+)\s*;")
+
+
+def listing(sass: str) -> dict:
+    """{mangled kernel name: [(address, opcode, branch target or None)]} from cuobjdump -sass
+    text, an entry per instruction."""
+    out, current = {}, None
     for line in sass.splitlines():
         if m := _FUNCTION.match(line):
-            current = counts.setdefault(m.group(1), Counter())
+            current = out.setdefault(m.group(1), [])
         elif current is not None and (m := _INSTRUCTION.match(line)):
-            current[m.group(1)] += 1
-    return counts
+            target = _BRANCH_TARGET.search(line)
+            current.append((int(_ADDRESS.match(line).group(1), 16), m.group(1),
+                            int(target.group(1), 16) if target else None))
+    return out
+
+
+def parse(sass: str) -> dict:
+    """{mangled kernel name: Counter of opcodes} from cuobjdump -sass text."""
+    return {k: Counter(op for _, op, _ in ins) for k, ins in listing(sass).items()}
 
 
 def short_name(demangled: str) -> str:
@@ -197,6 +209,24 @@ def grouped(source, arch="sm_90", kernel=None) -> pd.DataFrame:
         rows += [dict(kernel=k, category=c, count=by_cat[c]) for c in CATEGORIES]
         rows.append(dict(kernel=k, category=TOTAL, count=sum(ops.values())))
     return pd.DataFrame(rows, columns=["kernel", "category", "count"])
+
+
+def loops(source, arch="sm_90", kernel=None) -> pd.DataFrame:
+    """The loops of each kernel as the machine code has them: a branch back to an earlier address
+    closes one (a branch to itself, the trap after EXIT, does not). A row per (kernel, loop): its
+    first and last address, the instructions in its body and the CATEGORIES counts among them,
+    i.e. what one trip costs, statically (a loop nested in another counts in both)."""
+    code = listing(disassemble(_source(source), arch))
+    rows = []
+    for name, ins in _pick(dict(zip(map(short_name, ptxas.kernel_names(list(code))),
+                                    code.values())), kernel).items():
+        for address, _, target in ins:
+            if target is None or target >= address:
+                continue
+            body = Counter(category(op) for a, op, _ in ins if target <= a <= address)
+            rows.append(dict(kernel=name, first=hex(target), last=hex(address),
+                             instructions=sum(body.values()), **{c: body[c] for c in CATEGORIES}))
+    return pd.DataFrame(rows, columns=["kernel", "first", "last", "instructions", *CATEGORIES])
 
 
 def evidence(stage, arch="sm_90") -> pd.DataFrame:

@@ -122,3 +122,37 @@ def test_titles_carry_the_counts():
     assert "32 sectors" in dg.access_pattern("01_naive").axes[0].get_title()
     assert "4 sectors" in dg.access_pattern("02_coalesced").axes[0].get_title()
     assert "1024 per (batch, head)" in dg.loop_order().axes[0].get_title()
+
+
+@pytest.mark.parametrize("load, compute", [(700, 300), (300, 700), (400, 400), (1, 0.5)])
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_pipeline_schedule(load, compute, stages, tiles=7):
+    plan = dg.pipeline_schedule(load, compute, tiles, stages)
+    assert (plan["compute_start"] >= plan["load_end"]).all()            # never computes early
+    assert (plan["compute_start"].diff().dropna() >= compute).all()     # one tile at a time
+    assert (plan["load_start"].diff().dropna() >= load).all()           # one load at a time
+    # a load never overwrites a buffer before the tile that used it is computed
+    for k in range(stages, tiles):
+        assert plan.at[k, "load_start"] >= plan.at[k - stages, "compute_end"]
+    total = plan["compute_end"].iloc[-1]
+    if stages == 1:
+        assert total == pytest.approx(tiles * (load + compute))
+    if stages == 2:
+        assert total == pytest.approx(load + (tiles - 1) * max(load, compute) + compute)
+
+
+def test_pipeline_bound():
+    assert dg.pipeline_speedup_bound(1, 1) == 2
+    assert dg.pipeline_speedup_bound(3, 1) == pytest.approx(4 / 3)
+    serial = dg.pipeline_schedule(3, 1, 1000, 1)["compute_end"].iloc[-1]
+    piped = dg.pipeline_schedule(3, 1, 1000, 2)["compute_end"].iloc[-1]
+    assert serial / piped == pytest.approx(4 / 3, rel=1e-3)
+    with pytest.raises(ValueError):
+        dg.pipeline_schedule(1, 1, stages=0)
+
+
+def test_pipeline_timeline():
+    fig = dg.pipeline_timeline(700, 300, tiles=5)
+    assert _renders(fig)
+    assert "at most 1.43x" in fig._suptitle.get_text()
+    assert "5000 ns for 5 tiles" in fig.axes[0].get_title(loc="left")

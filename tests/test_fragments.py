@@ -220,3 +220,106 @@ def test_tile_cost(D, BR=64, BC=64):
     assert fr.block_once_wavefronts(D) == D // 64 * 256
     blocks, tiles = 4 * 16 * 1024 // BR, 1024 // BC
     assert fr.launch_wavefronts(4, 16, 1024, D) == blocks * (tiles * padded.wavefronts + D // 64 * 256)
+
+
+# ---------------------------------------------------------------- stages 06 and 07: the swizzle
+
+SWIZZLED = ["06_swizzle", "07_cp_async"]
+
+
+@pytest.mark.parametrize("slug, how", [("05_mma", dict(pad_bytes=16)),
+                                       ("06_swizzle", dict(pad_bytes=0)),
+                                       ("07_cp_async", dict(pad_bytes=0, stages=2))])
+def test_smem_bytes_is_the_kernels_formula(slug, how):
+    text = (KERNELS / f"{slug}.cu").read_text()
+    formula = re.search(r"SMEM_BYTES = ([^;]+);", text).group(1)
+    for D in (64, 128):
+        env = dict(D=D, BR=64, BC=64, LD=D + 8, STAGES=how.get("stages", 1))
+        assert eval(formula, {}, env) == fr.smem_bytes(D, **how), (slug, formula, D)
+
+
+@pytest.mark.parametrize("slug", SWIZZLED)
+def test_swz_is_smem_offset(slug):
+    """The kernel's swz<D>(row, col), in halves, is smem_offset(..., swizzle=True) in bytes / 2."""
+    body = re.search(r"int swz\(int row, int col\) \{\s*return ([^;]+);", (KERNELS / f"{slug}.cu")
+                     .read_text()).group(1)
+    row, col = np.indices((64, 16))
+    for D in (64, 128):
+        col8 = col * 8 % D
+        assert (eval(body, {}, dict(row=row, col=col8, D=D))
+                == fr.smem_offset(row, col8, 2 * D, swizzle=True) // 2).all()
+
+
+def _split_args(text):
+    """'a(b, c), d' -> ['a(b, c)', 'd']: top-level commas only."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur.strip()]
+
+
+@pytest.mark.parametrize("slug", SWIZZLED)
+def test_swizzled_stages_read_what_05_reads(slug):
+    """Stages 06 and 07 call ldmatrix with swz<D>(row, col) where stage 05 had row * LD + col:
+    the same (row, col) for every lane and loop index, only the layout differs."""
+    calls = _ldmatrix_calls((KERNELS / f"{slug}.cu").read_text())
+    assert len(calls) == 3
+    for func, base, expr in calls:
+        op = {"Qw": "Q", "Ks": "K", "Kt": "K", "Vs": "V", "Vt": "V"}[base]
+        addresses, trans = fr.KERNEL_LDMATRIX[op]
+        assert func.endswith("_trans") == trans
+        inner = re.fullmatch(r"swz<D>\((.*)\)", expr).group(1)
+        row, col = (a.replace("/", "//") for a in _split_args(inner))
+        loop = sorted(inspect.signature(addresses).parameters)
+        for values in itertools.product(range(4), repeat=len(loop)):
+            env = dict(zip(loop, values), lane=LANES)
+            rows, cols = addresses(**dict(zip(loop, values)))
+            assert (eval(row, {}, env) == rows).all() and (eval(col, {}, env) == cols).all()
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_access_table(D):
+    t = fr.access_table(D)
+    padded, swizzled = t["+16 bytes a row (05)"], t["XOR swizzle (06)"]
+    assert (padded == t["ideal"]).all() and (swizzled == t["ideal"]).all()
+    dense = t["dense rows"] / t["ideal"]
+    assert dense.tolist() == [8, 8, 1, 8]   # ldmatrix K, ldmatrix Q/V, tile rows, O stores
+
+
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("layout", ["+16 bytes a row (05)", "XOR swizzle (06)"])
+def test_access_costs_do_not_depend_on_the_loop_index(D, layout):
+    """access_cost is taken at loop index 0; every other index of the kernels' loops (and warp,
+    and load_tile trip) costs the same."""
+    how = fr.LAYOUTS[layout]
+    shifts = {"ldmatrix K": [(8 * n, 16 * kk) for n in range(8) for kk in range(0, D // 16, 2)],
+              "ldmatrix Q, V": [(16 * ks, 8 * d) for ks in range(4) for d in range(0, D // 8, 2)],
+              "tile rows": [(32 * i // (D // 8), 0) for i in range(64 * D // 8 // 32)],
+              "O stores": [(8 * h + 16 * w, 8 * d) for h in (0, 1) for w in range(4)
+                           for d in range(D // 8)]}
+    for access, moves in shifts.items():
+        base = fr.access_cost(access, D, **how).wavefronts
+        assert {fr.access_cost(access, D, shift=s, **how).wavefronts for s in moves} == {base}
+
+
+@pytest.mark.parametrize("draw", [fr.bank_maps, lambda: fr.bank_maps(128),
+                                  *[lambda a=a: fr.bank_comparison(a) for a in fr.ACCESSES],
+                                  lambda: fr.bank_comparison("O stores", 128)])
+def test_layout_figures_render(draw):
+    fig = draw()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=40)
+    assert buf.tell() > 1000
+
+
+def test_bank_comparison_titles_carry_the_counts():
+    titles = [ax.get_title() for ax in fr.bank_comparison("ldmatrix K").axes]
+    assert "32 wavefronts" in titles[0] and "8x the ideal" in titles[0]
+    assert all("4 wavefronts (ideal 4), conflict-free" in t for t in titles[1:])
+    with pytest.raises(ValueError):
+        fr.warp_access("ldmatrix P")

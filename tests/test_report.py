@@ -216,3 +216,18 @@ def test_the_recorded_profile_draws_every_figure(data_dir, tmp_path):
     assert len(written) == n_figures(with_profile=True, profiled=profiled)
     for fig in (plots.idea_metrics(), plots.stalls()):
         assert not any(plots.NO_PROFILE in w for w in words(fig))
+
+
+def test_profile_figures_for_some_stages(profiled):
+    """`only` keeps the transitions into (idea_metrics) or the rows of (stalls) the given stages:
+    what one notebook shows."""
+    fig = plots.idea_metrics(only=["07_cp_async"])
+    titles = [sub._suptitle.get_text() for sub in fig.subfigs]
+    assert len(titles) == 1 and titles[0].startswith("06_swizzle → 07_cp_async")
+    ax = plots.stalls(only=["06_swizzle", "07_cp_async"]).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["06_swizzle", "07_cp_async"]
+
+
+def test_profile_figures_for_stages_not_profiled(unprofiled):
+    for fig in (plots.idea_metrics(only=["06_swizzle"]), plots.stalls(only=["06_swizzle"])):
+        assert any("06_swizzle" in w and plots.NO_PROFILE in w for w in words(fig))

@@ -196,3 +196,45 @@ def test_cli_prints_the_grouped_table(capsys):
     assert main(["sass", "02", "--arch", "sm_80"]) == 0
     out = capsys.readouterr().out
     assert "static SASS" in out and "coalesced_kernel" in out and "LDG.E.128" in out
+
+
+LOOPED = """
+		Function : _Z4loopv
+        /*0000*/                   MOV R0, RZ ;
+        /*0010*/                   HMMA.16816.F32 R8, R4, R6, R8 ;
+        /*0020*/                   LDSM.16.M88.4 R4, [R2] ;
+        /*0030*/              @!P0 BRA 0x10 ;
+        /*0040*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0050*/               @P0 BRA P1, 0x70 ;
+        /*0060*/                   BRA 0x60;
+        /*0070*/                   EXIT ;
+"""
+
+
+def test_listing_finds_branch_targets():
+    ins = sass.listing(LOOPED)["_Z4loopv"]
+    assert [t for *_, t in ins] == [None, None, None, 0x10, None, 0x70, 0x60, None]
+    assert sass.parse(LOOPED)["_Z4loopv"]["BRA"] == 3
+
+
+def test_loops_on_canned_text(monkeypatch):
+    monkeypatch.setattr(sass, "disassemble", lambda source, arch: LOOPED)
+    monkeypatch.setattr(sass.ptxas, "kernel_names", lambda names: ["loop()"])
+    found = sass.loops("x.cu")
+    # one loop: the BRA to itself after EXIT is the usual trap, not a loop
+    assert found[["first", "last", "instructions"]].values.tolist() == [["0x10", "0x30", 3]]
+    assert found.iloc[0]["HMMA"] == found.iloc[0]["LDSM"] == 1
+
+
+@needs_tools
+def test_the_kv_loop_of_stages_05_to_07():
+    """One loop per kernel, the K/V loop: the same 64 HMMA and 32 LDSM per trip at D=64, the
+    swizzle's addresses hoisted out of it; 07 copies with LDGSTS inside it, 05 and 06 with LDG."""
+    body = {s: sass.loops(s, kernel=k).iloc[0] for s, k in [
+        ("05_mma", "mma_kernel<__half, 64, 64, 64>"),
+        ("06_swizzle", "swizzle_kernel<__half, 64, 64, 64>"),
+        ("07_cp_async", "cp_async_kernel<__half, 64, 64, 64, 2>")]}
+    for b in body.values():
+        assert b["HMMA"] == 64 and b["LDSM"] == 32
+    assert body["05_mma"]["LDG.E.128"] == body["06_swizzle"]["LDG.E.128"] == 8
+    assert body["07_cp_async"]["LDGSTS"] == 8 and body["07_cp_async"]["LDG.E.128"] == 0
