@@ -2,7 +2,7 @@
 //
 // Stage 05 stored each row of Q, K and V 16 bytes longer than it is, so that the 8 rows one
 // ldmatrix phase reads start in 8 different 16-byte groups of banks. Padding works, but it wastes
-// shared memory (1/8 of it at D=64), breaks the dense power-of-two layout that the asynchronous
+// shared memory (1/9 of a padded D=64 tile), breaks the dense power-of-two layout that the asynchronous
 // copies of stage 07 and the TMA of later GPUs want, and leaves every address computation with an
 // odd stride. This stage keeps rows dense (stride D) and permutes the 16-byte chunks of each row
 // instead: logical chunk c of row r is stored at chunk c ^ (r % 8). The 8 rows of an ldmatrix phase
