@@ -13,7 +13,7 @@
 //    in flight.
 // The kernel is stage 07 with these five as template parameters; `tools/tune08.py` times the
 // candidates on the GPU, writes its choice per head dim and mask to data/tune08.csv, and the
-// table in `pick()` below is that choice. Five smaller changes ride along as the bits of a sixth
+// table in `pick()` below is that choice. Four smaller changes ride along as the bits of a sixth
 // parameter, OPTS; the tuner measures each by switching it off and keeps it only where it pays:
 //  * FOLD_SCALE: the row max is taken on raw scores and the scale goes into the exponent's FFMA,
 //    exp2(s * scale log2 e - m): one multiply per score fewer.
@@ -21,16 +21,12 @@
 //  * WARP_SKIP: causal tiles that are masked for all of a warp's rows are not computed.
 //  * LANE_OFFSETS: every swizzled ldmatrix and cp.async address is a per-lane base computed once
 //    plus a compile-time constant, instead of a fresh multiply-XOR-shift per access.
-//  * SPLIT_TILE: a tile of BC > 32 keys is loaded whole but computed 32 keys at a time: the
-//    barriers and waits of a long tile with the registers of a short one (two row tiles of 64
-//    keys do not fit in 255 registers at D = 128 otherwise).
 // Everything else is stage 07.
 #include <cmath>
 #include "common.cuh"
 #include "ptx.cuh"
 
-enum Opts { FOLD_SCALE = 1, SKIP_RESCALE = 2, WARP_SKIP = 4, LANE_OFFSETS = 8, SPLIT_TILE = 16,
-            ALL_OPTS = 31 };
+enum Opts { FOLD_SCALE = 1, SKIP_RESCALE = 2, WARP_SKIP = 4, LANE_OFFSETS = 8, ALL_OPTS = 15 };
 
 template <int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS>
 struct Tiles {
@@ -100,8 +96,7 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
              T* __restrict__ O, int N, float scale_log2, int causal) {
   using Cfg = Tiles<D, BC, WARPS, WM, STAGES, Q_REGS>;
   constexpr int BR = Cfg::BR, THREADS = Cfg::THREADS;
-  constexpr int SUB = (OPTS & SPLIT_TILE) && BC > 32 ? 32 : BC;  // keys per compute step
-  constexpr int KD = D / 16, NS = SUB / 8, KS = SUB / 16, NO = D / 8;
+  constexpr int KD = D / 16, NS = BC / 8, KS = BC / 16, NO = D / 8;
   constexpr bool kFold = OPTS & FOLD_SCALE, kSkipRescale = OPTS & SKIP_RESCALE,
                  kWarpSkip = OPTS & WARP_SKIP, kLane = OPTS & LANE_OFFSETS;
   static_assert(KD % 2 == 0 && NO % 2 == 0, "ldmatrix.x4 feeds two mma k-steps / n-tiles");
@@ -165,6 +160,7 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
   for (int h = 0; h < 2 * WM; h++) m[h] = -INFINITY, l[h] = 0.f;
 
   for (int j = 0; j < n_tiles; j++) {
+    const int k0 = j * BC;
     if (j > 0) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();
@@ -175,132 +171,125 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
       load_tile_async<BC, D, THREADS, kLane>(Vs_u + 2 * (next % STAGES) * BC * D, V, next * BC, N);
     }
     cp_async_commit();
-    const uint32_t Kj = Ks_u + 2 * (j % STAGES) * BC * D;
-    const uint32_t Vj = Vs_u + 2 * (j % STAGES) * BC * D;
-    // SPLIT_TILE: the tile is loaded whole but computed SUB keys at a time, so that a long tile
-    // (fewer barriers and waits per key) costs the registers of a short one.
-#pragma unroll 1
-    for (int sub = 0; sub < BC / SUB; sub++) {
-    const int k0 = j * BC + sub * SUB;
-    const uint32_t Kt = Kj + 2 * sub * SUB * D, Vt = Vj + 2 * sub * SUB * D;
-      // Causal: a tile that starts past this warp's last row is masked for all of its rows. The
-      // block's later warps need it; this one only helps load it and meets the barrier.
-      if (kWarpSkip && causal && k0 > q0 + (warp + 1) * WM * 16 - 1) break;
+    const uint32_t Kt = Ks_u + 2 * (j % STAGES) * BC * D;
+    const uint32_t Vt = Vs_u + 2 * (j % STAGES) * BC * D;
+    // Causal: a tile that starts past this warp's last row is masked for all of its rows. The
+    // block's later warps need it; this one only helps load it and meets the barrier.
+    if (kWarpSkip && causal && k0 > q0 + (warp + 1) * WM * 16 - 1) continue;
 
-      // S = Q K^T: each K fragment feeds WM row tiles.
-      float s[WM][NS][4] = {};
+    // S = Q K^T: each K fragment feeds WM row tiles.
+    float s[WM][NS][4] = {};
 #pragma unroll
-      for (int kk = 0; kk < KD; kk += 2) {
-        uint32_t qa[WM][2][4];
-#pragma unroll
-        for (int w = 0; w < WM; w++)
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            if constexpr (Q_REGS) {
-#pragma unroll
-              for (int r = 0; r < 4; r++) qa[w][e][r] = qf[w][kk + e][r];
-            } else {
-              ldmatrix_x4(qa[w][e], q_addr(w, kk + e));
-            }
-          }
-#pragma unroll
-        for (int n = 0; n < NS; n++) {
-          uint32_t b[4];
-          ldmatrix_x4(b, k_addr(Kt, n, kk));
-#pragma unroll
-          for (int w = 0; w < WM; w++) {
-            mma_m16n8k16<T>(s[w][n], qa[w][0], b[0], b[1]);
-            mma_m16n8k16<T>(s[w][n], qa[w][1], b[2], b[3]);
-          }
-        }
-      }
-
-      if constexpr (!kFold) {
-#pragma unroll
-        for (int w = 0; w < WM; w++)
-#pragma unroll
-          for (int n = 0; n < NS; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) s[w][n][i] *= scale_log2;
-      }
-      if (k0 + SUB > N || (causal && k0 + SUB - 1 > q0)) {
-#pragma unroll
-        for (int w = 0; w < WM; w++)
-#pragma unroll
-          for (int n = 0; n < NS; n++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-              const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + 16 * w + (i >= 2 ? 8 : 0);
-              if (key >= N || (causal && key > row)) s[w][n][i] = -INFINITY;
-            }
-      }
-
-      // Online softmax on the raw scores: the max commutes with the (positive) scale, so the scale
-      // goes into the exponent's FFMA, exp2(s * scale log2 e - m), instead of a multiply per score.
-      float alpha[2 * WM];
+    for (int kk = 0; kk < KD; kk += 2) {
+      uint32_t qa[WM][2][4];
 #pragma unroll
       for (int w = 0; w < WM; w++)
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-          const int h = 2 * w + hh;
-          float mx = -INFINITY;
+        for (int e = 0; e < 2; e++) {
+          if constexpr (Q_REGS) {
 #pragma unroll
-          for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[w][n][2 * hh], s[w][n][2 * hh + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[h], kFold ? mx * scale_log2 : mx);
-          const float m_use = m_new == -INFINITY ? 0.f : m_new;
-          alpha[h] = exp2_approx(m[h] - m_use);
-          m[h] = m_new;
-          float sum = 0.f;
-#pragma unroll
-          for (int n = 0; n < NS; n++) {
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-              float& x = s[w][n][2 * hh + e];
-              x = exp2_approx(kFold ? fmaf(x, scale_log2, -m_use) : x - m_use);
-            }
-            sum += s[w][n][2 * hh] + s[w][n][2 * hh + 1];
+            for (int r = 0; r < 4; r++) qa[w][e][r] = qf[w][kk + e][r];
+          } else {
+            ldmatrix_x4(qa[w][e], q_addr(w, kk + e));
           }
-          l[h] = fmaf(l[h], alpha[h], sum);
         }
-      // Once a row's max has settled (most tiles, for long sequences) alpha is exactly 1: skip the
-      // rescale of O, D/2 multiplies per row and lane, unless some lane of the warp needs it.
-      bool moved = false;
 #pragma unroll
-      for (int h = 0; h < 2 * WM; h++) moved |= alpha[h] != 1.f;
-      if (!kSkipRescale || __any_sync(0xffffffffu, moved)) {
-#pragma unroll
-        for (int w = 0; w < WM; w++)
-#pragma unroll
-          for (int d = 0; d < NO; d++) {
-            o[w][d][0] *= alpha[2 * w];
-            o[w][d][1] *= alpha[2 * w];
-            o[w][d][2] *= alpha[2 * w + 1];
-            o[w][d][3] *= alpha[2 * w + 1];
-          }
-      }
-
-      // O += P V: each V fragment feeds WM row tiles.
-#pragma unroll
-      for (int ks = 0; ks < KS; ks++) {
-        uint32_t a[WM][4];
+      for (int n = 0; n < NS; n++) {
+        uint32_t b[4];
+        ldmatrix_x4(b, k_addr(Kt, n, kk));
 #pragma unroll
         for (int w = 0; w < WM; w++) {
-          a[w][0] = pack2<T>(s[w][2 * ks][0], s[w][2 * ks][1]);
-          a[w][1] = pack2<T>(s[w][2 * ks][2], s[w][2 * ks][3]);
-          a[w][2] = pack2<T>(s[w][2 * ks + 1][0], s[w][2 * ks + 1][1]);
-          a[w][3] = pack2<T>(s[w][2 * ks + 1][2], s[w][2 * ks + 1][3]);
+          mma_m16n8k16<T>(s[w][n], qa[w][0], b[0], b[1]);
+          mma_m16n8k16<T>(s[w][n], qa[w][1], b[2], b[3]);
         }
+      }
+    }
+
+    if constexpr (!kFold) {
 #pragma unroll
-        for (int d = 0; d < NO; d += 2) {
-          uint32_t b[4];
-          ldmatrix_x4_trans(b, v_addr(Vt, ks, d));
+      for (int w = 0; w < WM; w++)
 #pragma unroll
-          for (int w = 0; w < WM; w++) {
-            mma_m16n8k16<T>(o[w][d], a[w], b[0], b[1]);
-            mma_m16n8k16<T>(o[w][d + 1], a[w], b[2], b[3]);
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) s[w][n][i] *= scale_log2;
+    }
+    if (k0 + BC > N || (causal && k0 + BC - 1 > q0)) {
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + 16 * w + (i >= 2 ? 8 : 0);
+            if (key >= N || (causal && key > row)) s[w][n][i] = -INFINITY;
           }
+    }
+
+    // Online softmax on the raw scores: the max commutes with the (positive) scale, so the scale
+    // goes into the exponent's FFMA, exp2(s * scale log2 e - m), instead of a multiply per score.
+    float alpha[2 * WM];
+#pragma unroll
+    for (int w = 0; w < WM; w++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const int h = 2 * w + hh;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[w][n][2 * hh], s[w][n][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[h], kFold ? mx * scale_log2 : mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alpha[h] = exp2_approx(m[h] - m_use);
+        m[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            float& x = s[w][n][2 * hh + e];
+            x = exp2_approx(kFold ? fmaf(x, scale_log2, -m_use) : x - m_use);
+          }
+          sum += s[w][n][2 * hh] + s[w][n][2 * hh + 1];
+        }
+        l[h] = fmaf(l[h], alpha[h], sum);
+      }
+    // Once a row's max has settled (most tiles, for long sequences) alpha is exactly 1: skip the
+    // rescale of O, D/2 multiplies per row and lane, unless some lane of the warp needs it.
+    bool moved = false;
+#pragma unroll
+    for (int h = 0; h < 2 * WM; h++) moved |= alpha[h] != 1.f;
+    if (!kSkipRescale || __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int d = 0; d < NO; d++) {
+          o[w][d][0] *= alpha[2 * w];
+          o[w][d][1] *= alpha[2 * w];
+          o[w][d][2] *= alpha[2 * w + 1];
+          o[w][d][3] *= alpha[2 * w + 1];
+        }
+    }
+
+    // O += P V: each V fragment feeds WM row tiles.
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t a[WM][4];
+#pragma unroll
+      for (int w = 0; w < WM; w++) {
+        a[w][0] = pack2<T>(s[w][2 * ks][0], s[w][2 * ks][1]);
+        a[w][1] = pack2<T>(s[w][2 * ks][2], s[w][2 * ks][3]);
+        a[w][2] = pack2<T>(s[w][2 * ks + 1][0], s[w][2 * ks + 1][1]);
+        a[w][3] = pack2<T>(s[w][2 * ks + 1][2], s[w][2 * ks + 1][3]);
+      }
+#pragma unroll
+      for (int d = 0; d < NO; d += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v_addr(Vt, ks, d));
+#pragma unroll
+        for (int w = 0; w < WM; w++) {
+          mma_m16n8k16<T>(o[w][d], a[w], b[0], b[1]);
+          mma_m16n8k16<T>(o[w][d + 1], a[w], b[2], b[3]);
         }
       }
     }
