@@ -32,7 +32,8 @@ for phase in "${@:-tests run notebooks}"; do for p in $phase; do case $p in
     tail -16 "$OUT/run.out" ;;
   notebooks)
     echo "== notebooks (live)"
-    python3 tools/notebooks.py execute 2>&1 | grep -v "WARNING | Kernel is running over TCP" \
+    # NB_ARGS, e.g. "00 01 02 03 04", splits the notebooks over several device calls
+    python3 tools/notebooks.py execute ${NB_ARGS:-} 2>&1 | grep -v "WARNING | Kernel is running over TCP" \
       | tee "data/runs/notebooks-$stamp.log" | tail -8
     python3 -m flashlab plot >/dev/null && python3 -m flashlab.readme ;;
   *) echo "unknown phase $p"; exit 2 ;;
