@@ -406,6 +406,7 @@ def wmma_dataflow(D=64, BC=64):
                  f"{total / 1024:.0f} KiB of shared-memory traffic\nfor {wmma_flops(D, BC) / 1e6:.2f} "
                  f"MFLOP of tensor-core work; {trip / total:.0%} of the bytes are round trips "
                  f"(red, in KiB per warp and tile)", fontsize=10)
+    return fig
 
 
 # ---------------------------------------------------------------- stages 06 and 07: loads against math
