@@ -210,3 +210,82 @@ def wide(df=None, config: Config = TEACHING) -> pd.DataFrame:
     df = load() if df is None else df
     df = results.at_config(df, config)
     return df.pivot_table(index="stage", columns="metric", values="value", aggfunc="last")
+
+
+# --- ncu's source view: shared-memory wavefronts per SASS instruction ----------------------------
+
+def source_path(st, cfg, gpu):
+    """Where the per-instruction CSV of `st` at `cfg` is kept, beside its raw metrics."""
+    raw = raw_path(st, cfg, gpu)
+    return raw.with_name(raw.stem + "_source.csv")
+
+
+def profile_source(stage, config: Config = TEACHING, record=True, timeout=900) -> pd.DataFrame:
+    """One launch of `stage` under ncu's SourceCounters section, page "source": the wavefronts
+    each shared-memory instruction took, the fewest it could have taken, and the excess (what
+    the aggregate bank-conflict counters sum, and more: they also count conflicts between
+    different instructions in flight). Returns shared_by_instruction() of it."""
+    ok, why = available()
+    if not ok:
+        raise RuntimeError(f"cannot profile here: {why}")
+    st = _stage(stage)
+    st.build()
+    cfg = config
+    cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{kernel_name(st)}",
+           "--launch-skip", "1", "--launch-count", "1", "--section", "SourceCounters",
+           "--page", "source", "--csv", "--print-source", "sass",
+           sys.executable, "-m", "flashlab.profile_target", st.slug, str(cfg.B), str(cfg.H),
+           str(cfg.N), str(cfg.D), str(int(cfg.causal)), cfg.dtype]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=paths.ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ncu failed on {st.slug} ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    if record:
+        sp = source_path(st, cfg, environment()["gpu"])
+        sp.parent.mkdir(parents=True, exist_ok=True)
+        sp.write_text(proc.stdout)
+    return shared_by_instruction(proc.stdout)
+
+
+def shared_by_instruction(text) -> pd.DataFrame:
+    """From ncu's `--page source --csv --print-source sass` output: a row per SASS instruction
+    that touched shared memory, with its wavefronts, the ideal count and the excess."""
+    lines = [ln for ln in text.splitlines() if ln.startswith('"')]
+    rows = list(csv.reader(io.StringIO("\n".join(lines))))
+    header = next((r for r in rows if "L1 Wavefronts Shared" in r), None)
+    if header is None:
+        raise ValueError("no 'L1 Wavefronts Shared' column: not ncu's source page")
+    at = {h: i for i, h in enumerate(header)}
+
+    def num(r, col):
+        try:
+            return float(r[at[col]].replace(",", ""))
+        except (IndexError, ValueError):
+            return 0.0
+    out = []
+    for r in rows[rows.index(header) + 1:]:
+        wavefronts = num(r, "L1 Wavefronts Shared")
+        if not wavefronts:
+            continue
+        sass = r[at["Source"]].strip()
+        words = sass.split()
+        opcode = (words[1] if words[0].startswith("@") else words[0]).split(".")[0]
+        out.append(dict(address=r[at["Address"]], sass=sass, opcode=opcode, wavefronts=wavefronts,
+                        ideal=num(r, "L1 Wavefronts Shared Ideal"),
+                        excessive=num(r, "L1 Wavefronts Shared Excessive")))
+    return pd.DataFrame(out, columns=["address", "sass", "opcode", "wavefronts", "ideal",
+                                      "excessive"])
+
+
+def shared_by_opcode(stage, config: Config = None, gpu=None) -> pd.DataFrame:
+    """The recorded source view of `stage` summed per opcode (LDSM, STS, LDS, ...)."""
+    st = _stage(stage)
+    cfg = config or Config(TEACHING.B, TEACHING.H, TEACHING.N, TEACHING.D, False, st.dtypes[0])
+    gpus = [gpu] if gpu else sorted({p.parent.name for p in
+                                     (paths.data_dir() / "profiles").glob("*/*_source.csv")})
+    for g in gpus:
+        p = source_path(st, cfg, g)
+        if p.exists():
+            df = shared_by_instruction(p.read_text())
+            return df.groupby("opcode")[["wavefronts", "ideal", "excessive"]].sum()
+    raise FileNotFoundError(f"no source view of {st.slug} at {cfg.label} recorded: on a GPU, "
+                            f"flashlab.profile.profile_source({st.number})")

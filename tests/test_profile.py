@@ -59,3 +59,30 @@ def test_profile_without_gpu_says_why(monkeypatch):
 def test_load_without_recordings_is_empty(empty_data_dir):
     df = prof.load()
     assert df.empty and list(df.columns)[:9] == prof.KEY
+
+
+def test_source_view_of_the_recorded_swizzle_has_no_excess_wavefronts():
+    """ncu's per-instruction view, recorded on the H100: every ldmatrix of stages 05 (padded) and
+    06 (swizzled) took exactly its ideal number of wavefronts."""
+    from flashlab import profile as prof
+    for slug in ("05_mma", "06_swizzle"):
+        try:
+            by_op = prof.shared_by_opcode(slug)
+        except FileNotFoundError:
+            pytest.skip(f"no recorded source view of {slug}")
+        assert by_op.loc["LDSM", "wavefronts"] > 0
+        assert by_op.loc["LDSM", "excessive"] == 0
+        assert (by_op["wavefronts"] == by_op["ideal"] + by_op["excessive"]).all()
+
+
+def test_source_view_parser_reads_excess():
+    from flashlab.profile import shared_by_instruction
+    text = ('"Kernel Name","k"\n'
+            '"Address","Source","L1 Wavefronts Shared Excessive","L1 Wavefronts Shared",'
+            '"L1 Wavefronts Shared Ideal"\n'
+            '"0x10","LDSM.16.M88.4 R4, [R2]","0","64","64"\n'
+            '"0x20","@P0 STS.128 [R3], R8","32","96","64"\n'
+            '"0x30","IADD3 R1, R1, 1, RZ","0","0","0"\n')
+    df = shared_by_instruction(text)
+    assert list(df["opcode"]) == ["LDSM", "STS"]
+    assert df["excessive"].tolist() == [0, 32]

@@ -330,6 +330,31 @@ with nb.unless_missing():
               "instruction.")
 
 # %% [markdown]
+# The aggregate counters sum every wavefront the shared-memory pipe took beyond the fewest, and
+# that includes clashes *between* instructions in flight (a tile store from one warp against an
+# `ldmatrix` from another), which no single instruction's addresses explain. Nsight Compute's
+# **source view** (section `SourceCounters`, recorded beside the metrics by
+# `flashlab.profile.profile_source`) splits the traffic per SASS instruction: wavefronts taken,
+# the fewest possible (ideal), and the excess. Summed per opcode:
+
+# %%
+from flashlab import profile as prof
+
+for s in ("05_mma", "06_swizzle"):
+    try:
+        by_op = prof.shared_by_opcode(s)
+    except FileNotFoundError as err:
+        print(err)
+        continue
+    print(s)
+    display(by_op)
+    ldsm = by_op.loc["LDSM"] if "LDSM" in by_op.index else None
+    if ldsm is not None:
+        print(f"{s}: ldmatrix took {ldsm.wavefronts:.4g} wavefronts, {ldsm.excessive:.4g} more "
+              f"than the ideal {ldsm.ideal:.4g}" + (": conflict-free, instruction by instruction."
+                                                    if ldsm.excessive == 0 else "."))
+
+# %% [markdown]
 # The same two counters as paired bars, stage 05 against stage 06 (`IDEA_METRIC` in
 # `flashlab/plots.py` names them as this stage's idea metrics):
 
