@@ -73,7 +73,7 @@ def target(src: Path) -> Path:
 
 def build(names=None):
     for src in sorted(SRC.glob("*.py")):
-        if names and src.stem not in names:
+        if names and src.stem not in names and src.stem[:2] not in names:
             continue
         dst = target(src)
         old = nbformat.read(dst, as_version=4) if dst.exists() else None

@@ -330,9 +330,9 @@ with nb.unless_missing():
               "instruction.")
 
 # %% [markdown]
-# The aggregate counters sum every wavefront the shared-memory pipe took beyond the fewest, and
-# that includes clashes *between* instructions in flight (a tile store from one warp against an
-# `ldmatrix` from another), which no single instruction's addresses explain. Nsight Compute's
+# The aggregate counters are hardware counts for the whole shared-memory pipe, and a small
+# residue in them need not belong to any one instruction's addresses (accesses of different warps
+# in flight together can also collide). Nsight Compute's
 # **source view** (section `SourceCounters`, recorded beside the metrics by
 # `flashlab.profile.profile_source`) splits the traffic per SASS instruction: wavefronts taken,
 # the fewest possible (ideal), and the excess. Summed per opcode:
