@@ -214,13 +214,18 @@ def wide(df=None, config: Config = TEACHING) -> pd.DataFrame:
 
 # --- ncu's source view: shared-memory wavefronts per SASS instruction ----------------------------
 
+def _teaching_of(st):
+    """The teaching config in the stage's own (first) dtype."""
+    return Config(TEACHING.B, TEACHING.H, TEACHING.N, TEACHING.D, False, st.dtypes[0])
+
+
 def source_path(st, cfg, gpu):
     """Where the per-instruction CSV of `st` at `cfg` is kept, beside its raw metrics."""
     raw = raw_path(st, cfg, gpu)
     return raw.with_name(raw.stem + "_source.csv")
 
 
-def profile_source(stage, config: Config = TEACHING, record=True, timeout=900) -> pd.DataFrame:
+def profile_source(stage, config: Config = None, record=True, timeout=900) -> pd.DataFrame:
     """One launch of `stage` under ncu's SourceCounters section, page "source": the wavefronts
     each shared-memory instruction took, the fewest it could have taken, and the excess (what
     the aggregate bank-conflict counters sum, and more: they also count conflicts between
@@ -230,7 +235,7 @@ def profile_source(stage, config: Config = TEACHING, record=True, timeout=900) -
         raise RuntimeError(f"cannot profile here: {why}")
     st = _stage(stage)
     st.build()
-    cfg = config
+    cfg = config or _teaching_of(st)
     cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{kernel_name(st)}",
            "--launch-skip", "1", "--launch-count", "1", "--section", "SourceCounters",
            "--page", "source", "--csv", "--print-source", "sass",
@@ -279,7 +284,7 @@ def shared_by_instruction(text) -> pd.DataFrame:
 def shared_by_opcode(stage, config: Config = None, gpu=None) -> pd.DataFrame:
     """The recorded source view of `stage` summed per opcode (LDSM, STS, LDS, ...)."""
     st = _stage(stage)
-    cfg = config or Config(TEACHING.B, TEACHING.H, TEACHING.N, TEACHING.D, False, st.dtypes[0])
+    cfg = config or _teaching_of(st)
     gpus = [gpu] if gpu else sorted({p.parent.name for p in
                                      (paths.data_dir() / "profiles").glob("*/*_source.csv")})
     for g in gpus:
