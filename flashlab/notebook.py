@@ -48,6 +48,15 @@ def not_recorded(name, what="", flags="") -> NotRecorded:
     return NotRecorded(f"{slug}{what}: not recorded yet on {_gpu_shown()}: run `{command}`")
 
 
+def _missing(err, missing_ok, fallback):
+    """What a helper with `missing_ok` does about NotRecorded `err`: raise it, or print it and
+    give `fallback` (the cell-wide alternative is unless_missing)."""
+    if not missing_ok:
+        raise err
+    print(err)
+    return fallback
+
+
 @contextlib.contextmanager
 def unless_missing():
     """`with nb.unless_missing():` runs a cell's measured part, or, where a stage has not been
@@ -312,11 +321,8 @@ class Evaluation:
         message printed and None."""
         r = at_config(self.rows, teaching(dtype)) if len(self.rows) else self.rows
         if r.empty:
-            err = not_recorded(self.stage, f" at the {dtype} teaching config")
-            if missing_ok:
-                print(err)
-                return None
-            raise err
+            return _missing(not_recorded(self.stage, f" at the {dtype} teaching config"),
+                            missing_ok, None)
         return r.iloc[-1]
 
     def __str__(self):
@@ -396,11 +402,8 @@ def speedup(slower, faster, dtype="fp32", faster_dtype=None, missing_ok=False) -
     for name, d in ((slower, dtype), (faster, faster_dtype or dtype)):
         t = compare(d).set_index("stage")["median_ms"]
         if name not in t:
-            err = not_recorded(name, f" at the {d} teaching config")
-            if missing_ok:
-                print(err)
-                return float("nan")
-            raise err
+            return _missing(not_recorded(name, f" at the {d} teaching config"), missing_ok,
+                            float("nan"))
         times.append(t[name])
     return float(times[0] / times[1])
 
@@ -427,12 +430,9 @@ def profile(stage, config=None, missing_ok=False) -> pd.DataFrame:
         if s.slug in t.index:
             tables[s.slug] = t.loc[[s.slug]]
     rows = list(tables)[-2:]
-    if st.slug not in rows:
-        err = not_recorded(st, f" profile at {cfg.label}", " --profile")
-        if not missing_ok:
-            raise err
-        print(err)
-        rows = rows[-1:]  # the predecessor alone
+    if st.slug not in rows:  # with missing_ok, the predecessor alone
+        rows = _missing(not_recorded(st, f" profile at {cfg.label}", " --profile"), missing_ok,
+                        rows[-1:])
     if not rows:
         return pd.DataFrame()
     return pd.concat([tables[r] for r in rows]).T

@@ -24,7 +24,7 @@ import sys
 import pandas as pd
 
 from . import paths, results
-from .bench import TEACHING, Config
+from .bench import TEACHING, Config, teaching
 from .env import environment, gpu_available
 from .profile_schema import COLUMNS, KEY, METRICS, STALL_REASONS
 from .stages import stage as _stage
@@ -150,24 +150,36 @@ def raw_path(st, cfg, gpu):
     return paths.data_dir() / "profiles" / re.sub(r"\W+", "-", gpu) / f"{label}.csv"
 
 
-def profile(stage, config: Config = TEACHING, record=True, timeout=900) -> pd.DataFrame:
-    """Profile one launch of `stage` at `config` under ncu; returns (and records) the metrics."""
+def _prepare(stage, config):
+    """The stage (built outside ncu, so the profiled process only loads it) and its config:
+    by default the teaching config in the stage's own first dtype."""
     ok, why = available()
     if not ok:
         raise RuntimeError(f"cannot profile here: {why}; the recorded metrics are in "
                            f"{paths.data_dir() / 'profile.csv'} (flashlab.profile.load())")
     st = _stage(stage)
-    st.build()  # compile outside ncu, so the profiled process only loads it
+    st.build()
+    return st, config or teaching(st.dtypes[0])
+
+
+def _ncu(st, cfg, options, timeout):
+    """ncu on the second launch of the stage's kernel (the first may pay for loading) at cfg,
+    with `options` choosing what it collects and prints."""
+    cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{kernel_name(st)}",
+           "--launch-skip", "1", "--launch-count", "1", *options,
+           sys.executable, "-m", "flashlab.profile_target", st.slug, str(cfg.B), str(cfg.H),
+           str(cfg.N), str(cfg.D), str(int(cfg.causal)), cfg.dtype]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=paths.ROOT)
+
+
+def profile(stage, config: Config = None, record=True, timeout=900) -> pd.DataFrame:
+    """Profile one launch of `stage` at `config` (default: the teaching config in its own
+    dtype) under ncu; returns (and records) the metrics."""
+    st, cfg = _prepare(stage, config)
     chosen = _choose()
-    cfg = config
     for _ in range(4):  # ncu refuses the whole run over one unknown metric: drop it and retry
         metrics = sorted({p for o in chosen.values() for p in (o if isinstance(o, tuple) else (o,))})
-        cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{kernel_name(st)}",
-               "--launch-skip", "1", "--launch-count", "1", "--metrics", ",".join(metrics),
-               "--csv", "--page", "raw",
-               sys.executable, "-m", "flashlab.profile_target", st.slug, str(cfg.B), str(cfg.H),
-               str(cfg.N), str(cfg.D), str(int(cfg.causal)), cfg.dtype]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=paths.ROOT)
+        proc = _ncu(st, cfg, ["--metrics", ",".join(metrics), "--csv", "--page", "raw"], timeout)
         refused = set(re.findall(r"Failed to find metric\s+'?([\w.]+)", proc.stdout + proc.stderr))
         if proc.returncode == 0 or not refused:
             break
@@ -214,11 +226,6 @@ def wide(df=None, config: Config = TEACHING) -> pd.DataFrame:
 
 # --- ncu's source view: shared-memory wavefronts per SASS instruction ----------------------------
 
-def _teaching_of(st):
-    """The teaching config in the stage's own (first) dtype."""
-    return Config(TEACHING.B, TEACHING.H, TEACHING.N, TEACHING.D, False, st.dtypes[0])
-
-
 def source_path(st, cfg, gpu):
     """Where the per-instruction CSV of `st` at `cfg` is kept, beside its raw metrics."""
     raw = raw_path(st, cfg, gpu)
@@ -227,21 +234,12 @@ def source_path(st, cfg, gpu):
 
 def profile_source(stage, config: Config = None, record=True, timeout=900) -> pd.DataFrame:
     """One launch of `stage` under ncu's SourceCounters section, page "source": the wavefronts
-    each shared-memory instruction took, the fewest it could have taken, and the excess (what
-    the aggregate bank-conflict counters sum, and more: they also count conflicts between
-    different instructions in flight). Returns shared_by_instruction() of it."""
-    ok, why = available()
-    if not ok:
-        raise RuntimeError(f"cannot profile here: {why}")
-    st = _stage(stage)
-    st.build()
-    cfg = config or _teaching_of(st)
-    cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{kernel_name(st)}",
-           "--launch-skip", "1", "--launch-count", "1", "--section", "SourceCounters",
-           "--page", "source", "--csv", "--print-source", "sass",
-           sys.executable, "-m", "flashlab.profile_target", st.slug, str(cfg.B), str(cfg.H),
-           str(cfg.N), str(cfg.D), str(int(cfg.causal)), cfg.dtype]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=paths.ROOT)
+    each shared-memory instruction took, the fewest it could have taken, and the excess (a
+    per-instruction view of what the aggregate bank-conflict counters sum). Returns
+    shared_by_instruction() of it."""
+    st, cfg = _prepare(stage, config)
+    proc = _ncu(st, cfg, ["--section", "SourceCounters", "--page", "source", "--csv",
+                          "--print-source", "sass"], timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"ncu failed on {st.slug} ({proc.returncode}):\n{proc.stderr[-3000:]}")
     if record:
@@ -284,7 +282,7 @@ def shared_by_instruction(text) -> pd.DataFrame:
 def shared_by_opcode(stage, config: Config = None, gpu=None) -> pd.DataFrame:
     """The recorded source view of `stage` summed per opcode (LDSM, STS, LDS, ...)."""
     st = _stage(stage)
-    cfg = config or _teaching_of(st)
+    cfg = config or teaching(st.dtypes[0])
     gpus = [gpu] if gpu else sorted({p.parent.name for p in
                                      (paths.data_dir() / "profiles").glob("*/*_source.csv")})
     for g in gpus:
