@@ -369,22 +369,39 @@ def launch_efficiency(N, heads, BR, BC, slots, causal) -> float:
     return sum(work) / slots / max(free)
 
 
-def kernel_pick(text=None) -> dict:
-    """{(D, causal): candidate} read out of the pick() of kernels/08_tuned.cu as it stands."""
+def kernel_pick_by_n(text=None) -> dict:
+    """{(D, causal): [(N below which it serves, or None for the rest; candidate)]} read out of the
+    pick() of kernels/08_tuned.cu as it stands."""
     t = tool()
     text = t.KERNEL.read_text() if text is None else text
     block = t.PICK.search(text)
     if not block:
         raise ValueError("no // TUNED: pick() block in kernels/08_tuned.cu")
     pat = re.compile(r"launch<T, (\d+), (\d+), (\d+), (\d+), (\d+), (true|false), (\w+)>")
-    out = {}
+    out, in_causal = {}, False
     for line in block.group(0).splitlines():
+        if re.search(r"if \(p->causal\) \{", line):
+            in_causal = True
+            continue
+        if line.strip() == "}":
+            in_causal = False
         if m := pat.search(line):
             D, *nums, q, opts = m.groups()
             c = (*map(int, nums), int(q == "true"), t.ALL_OPTS if opts == "ALL_OPTS" else int(opts))
-            for causal in ((True,) if "p->causal" in line else (False, True)):
-                out.setdefault((int(D), causal), c)
+            below = re.search(r"p->N < (\d+)", line)
+            seg = (int(below.group(1)) if below else None, c)
+            if "p->causal" in line or in_causal:
+                out.setdefault((int(D), True), []).append(seg)
+            else:
+                out.setdefault((int(D), False), []).append(seg)
+                if below is None:
+                    out.setdefault((int(D), True), [seg])  # one return for both masks
     return out
+
+
+def kernel_pick(text=None) -> dict:
+    """{(D, causal): candidate} of pick(): the one serving the longest sequences."""
+    return {k: segs[-1][1] for k, segs in kernel_pick_by_n(text).items()}
 
 
 def variant_source(D, c, folder=None) -> Path:

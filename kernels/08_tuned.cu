@@ -13,20 +13,26 @@
 //    in flight.
 // The kernel is stage 07 with these five as template parameters; `tools/tune08.py` times the
 // candidates on the GPU, writes its choice per head dim and mask to data/tune08.csv, and the
-// table in `pick()` below is that choice. Four smaller changes ride along as the bits of a sixth
-// parameter, OPTS; the tuner measures each by switching it off and keeps it only where it pays:
+// table in `pick()` below is that choice (per sequence length where a smaller shape wins short
+// sequences). Five smaller changes ride along as the bits of a sixth parameter, OPTS; the tuner
+// measures each by switching it off and keeps it only where it pays:
 //  * FOLD_SCALE: the row max is taken on raw scores and the scale goes into the exponent's FFMA,
 //    exp2(s * scale log2 e - m): one multiply per score fewer.
 //  * SKIP_RESCALE: once a row's max settles, alpha is exactly 1; skip rescaling O then.
 //  * WARP_SKIP: causal tiles that are masked for all of a warp's rows are not computed.
 //  * LANE_OFFSETS: every swizzled ldmatrix and cp.async address is a per-lane base computed once
 //    plus a compile-time constant, instead of a fresh multiply-XOR-shift per access.
+//  * ONE_KSTEP: S = Q K^T walks the head dim one 16-wide k-step at a time, each K ldmatrix.x4
+//    bringing 16 keys of that step, so one Q fragment per row tile is live instead of two (stage
+//    07 reads K as 8 keys x two k-steps). 4·WM registers fewer: what lets 64-key tiles with two
+//    row tiles per warp fit at D = 128 without spilling.
 // Everything else is stage 07.
 #include <cmath>
 #include "common.cuh"
 #include "ptx.cuh"
 
-enum Opts { FOLD_SCALE = 1, SKIP_RESCALE = 2, WARP_SKIP = 4, LANE_OFFSETS = 8, ALL_OPTS = 15 };
+enum Opts { FOLD_SCALE = 1, SKIP_RESCALE = 2, WARP_SKIP = 4, LANE_OFFSETS = 8, ONE_KSTEP = 16,
+            ALL_OPTS = 31 };
 
 template <int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS>
 struct Tiles {
@@ -72,17 +78,24 @@ __device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int 
 // chunk 2kk + lane / 8 with kk even: two bases.
 template <int D>
 struct LaneOffsets {
-  uint32_t av[4], k[2];
+  uint32_t av[4], k[2], kb[4];  // the compiler drops the set a kernel does not use
   __device__ __forceinline__ LaneOffsets(int lane) {
-    const int rl = lane % 8, y = (lane / 16) ^ rl, x = (lane / 8) ^ rl;
+    const int rl = lane % 8, y = (lane / 16) ^ rl, x = (lane / 8) ^ rl, yk = ((lane / 8) & 1) ^ rl;
 #pragma unroll
     for (int i = 0; i < 4; i++) av[i] = 2 * (lane % 16) * D + 16 * ((2 * i) ^ y);
+#pragma unroll
+    for (int i = 0; i < 4; i++) kb[i] = 2 * (rl + 8 * (lane / 16)) * D + 16 * ((2 * i) ^ yk);
 #pragma unroll
     for (int i = 0; i < 2; i++) k[i] = 2 * rl * D + 16 * ((4 * i) ^ x);
   }
   // Q or V rows [row0, row0 + 16) (row0 a multiple of 8), 8-column chunks 2m, 2m + 1.
   __device__ __forceinline__ uint32_t av_at(int row0, int m) const {
     return 2 * row0 * D + 16 * ((2 * m) & ~7) + av[m & 3];
+  }
+  // K rows [row0, row0 + 16), chunks 2kk, 2kk + 1 (ONE_KSTEP): lanes 8i..8i+7 address matrix i =
+  // (rows 8(i / 2).., chunk 2kk + i % 2), so each mma's B pair comes out in adjacent registers.
+  __device__ __forceinline__ uint32_t kb_at(int row0, int kk) const {
+    return 2 * row0 * D + 16 * ((2 * kk) & ~7) + kb[kk & 3];
   }
   // K rows [row0, row0 + 8), chunks 2kk .. 2kk + 3 (kk even).
   __device__ __forceinline__ uint32_t k_at(int row0, int kk) const {
@@ -98,7 +111,7 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
   constexpr int BR = Cfg::BR, THREADS = Cfg::THREADS;
   constexpr int KD = D / 16, NS = BC / 8, KS = BC / 16, NO = D / 8;
   constexpr bool kFold = OPTS & FOLD_SCALE, kSkipRescale = OPTS & SKIP_RESCALE,
-                 kWarpSkip = OPTS & WARP_SKIP, kLane = OPTS & LANE_OFFSETS;
+                 kWarpSkip = OPTS & WARP_SKIP, kLane = OPTS & LANE_OFFSETS, kOneK = OPTS & ONE_KSTEP;
   static_assert(KD % 2 == 0 && NO % 2 == 0, "ldmatrix.x4 feeds two mma k-steps / n-tiles");
   extern __shared__ uint4 smem_raw[];
   T* Qs = reinterpret_cast<T*>(smem_raw);
@@ -179,28 +192,56 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
 
     // S = Q K^T: each K fragment feeds WM row tiles.
     float s[WM][NS][4] = {};
+    if constexpr (kOneK) {  // one k-step at a time: each x4 = 16 keys x 16 dims
 #pragma unroll
-    for (int kk = 0; kk < KD; kk += 2) {
-      uint32_t qa[WM][2][4];
+      for (int kk = 0; kk < KD; kk++) {
+        uint32_t qa[WM][4];
 #pragma unroll
-      for (int w = 0; w < WM; w++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
+        for (int w = 0; w < WM; w++) {
           if constexpr (Q_REGS) {
 #pragma unroll
-            for (int r = 0; r < 4; r++) qa[w][e][r] = qf[w][kk + e][r];
+            for (int r = 0; r < 4; r++) qa[w][r] = qf[w][kk][r];
           } else {
-            ldmatrix_x4(qa[w][e], q_addr(w, kk + e));
+            ldmatrix_x4(qa[w], q_addr(w, kk));
           }
         }
 #pragma unroll
-      for (int n = 0; n < NS; n++) {
-        uint32_t b[4];
-        ldmatrix_x4(b, k_addr(Kt, n, kk));
+        for (int n = 0; n < NS; n += 2) {
+          uint32_t b[4];  // (keys n, k lo), (keys n, k hi), (keys n + 1, k lo), (keys n + 1, k hi)
+          if constexpr (kLane) ldmatrix_x4(b, Kt + lo.kb_at(n * 8, kk));
+          else ldmatrix_x4(b, Kt + 2 * swz<D>(n * 8 + lane % 8 + 8 * (lane / 16),
+                                                kk * 16 + (lane / 8 % 2) * 8));
 #pragma unroll
-        for (int w = 0; w < WM; w++) {
-          mma_m16n8k16<T>(s[w][n], qa[w][0], b[0], b[1]);
-          mma_m16n8k16<T>(s[w][n], qa[w][1], b[2], b[3]);
+          for (int w = 0; w < WM; w++) {
+            mma_m16n8k16<T>(s[w][n], qa[w], b[0], b[1]);
+            mma_m16n8k16<T>(s[w][n + 1], qa[w], b[2], b[3]);
+          }
+        }
+      }
+    } else {  // stage 07's: two k-steps per K fragment
+#pragma unroll
+      for (int kk = 0; kk < KD; kk += 2) {
+        uint32_t qa[WM][2][4];
+#pragma unroll
+        for (int w = 0; w < WM; w++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            if constexpr (Q_REGS) {
+#pragma unroll
+              for (int r = 0; r < 4; r++) qa[w][e][r] = qf[w][kk + e][r];
+            } else {
+              ldmatrix_x4(qa[w][e], q_addr(w, kk + e));
+            }
+          }
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_addr(Kt, n, kk));
+#pragma unroll
+          for (int w = 0; w < WM; w++) {
+            mma_m16n8k16<T>(s[w][n], qa[w][0], b[0], b[1]);
+            mma_m16n8k16<T>(s[w][n], qa[w][1], b[2], b[3]);
+          }
         }
       }
     }
