@@ -386,12 +386,15 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
-    if (p->causal) return launch<T, 64, 64, 4, 2, 2, true, 13>(p, s);
-    return launch<T, 64, 64, 4, 2, 3, true, 13>(p, s);
+    if (p->causal) {
+      if (p->N < 1024) return launch<T, 64, 64, 4, 1, 2, true, 27>(p, s);
+      return launch<T, 64, 128, 4, 2, 2, false, 29>(p, s);
+    }
+    return launch<T, 64, 128, 4, 2, 2, false, 29>(p, s);
   }
   if (p->D == 128) {
-    if (p->causal) return launch<T, 128, 32, 4, 2, 3, false, 15>(p, s);
-    return launch<T, 128, 32, 4, 2, 3, false, 15>(p, s);
+    if (p->causal) return launch<T, 128, 64, 4, 2, 2, false, 31>(p, s);
+    return launch<T, 128, 64, 8, 2, 2, false, 31>(p, s);
   }
   return "no tuned shape for this head dim";
 }
