@@ -98,8 +98,8 @@ _STAGES = (
           "while this one is computed",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
     Stage(8, "08_tuned", "Tuned",
-          "tile shape, warps, rows per warp, pipeline depth and four small changes picked per head "
-          "dim and mask by an autotune on the GPU",
+          "tile shape, warps, rows per warp, pipeline depth and five small changes picked per head "
+          "dim, mask and range of N by an autotune on the GPU",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
 )
 

@@ -137,7 +137,8 @@ def test_reference_scale_and_slicing():
     q, k, v = (torch.randn(2, 3, 33, 16, generator=gen) for _ in range(3))
     whole = fl.reference(q, k, v, causal=True)
     sliced = fl.reference(q, k, v, causal=True, max_bytes=1)  # one head at a time
-    torch.testing.assert_close(whole, sliced, rtol=0, atol=0)
+    # float64 rounding only: a batched matmul may block its sums differently from one head's
+    torch.testing.assert_close(whole, sliced, rtol=1e-13, atol=1e-15)
     scaled = fl.reference(q, k, v, scale=0.5)
     expect = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                               scale=0.5)

@@ -1,7 +1,7 @@
 """tools/tune08.py (stage 08's autotune) and flashlab.tuning, without a GPU: the pick() rewrite on
 the real kernel (and that it still compiles), `--apply` from a recorded table, that the kernel's
-table is what the recorded one says, that every candidate compiles without spills, and the
-tuning log's tables and figures on a synthetic log."""
+table is what the recorded one says, per-N choices, that every variant the tuner builds compiles,
+and the tuning log's tables and figures on a synthetic log."""
 import importlib.util
 import math
 import shutil
@@ -109,6 +109,37 @@ def test_pick_source_round_trip_on_the_real_kernel():
     assert m_new.group(0).startswith(m_old.group(1))  # the // TUNED: line stays
 
 
+def test_per_n_choice_round_trips_through_pick():
+    by_n = dict(CHOICE)
+    by_n[(64, True)] = {512: (64, 4, 1, 2, 1, 27), 1024: (128, 4, 2, 2, 0, 29),
+                        2048: (128, 4, 2, 2, 0, 29)}
+    by_n[(128, False)] = {512: (32, 4, 2, 3, 0, 31), 1024: (64, 4, 2, 2, 0, 31),
+                          2048: (32, 4, 2, 3, 0, 31), 4096: (64, 8, 2, 2, 0, 31)}
+    text = tune08.with_pick(tune08.KERNEL.read_text(), by_n)
+    assert "if (p->N < 1024) return launch<T, 64, 64, 4, 1, 2, true, 27>(p, s);" in text
+    segs = tuning.kernel_pick_by_n(text)
+    assert segs[(64, True)] == [(1024, (64, 4, 1, 2, 1, 27)), (None, (128, 4, 2, 2, 0, 29))]
+    assert segs[(128, False)] == [(1024, (32, 4, 2, 3, 0, 31)), (2048, (64, 4, 2, 2, 0, 31)),
+                                  (4096, (32, 4, 2, 3, 0, 31)), (None, (64, 8, 2, 2, 0, 31))]
+    assert segs[(64, False)] == [(None, CHOICE[(64, False)])]
+    main = tuning.kernel_pick(text)
+    assert main[(64, True)] == (128, 4, 2, 2, 0, 29) and main[(128, True)] == CHOICE[(128, True)]
+    assert tune08.segments({512: (1,), 1024: (1,)}) == [(None, (1,))]
+
+
+def test_a_shape_serves_one_n_only_by_a_margin():
+    best = (64, 4, 2, 2, 1, 31)
+    other = (64, 4, 1, 2, 1, 31)
+
+    def row(c, n, tflops):
+        return dict(zip(tune08.FIELDS, c), D=64, causal=True, N=n, variant=tune08.ALL, tflops=tflops)
+    df = pd.DataFrame([row(best, 512, 200), row(other, 512, 210),      # 5% faster: it serves 512
+                       row(best, 1024, 240), row(other, 1024, 245),    # 2%: within the margin
+                       row(best, 4096, 300), row(other, 4096, 250)])
+    per_n = tune08._per_n(df, {(64, True): best})
+    assert per_n == {(64, True): {512: other, 1024: best, 4096: best}}
+
+
 def test_kernel_pick_reads_the_default_table():
     text = tune08.KERNEL.read_text()
     pick = tuning.kernel_pick(text)
@@ -195,32 +226,29 @@ def _variants():
     return jobs + [(D, (*cands[0], 0)) for D, cands in tune08.CANDIDATES.items()]
 
 
+def _ablations():
+    return [(D, (*c, tune08.ALL_OPTS & ~bit)) for D, cands in tune08.CANDIDATES.items()
+            for c in cands for bit in tune08.SWITCHES.values()]
+
+
 @needs_nvcc
-def test_every_candidate_compiles_for_sm_90_without_spills():
-    res = tuning.resources(_variants(), "sm_90")
-    assert len(res) == len(_variants())
-    bad = res[(res["spill_bytes"] > 0) | (res["stack_bytes"] > 0)]
-    assert bad.empty, f"candidates that spill on sm_90:\n{bad.to_string()}"
+def test_every_variant_the_tuner_builds_compiles_for_sm_90():
+    """Candidates, their ablations and stage 07's shape all compile and fit the register file.
+    Spills are allowed (the tuner times them); the notebook shows them beside the timings."""
+    jobs = _variants() + _ablations()
+    res = tuning.resources(jobs, "sm_90")
+    assert len(res) == len(jobs)
     assert (res["registers"] <= 255).all()
 
 
-# The winner's ablations: each switch off in turn. Stage 07's shape at D = 64 without WARP_SKIP
-# (OPTS = 11) spills on nvcc 13.0: with no minimum-blocks bound ptxas settles on 128 registers
-# (as stage 07's comment says it does for its own D = 64 kernel), so that variant's timing would
-# carry the spills. A kernel issue (08 has no MIN_BLOCKS in __launch_bounds__), not the tool's.
-KNOWN_SPILLS = {(64, (64, 4, 1, 2, 1, 11))}
-
-
 @needs_nvcc
-@pytest.mark.parametrize("D", sorted(tune08.CANDIDATES))
-def test_every_ablation_variant_compiles_without_spills(D, request):
-    jobs = [(D, (*c, tune08.ALL_OPTS & ~bit)) for c in tune08.CANDIDATES[D]
-            for bit in tune08.SWITCHES.values()]
-    res = tuning.resources(jobs, "sm_90").assign(job=jobs)
-    spills = {job for job, s in zip(res["job"], res["spill_bytes"]) if s > 0}
-    if spills and spills <= KNOWN_SPILLS:
-        request.applymarker(pytest.mark.xfail(reason=f"known spills: {sorted(spills)}"))
-    assert not spills, f"ablation variants that spill on sm_90: {sorted(spills)}"
+def test_one_kstep_is_what_fits_64_key_tiles_at_d128():
+    """The kernel's claim for ONE_KSTEP: BC 64, WM 2, Q re-read at D = 128 spills with K read as
+    two k-steps (stage 07's way) and not one k-step at a time."""
+    shape = (64, 4, 2, 2, 0)
+    on, off = tune08.ALL_OPTS, tune08.ALL_OPTS & ~tune08.SWITCHES["ONE_KSTEP"]
+    res = tuning.resources([(128, (*shape, on)), (128, (*shape, off))], "sm_90")
+    assert res["spill_bytes"].tolist()[0] == 0 and res["spill_bytes"].tolist()[1] > 0
 
 
 # ---------------------------------------------------------------- the tuning log: tables, figures
