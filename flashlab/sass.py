@@ -291,3 +291,68 @@ def record(arch="sm_90", stages=None) -> Path:
         drop["stage"] = sorted(set(new["stage"]))
     upsert_csv(new.to_dict("records"), p, key=KEY, replace=drop, text=TEXT_COLUMNS)
     return p
+
+
+# --- how far ahead loads are scheduled ------------------------------------------------------------
+
+_LINE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)"
+                   r"\s*([^;]*);")
+_REG = re.compile(r"(?<![\w.])R(\d+)\b")
+
+
+def _regs(opcode, position, operand):
+    """The registers an operand names: HMMA.16816 reads A as 4, B as 2, C as 4; LDSM .x4 writes 4."""
+    m = _REG.search(operand)
+    if not m or operand.lstrip().startswith("["):
+        return set(int(r) for r in _REG.findall(operand))  # an address: its base register(s)
+    width = 1
+    if opcode.startswith("HMMA.16816"):
+        width = (4, 4, 2, 4)[position] if position < 4 else 1
+    elif opcode.startswith("LDSM") and position == 0:
+        width = 4 if opcode.endswith(".4") else 2 if opcode.endswith(".2") else 1
+    return set(range(int(m.group(1)), int(m.group(1)) + width))
+
+
+def _instructions(sass, kernel):
+    """[(address, opcode, [operand text])] of one kernel (by short name) in cuobjdump text."""
+    out, current = {}, None
+    for line in sass.splitlines():
+        if m := _FUNCTION.match(line):
+            current = out.setdefault(m.group(1), [])
+        elif current is not None and (m := _LINE.match(line)):
+            current.append((int(m.group(1), 16), m.group(2),
+                            [o.strip() for o in m.group(3).split(",") if o.strip()]))
+    names = dict(zip(map(short_name, ptxas.kernel_names(list(out))), out))
+    if kernel not in names:
+        raise ValueError(f"no kernel {kernel!r}; the source has {', '.join(names)}")
+    return out[names[kernel]]
+
+
+def load_use(source, kernel, arch="sm_90", opcode="LDSM") -> pd.DataFrame:
+    """Every `opcode` load in the kernel's longest loop, as ptxas scheduled it: how many
+    instructions, and how many of them HMMA, issue between the load and the first instruction that
+    reads a register it wrote (following the loop around to its start if the use is in the next
+    trip). Many HMMA in between = the load's latency is hidden behind tensor-core work already,
+    which is what register double-buffering in the source would arrange."""
+    ins = _instructions(disassemble(_source(source), arch), kernel)
+    back = [(i, next(j for j, x in enumerate(ins) if x[0] == int(t.group(1), 16)))
+            for i, (_, op, ops) in enumerate(ins) if op.startswith("BRA") and ops
+            and (t := re.search(r"0x([0-9a-f]+)", ops[-1])) and int(t.group(1), 16) < ins[i][0]]
+    if not back:
+        raise ValueError(f"{kernel}: no loop in the machine code")
+    last, first = max(back, key=lambda b: b[0] - b[1])
+    body = ins[first:last + 1]
+    rows = []
+    for k, (addr, op, ops) in enumerate(body):
+        if not op.startswith(opcode) or not ops:
+            continue
+        wrote = _regs(op, 0, ops[0])
+        order = body[k + 1:] + body[:k]  # on to the loop's end, then around from its start
+        for n, (_, op2, ops2) in enumerate(order):
+            if any(_regs(op2, p, o) & wrote for p, o in enumerate(ops2) if p > 0 or op2.startswith("ST")):
+                between = order[:n]
+                rows.append(dict(address=hex(addr), opcode=op, instructions=n,
+                                 hmma=sum(o.startswith("HMMA") for _, o, _ in between),
+                                 next_trip=n >= len(body) - k - 1))
+                break
+    return pd.DataFrame(rows, columns=["address", "opcode", "instructions", "hmma", "next_trip"])

@@ -238,3 +238,28 @@ def test_the_kv_loop_of_stages_05_to_07():
         assert b["HMMA"] == 64 and b["LDSM"] == 32
     assert body["05_mma"]["LDG.E.128"] == body["06_swizzle"]["LDG.E.128"] == 8
     assert body["07_cp_async"]["LDGSTS"] == 8 and body["07_cp_async"]["LDG.E.128"] == 0
+
+
+def test_operand_registers():
+    assert sass._regs("HMMA.16816.F32", 1, "R4") == {4, 5, 6, 7}  # A: four registers
+    assert sass._regs("HMMA.16816.F32", 2, "R12") == {12, 13}  # B: two
+    assert sass._regs("LDSM.16.M88.4", 0, "R20") == {20, 21, 22, 23}
+    assert sass._regs("LDSM.16.M88.2", 0, "R20") == {20, 21}
+    assert sass._regs("FADD", 1, "-R7") == {7}
+    assert sass._regs("LDS.128", 1, "[R3+0x40]") == {3}  # an address reads its base
+    assert sass._regs("FADD", 1, "UR4") == set() and sass._regs("MOV", 1, "RZ") == set()
+
+
+@needs_tools
+def test_load_use_in_stage_08s_main_loop():
+    """ptxas schedules most of stage 08's ldmatrix loads several mma ahead of their first use:
+    the notebook's argument that register double-buffering in the source has little left to do."""
+    kernel = "tuned_kernel<__half, 128, 64, 4, 2, 2, false, 31>"
+    df = sass.load_use(fl.stage("08_tuned").source, kernel)
+    body = sass.loops(fl.stage("08_tuned").source, kernel=kernel)
+    longest = body.loc[body["instructions"].idxmax()]
+    assert len(df) == longest["LDSM"] == 80  # every load of the loop, each with a use found
+    assert (df["instructions"] > 0).all() and df["hmma"].median() >= 4
+    assert (df["hmma"] == 0).sum() <= 4
+    with pytest.raises(ValueError, match="no kernel"):
+        sass.load_use(fl.stage("08_tuned").source, "nope<1>")

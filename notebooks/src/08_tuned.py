@@ -752,7 +752,82 @@ with nb.unless_missing():
 plots.idea_metrics()
 
 # %% [markdown]
-# ## 13 · What tuning did not do
+# ## 13 · Two ideas the log did not time, and why
+#
+# Two more changes are standard in FlashAttention kernels. Each gets a prediction here, from
+# the machine code and the recorded profile, instead of a timing — and each prediction says
+# there is nothing for it to gain in this kernel.
+#
+# **Register double-buffering**: load the fragments of the next k-step into a second set of
+# registers while the `mma` of this one run, so no `mma` waits for `ldmatrix`. In the source that
+# means two sets of fragment registers; but `ptxas` schedules the unrolled loop itself, and can
+# hoist a load as far ahead of its use as registers allow. `sass.load_use` reads the chosen
+# kernels' machine code: for every `ldmatrix` in the main loop, how many instructions — and how
+# many `mma` (HMMA) — issue between the load and the first instruction that reads its registers.
+
+# %%
+from flashlab import sass
+
+with nb.unless_missing():
+    rows = []
+    for (D, causal), segs in sorted(tuning.kernel_pick_by_n().items()):
+        for below, c in segs:
+            name = (f"tuned_kernel<__half, {D}, {c[0]}, {c[1]}, {c[2]}, {c[3]}, "
+                    f"{'true' if c[4] else 'false'}, {c[5]}>")
+            try:
+                lu = sass.load_use(fl.stage("08_tuned").source, name)
+            except FileNotFoundError as err:
+                raise nb.NotRecorded(f"the machine code needs nvcc and cuobjdump: {err}")
+            rows.append(dict(D=D, causal=causal, N=f"< {below}" if below else "rest",
+                             shape=tuning.shape(c), ldmatrix_per_trip=len(lu),
+                             median_instructions=lu["instructions"].median(),
+                             median_mma=lu["hmma"].median(),
+                             with_no_mma_between=int((lu["hmma"] == 0).sum())))
+    display(pd.DataFrame(rows).drop_duplicates("shape").set_index(["D", "causal", "N"]))
+
+# %% [markdown]
+# Nearly every load already has several `mma` between it and its first use: the compiler has
+# double-buffered the fragments on its own. The two or three loads per trip that have none are
+# the first of a phase: the first K and Q fragments of a tile, which cannot be loaded before the
+# barrier that makes the tile visible, and the first V fragment, which waits only on the softmax
+# (and has its dozens of instructions in between). Writing the double buffer by hand would add
+# `4·WM + 4` registers per lane to kernels that sit at 255 — section 3.4's spills — for loads
+# whose latency is already covered. Prediction: no gain; not timed.
+#
+# **Grid order for L2 reuse.** Every block of a head reads all of that head's K and V. Blocks
+# with neighbouring indices run at the same time, and `blockIdx.x` — the query tile — varies
+# fastest, so the blocks of one head run side by side and a head's K and V come from DRAM once,
+# from L2 after that. The profile says how much DRAM traffic there is (teaching config):
+
+# %%
+with nb.unless_missing():
+    m8 = nb.profile("08_tuned")["08_tuned"]
+    B, H, N, D = 4, 16, 1024, 64  # the teaching config the profile ran
+    once = 3 * B * H * N * D * 2
+    print(f"DRAM bytes measured: {m8.get('dram_bytes') / 1e6:.1f} MB; reading Q, K and V once: "
+          f"{once / 1e6:.1f} MB; writing O: {once / 3e6:.1f} MB (a write still in L2 when the "
+          f"kernel ends is not counted)")
+    for (D, causal), c in sorted(shapes.items()):
+        n = 16384
+        regs = tuning.resources([(D, c)])["registers"].iloc[0]
+        per_sm = tiling.occupancy(int(regs), tuning.block_tile(D, *c[:5])["smem_bytes"], 32 * c[1],
+                                  cc)["blocks"]
+        tiles = n // (16 * c[2] * c[1])  # blocks per head
+        heads = math.ceil(per_sm * sms / tiles) + 1
+        print(f"D={D:3} {'causal    ' if causal else 'not causal'} N={n}: {per_sm * sms} blocks "
+              f"resident span at most {heads} heads, whose K and V take "
+              f"{heads * 2 * n * D * 2 / 2**20:.0f} MiB of L2")
+
+# %% [markdown]
+# The teaching config reads no more than Q, K and V once: L2 already serves every re-read of K
+# and V, and no other block order can save DRAM traffic there. At the sweep's longest sequences
+# the blocks resident at once span a handful of heads, whose K and V together still fit in the
+# H100's 50 MB of L2 (the lines above). Prediction: no gain; not timed. (What order does buy is the **tail** of a
+# causal launch: since stage 07 a causal grid starts with its longest blocks,
+# `tile = gridDim.x − 1 − blockIdx.x`, so the short ones fill in at the end.)
+
+# %% [markdown]
+# ## 14 · What tuning did not do
 #
 # Every shape here is still Ampere's way of using the tensor cores: `mma.sync` on operands a
 # warp loaded itself with `ldmatrix`. Hopper has two instructions this kernel does not use —
