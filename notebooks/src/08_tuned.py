@@ -492,7 +492,8 @@ measured("WARP_SKIP")
 #     (2m + h) ⊕ rl  =  (2m & ~7) + (2(m & 3) ⊕ y),   y = h ⊕ rl
 #
 # — a constant plus one of **four** per-lane values, chosen by `m & 3` (also a constant). So each
-# lane computes four bases once (two for K, whose chunks step by 4), and every load's address is
+# lane computes four bases once (two more for K read in stage 07's pairs, whose chunks step by 4;
+# four for K read one k-step at a time, `ONE_KSTEP` in section 8), and every load's address is
 # a base plus a constant, which `LDSM` takes as an immediate offset: no instruction at all.
 
 # %%
@@ -500,7 +501,7 @@ nb.show_source("08_tuned", "LaneOffsets")
 
 # %% [markdown]
 # The identity, checked for every lane, row group and chunk step against the swizzle itself, for
-# the A / V loads and the K loads:
+# the A / V loads and both kinds of K loads:
 
 # %%
 from flashlab.fragments import smem_offset  # byte offset of (row, col) in a swizzled tile
@@ -511,6 +512,8 @@ for D in (64, 128):
         rl, y, x = lane % 8, (lane // 16) ^ (lane % 8), (lane // 8) ^ (lane % 8)
         av = [2 * (lane % 16) * D + 16 * ((2 * i) ^ y) for i in range(4)]
         k = [2 * rl * D + 16 * ((4 * i) ^ x) for i in range(2)]
+        yk = ((lane // 8) % 2) ^ rl
+        kb = [2 * (rl + 8 * (lane // 16)) * D + 16 * ((2 * i) ^ yk) for i in range(4)]
         for row0 in range(0, 64, 8):
             for m in range(D // 16):  # the A / V chunk pairs
                 want = smem_offset(row0 + lane % 16, 16 * m + 8 * (lane // 16), 2 * D, True)
@@ -518,6 +521,10 @@ for D in (64, 128):
             for kk in range(0, D // 16, 2):  # the K reads: chunk 2kk + lane / 8
                 want = smem_offset(row0 + lane % 8, 16 * kk + 8 * (lane // 8), 2 * D, True)
                 ok &= 2 * row0 * D + 16 * ((2 * kk) & ~7) + k[(kk >> 1) & 1] == want
+            for kk in range(D // 16):  # ONE_KSTEP: rows lane % 8 + 8 (lane / 16), chunk 2kk + lane / 8 % 2
+                want = smem_offset(row0 + lane % 8 + 8 * (lane // 16), 16 * kk + 8 * (lane // 8 % 2),
+                                   2 * D, True)
+                ok &= 2 * row0 * D + 16 * ((2 * kk) & ~7) + kb[kk & 3] == want
     print(f"D={D}: LaneOffsets == the swizzle for every lane and load: {ok}")
 
 # %% [markdown]
