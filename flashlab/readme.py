@@ -1,6 +1,8 @@
-"""The README's stage table, generated from data/results.csv (never typed by hand).
+"""The README's tables, generated from data/results.csv (never typed by hand): the stages at the
+teaching config, and the last stage against PyTorch's FlashAttention-2 over the FlashAttention
+sweep.
 
-    python -m flashlab.readme          rewrite the table between the markers in README.md
+    python -m flashlab.readme          rewrite the tables between the markers in README.md
     python -m flashlab.readme --check  exit 1 if README.md is out of date
 """
 import argparse
@@ -15,6 +17,7 @@ from .plots import latest_gpu
 from .stages import stages
 
 START, END = "<!-- stage-table:start -->", "<!-- stage-table:end -->"
+SWEEP_START, SWEEP_END = "<!-- sweep-table:start -->", "<!-- sweep-table:end -->"
 README = paths.ROOT / "README.md"
 
 
@@ -113,12 +116,45 @@ def stage_table(df=None, fmt="md", notebooks="notebooks/", by="python -m flashla
     return _grid(rows, fmt) + "\n\n" + m["para"](note)
 
 
-def render(text: str, table: str) -> str:
-    if START not in text or END not in text:
-        raise ValueError(f"README.md lacks the markers {START} / {END}")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}\n{END}{tail}"
+def render(text: str, table: str, start=START, end=END) -> str:
+    if start not in text or end not in text:
+        raise ValueError(f"README.md lacks the markers {start} / {end}")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{table}\n{end}{tail}"
+
+
+def sweep_table(df=None, stage="08_tuned", baseline="sdpa_flash", by="python -m flashlab.readme") -> str:
+    """`stage` ÷ `baseline` TFLOP/s over the FlashAttention sweep (fp16, B·N = 16k, H·D = 2048),
+    a row per head dim and mask, a column per N, as Markdown; says what to run where unrecorded."""
+    from .notebook import NotRecorded
+    from .tuning import versus
+    df = results.load() if df is None else df
+    try:
+        vs = versus(df, stage=stage, baselines=(baseline,))
+    except NotRecorded:
+        return f"_{stage} has not been measured over the sweep yet: flashlab run --stage {stage[:2]}_"
+    col = f"÷ {baseline}"
+    if col not in vs:
+        return f"_{baseline} has not been measured over the sweep yet: flashlab run_"
+    ratio = vs[col].unstack("N")
+    ns = list(ratio.columns)
+    lines = ["| | " + " | ".join(f"N = {n}" for n in ns) + " |",
+             "|---|" + "---:|" * len(ns)]
+    for (D, causal), r in ratio.iterrows():
+        lines.append(f"| D = {D}{', causal' if causal else ''} | "
+                     + " | ".join(_fmt(x, ".2f") + "×" if x == x else "–" for x in r) + " |")
+    gpu = latest_gpu(df)
+    sweep = df[(df["gpu"] == gpu) & (df["dtype"] == "fp16") & (df["B"] * df["N"] == 16384)
+               & (df["H"] * df["D"] == 2048)]
+    commits = {s: ", ".join(f"`{c}`" for c in sorted(set(sweep[sweep["stage"] == s]["commit"].astype(str))))
+               for s in (stage, baseline)}
+    when = ("in the same run, commit " + commits[stage] if commits[stage] == commits[baseline] else
+            f"{stage} at commit {commits[stage]}, {baseline} at {commits[baseline]}")
+    lines += ["", f"{stage} ÷ {baseline} (TFLOP/s), fp16, B·N = 16k tokens, H·D = 2048, measured on "
+              f"**{gpu}** ({when}); worst {vs[col].min():.2f}×, best {vs[col].max():.2f}×. "
+              f"Generated from `data/results.csv` by `{by}`."]
+    return "\n".join(lines)
 
 
 def main(argv=None):
@@ -127,13 +163,15 @@ def main(argv=None):
     args = ap.parse_args(argv)
     text = README.read_text()
     new = render(text, stage_table())
+    if SWEEP_START in new:
+        new = render(new, sweep_table(), SWEEP_START, SWEEP_END)
     if args.check:
         if new != text:
-            print("README.md's stage table is out of date: run python -m flashlab.readme")
+            print("README.md's tables are out of date: run python -m flashlab.readme")
             return 1
         return 0
     README.write_text(new)
-    print("README.md stage table updated")
+    print("README.md tables updated")
     return 0
 
 

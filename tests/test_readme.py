@@ -19,3 +19,30 @@ def test_table_lists_every_recorded_stage():
     for slug in ("01_naive", "02_coalesced", "03_coarsened"):
         assert slug in table
 
+
+
+def test_readme_sweep_table_matches_recorded_results():
+    text = readme.README.read_text()
+    assert readme.render(text, readme.sweep_table(), readme.SWEEP_START, readme.SWEEP_END) == text, \
+        "README.md's sweep table is out of date: run python -m flashlab.readme"
+    assert readme.main(["--check"]) == 0
+
+
+def _sweep_rows(stage, tflops, commit):
+    import pandas as pd
+    return pd.DataFrame([dict(stage=stage, dtype="fp16", B=16384 // n, H=2048 // d, N=n, D=d,
+                              causal=c, tflops=tflops, status="ok", gpu="Some GPU", commit=commit,
+                              time="2030-01-01T00:00:00Z")
+                         for d in (64, 128) for c in (False, True) for n in (512, 1024)])
+
+
+def test_sweep_table_on_synthetic_rows():
+    import pandas as pd
+    df = pd.concat([_sweep_rows("08_tuned", 330.0, "abc"), _sweep_rows("sdpa_flash", 300.0, "abc")])
+    table = readme.sweep_table(df)
+    assert "| D = 128, causal | 1.10× | 1.10× |" in table
+    assert "in the same run, commit `abc`" in table and "worst 1.10×" in table
+    apart = pd.concat([_sweep_rows("08_tuned", 270.0, "new"), _sweep_rows("sdpa_flash", 300.0, "old")])
+    table = readme.sweep_table(apart)
+    assert "08_tuned at commit `new`, sdpa_flash at `old`" in table and "0.90×" in table
+    assert "not been measured" in readme.sweep_table(_sweep_rows("sdpa_flash", 300.0, "x"))
