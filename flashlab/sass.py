@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import pandas as pd
 
@@ -142,7 +143,8 @@ def disassemble(source, arch="sm_90") -> str:
 
 
 # An instruction line: "/*0a30*/  @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;" -> "LDG.E.128".
-_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
+_INSTRUCTION = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)"
+                          r"([^;]*)")
 _FUNCTION = re.compile(r"^\s*Function\s*:\s*(\S+)")
 
 
@@ -150,23 +152,30 @@ _ADDRESS = re.compile(r"^\s*/\*([0-9a-f]+)\*/")
 _BRANCH_TARGET = re.compile(r"\bBRA\b[^;]*?\b0x([0-9a-f]+)\s*;")
 
 
+class Instruction(NamedTuple):
+    address: int
+    opcode: str
+    operands: tuple  # their text, e.g. ("R12", "[R3+0x400]")
+    target: Optional[int]  # a branch's target address, else None
+
+
 def listing(sass: str) -> dict:
-    """{mangled kernel name: [(address, opcode, branch target or None)]} from cuobjdump -sass
-    text, an entry per instruction."""
+    """{mangled kernel name: [Instruction]} from cuobjdump -sass text, an entry per instruction."""
     out, current = {}, None
     for line in sass.splitlines():
         if m := _FUNCTION.match(line):
             current = out.setdefault(m.group(1), [])
         elif current is not None and (m := _INSTRUCTION.match(line)):
             target = _BRANCH_TARGET.search(line)
-            current.append((int(_ADDRESS.match(line).group(1), 16), m.group(1),
-                            int(target.group(1), 16) if target else None))
+            current.append(Instruction(int(_ADDRESS.match(line).group(1), 16), m.group(1),
+                                       tuple(o.strip() for o in m.group(2).split(",") if o.strip()),
+                                       int(target.group(1), 16) if target else None))
     return out
 
 
 def parse(sass: str) -> dict:
     """{mangled kernel name: Counter of opcodes} from cuobjdump -sass text."""
-    return {k: Counter(op for _, op, _ in ins) for k, ins in listing(sass).items()}
+    return {k: Counter(i.opcode for i in ins) for k, ins in listing(sass).items()}
 
 
 def short_name(demangled: str) -> str:
@@ -211,19 +220,27 @@ def grouped(source, arch="sm_90", kernel=None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["kernel", "category", "count"])
 
 
+def _code(source, arch, kernel=None) -> dict:
+    """{short kernel name: [Instruction]} of a stage's machine code (one kernel, if named)."""
+    code = listing(disassemble(_source(source), arch))
+    return _pick(dict(zip(map(short_name, ptxas.kernel_names(list(code))), code.values())), kernel)
+
+
+def _back_branches(ins):
+    """(address, target) of each branch back to an earlier address: the end and start of a loop
+    (a branch to itself, the trap after EXIT, is not one)."""
+    return [(i.address, i.target) for i in ins if i.target is not None and i.target < i.address]
+
+
 def loops(source, arch="sm_90", kernel=None) -> pd.DataFrame:
     """The loops of each kernel as the machine code has them: a branch back to an earlier address
     closes one (a branch to itself, the trap after EXIT, does not). A row per (kernel, loop): its
     first and last address, the instructions in its body and the CATEGORIES counts among them,
     i.e. what one trip costs, statically (a loop nested in another counts in both)."""
-    code = listing(disassemble(_source(source), arch))
     rows = []
-    for name, ins in _pick(dict(zip(map(short_name, ptxas.kernel_names(list(code))),
-                                    code.values())), kernel).items():
-        for address, _, target in ins:
-            if target is None or target >= address:
-                continue
-            body = Counter(category(op) for a, op, _ in ins if target <= a <= address)
+    for name, ins in _code(source, arch, kernel).items():
+        for address, target in _back_branches(ins):
+            body = Counter(category(i.opcode) for i in ins if target <= i.address <= address)
             rows.append(dict(kernel=name, first=hex(target), last=hex(address),
                              instructions=sum(body.values()), **{c: body[c] for c in CATEGORIES}))
     return pd.DataFrame(rows, columns=["kernel", "first", "last", "instructions", *CATEGORIES])
@@ -295,8 +312,6 @@ def record(arch="sm_90", stages=None) -> Path:
 
 # --- how far ahead loads are scheduled ------------------------------------------------------------
 
-_LINE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)"
-                   r"\s*([^;]*);")
 _REG = re.compile(r"(?<![\w.])R(\d+)\b")
 
 
@@ -313,46 +328,28 @@ def _regs(opcode, position, operand):
     return set(range(int(m.group(1)), int(m.group(1)) + width))
 
 
-def _instructions(sass, kernel):
-    """[(address, opcode, [operand text])] of one kernel (by short name) in cuobjdump text."""
-    out, current = {}, None
-    for line in sass.splitlines():
-        if m := _FUNCTION.match(line):
-            current = out.setdefault(m.group(1), [])
-        elif current is not None and (m := _LINE.match(line)):
-            current.append((int(m.group(1), 16), m.group(2),
-                            [o.strip() for o in m.group(3).split(",") if o.strip()]))
-    names = dict(zip(map(short_name, ptxas.kernel_names(list(out))), out))
-    if kernel not in names:
-        raise ValueError(f"no kernel {kernel!r}; the source has {', '.join(names)}")
-    return out[names[kernel]]
-
-
 def load_use(source, kernel, arch="sm_90", opcode="LDSM") -> pd.DataFrame:
     """Every `opcode` load in the kernel's longest loop, as ptxas scheduled it: how many
     instructions, and how many of them HMMA, issue between the load and the first instruction that
     reads a register it wrote (following the loop around to its start if the use is in the next
     trip). Many HMMA in between = the load's latency is hidden behind tensor-core work already,
     which is what register double-buffering in the source would arrange."""
-    ins = _instructions(disassemble(_source(source), arch), kernel)
-    back = [(i, next(j for j, x in enumerate(ins) if x[0] == int(t.group(1), 16)))
-            for i, (_, op, ops) in enumerate(ins) if op.startswith("BRA") and ops
-            and (t := re.search(r"0x([0-9a-f]+)", ops[-1])) and int(t.group(1), 16) < ins[i][0]]
-    if not back:
+    ins = _code(source, arch, kernel)[kernel]
+    if not _back_branches(ins):
         raise ValueError(f"{kernel}: no loop in the machine code")
-    last, first = max(back, key=lambda b: b[0] - b[1])
-    body = ins[first:last + 1]
+    last, first = max(_back_branches(ins), key=lambda b: b[0] - b[1])
+    body = [i for i in ins if first <= i.address <= last]
     rows = []
-    for k, (addr, op, ops) in enumerate(body):
-        if not op.startswith(opcode) or not ops:
+    for k, load in enumerate(body):
+        if not load.opcode.startswith(opcode) or not load.operands:
             continue
-        wrote = _regs(op, 0, ops[0])
+        wrote = _regs(load.opcode, 0, load.operands[0])
         order = body[k + 1:] + body[:k]  # on to the loop's end, then around from its start
-        for n, (_, op2, ops2) in enumerate(order):
-            if any(_regs(op2, p, o) & wrote for p, o in enumerate(ops2) if p > 0 or op2.startswith("ST")):
-                between = order[:n]
-                rows.append(dict(address=hex(addr), opcode=op, instructions=n,
-                                 hmma=sum(o.startswith("HMMA") for _, o, _ in between),
+        for n, i in enumerate(order):
+            if any(_regs(i.opcode, p, o) & wrote for p, o in enumerate(i.operands)
+                   if p > 0 or i.opcode.startswith("ST")):
+                rows.append(dict(address=hex(load.address), opcode=load.opcode, instructions=n,
+                                 hmma=sum(x.opcode.startswith("HMMA") for x in order[:n]),
                                  next_trip=n >= len(body) - k - 1))
                 break
     return pd.DataFrame(rows, columns=["address", "opcode", "instructions", "hmma", "next_trip"])

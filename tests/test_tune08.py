@@ -138,6 +138,9 @@ def test_a_shape_serves_one_n_only_by_a_margin():
                        row(best, 4096, 300), row(other, 4096, 250)])
     per_n = tune08._per_n(df, {(64, True): best})
     assert per_n == {(64, True): {512: other, 1024: best, 4096: best}}
+    # the switch verdicts score a shape over the N it serves only
+    assert tune08._geo(df, 64, True, tune08.ALL, best, [512, 1024]) == pytest.approx((200 * 240) ** 0.5)
+    assert tune08._geo(df, 64, True, tune08.ALL, best, [2048]) == 0.0  # not timed there
 
 
 def test_kernel_pick_reads_the_default_table():

@@ -153,10 +153,14 @@ def apply():
     print(f"wrote pick() in {KERNEL}")
 
 
+def _geomean(x):
+    """Geometric mean of TFLOP/s values; 0 if there are none or any run failed (NaN)."""
+    return math.exp(sum(map(math.log, x)) / len(x)) if len(x) and x.notna().all() else 0.0
+
+
 def _scores(df):
     """Geometric mean TFLOP/s over N per shape, mask and variant (0 if any run failed)."""
-    geo = lambda x: math.exp(sum(map(math.log, x)) / len(x)) if x.notna().all() else 0.0  # noqa: E731
-    return (df.groupby(["D", "causal", "variant", *FIELDS])["tflops"].apply(geo)
+    return (df.groupby(["D", "causal", "variant", *FIELDS])["tflops"].apply(_geomean)
             .rename("score").reset_index())
 
 
@@ -184,10 +188,10 @@ def _per_n(df, best):
 
 
 def _geo(df, D, causal, variant, c, ns):
+    """The score of candidate c over the sequence lengths ns only."""
     sel = df[(df["D"] == D) & (df["causal"] == causal) & (df["variant"] == variant)
              & df["N"].isin(ns)]
-    sel = sel[(sel[list(FIELDS)] == list(c)).all(axis=1)]["tflops"]
-    return math.exp(sum(map(math.log, sel)) / len(sel)) if len(sel) and sel.notna().all() else 0.0
+    return _geomean(sel[(sel[list(FIELDS)] == list(c)).all(axis=1)]["tflops"])
 
 
 def measure(out=print):
