@@ -128,7 +128,7 @@ def sweep_table(df=None, stage="08_tuned", baseline="sdpa_flash", by="python -m 
     """`stage` ÷ `baseline` TFLOP/s over the FlashAttention sweep (fp16, B·N = 16k, H·D = 2048),
     a row per head dim and mask, a column per N, as Markdown; says what to run where unrecorded."""
     from .notebook import NotRecorded
-    from .tuning import versus
+    from .tuning import sweep_rows, versus
     df = results.load() if df is None else df
     try:
         vs = versus(df, stage=stage, baselines=(baseline,))
@@ -145,8 +145,7 @@ def sweep_table(df=None, stage="08_tuned", baseline="sdpa_flash", by="python -m 
         lines.append(f"| D = {D}{', causal' if causal else ''} | "
                      + " | ".join(_fmt(x, ".2f") + "×" if x == x else "–" for x in r) + " |")
     gpu = latest_gpu(df)
-    sweep = df[(df["gpu"] == gpu) & (df["dtype"] == "fp16") & (df["B"] * df["N"] == 16384)
-               & (df["H"] * df["D"] == 2048)]
+    sweep = sweep_rows(df, gpu)
     commits = {s: ", ".join(f"`{c}`" for c in sorted(set(sweep[sweep["stage"] == s]["commit"].astype(str))))
                for s in (stage, baseline)}
     when = ("in the same run, commit " + commits[stage] if commits[stage] == commits[baseline] else

@@ -404,6 +404,13 @@ def kernel_pick(text=None) -> dict:
     return {k: segs[-1][1] for k, segs in kernel_pick_by_n(text).items()}
 
 
+def kernel_name(D, c, dtype="__half") -> str:
+    """The kernel candidate c compiles to at head dim D, as sass and ptxas name it."""
+    bc, warps, wm, stages, q_regs, opts = c
+    return (f"tuned_kernel<{dtype}, {D}, {bc}, {warps}, {wm}, {stages}, "
+            f"{'true' if q_regs else 'false'}, {opts}>")
+
+
 def variant_source(D, c, folder=None) -> Path:
     """A copy of kernels/08_tuned.cu whose pick() runs candidate c at head dim D (as tune08 builds
     its variants), for ptxas and the SASS counts."""
@@ -465,6 +472,12 @@ def address_mix(sources, arch="sm_90") -> pd.DataFrame:
     return pd.DataFrame(rows).T
 
 
+def sweep_rows(df, gpu, dtype="fp16") -> pd.DataFrame:
+    """The rows of `df` from the FlashAttention sweep (B·N = 16k, H·D = 2048) on `gpu` that ran."""
+    return df[(df["gpu"] == gpu) & (df["dtype"] == dtype) & (df["B"] * df["N"] == 16384)
+              & (df["H"] * df["D"] == 2048) & (df["status"].fillna("ok") == "ok")]
+
+
 def versus(df=None, stage="08_tuned", baselines=("sdpa_flash", "sdpa_cudnn"), gpu=None,
            dtype="fp16") -> pd.DataFrame:
     """`stage` against the baselines over the FlashAttention sweep (B·N = 16k, H·D = 2048):
@@ -473,9 +486,7 @@ def versus(df=None, stage="08_tuned", baselines=("sdpa_flash", "sdpa_cudnn"), gp
     from .notebook import not_recorded
     from .plots import latest_gpu
     df = results.load() if df is None else df
-    gpu = gpu or latest_gpu(df)
-    ok = df[(df["gpu"] == gpu) & (df["dtype"] == dtype) & (df["B"] * df["N"] == 16384)
-            & (df["H"] * df["D"] == 2048) & (df["status"].fillna("ok") == "ok")]
+    ok = sweep_rows(df, gpu or latest_gpu(df), dtype)
     wide = ok.pivot_table(index=["D", "causal", "N"], columns="stage", values="tflops")
     if stage not in wide:
         raise not_recorded(stage, " over the FlashAttention sweep")

@@ -245,7 +245,8 @@ def measure(out=print):
     #    wins one N by more than MARGIN
     run([(D, (*c, ALL_OPTS), (False, True), ALL) for D, cands in CANDIDATES.items()
          for c in cands])
-    per_n = _per_n(pd.DataFrame(rows), _best(pd.DataFrame(rows)))
+    contest = pd.DataFrame(rows)
+    per_n = _per_n(contest, _best(contest))
     # 2. each switch off, on every chosen shape, at every N; stage 07's shape with none
     jobs = [(D, (*cands[0], 0), (False, True), STAGE07) for D, cands in CANDIDATES.items()]
     for D in CANDIDATES:

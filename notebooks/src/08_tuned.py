@@ -779,10 +779,8 @@ with nb.unless_missing():
     rows = []
     for (D, causal), segs in sorted(tuning.kernel_pick_by_n().items()):
         for below, c in segs:
-            name = (f"tuned_kernel<__half, {D}, {c[0]}, {c[1]}, {c[2]}, {c[3]}, "
-                    f"{'true' if c[4] else 'false'}, {c[5]}>")
             try:
-                lu = sass.load_use(fl.stage("08_tuned").source, name)
+                lu = sass.load_use(fl.stage("08_tuned").source, tuning.kernel_name(D, c))
             except FileNotFoundError as err:
                 raise nb.NotRecorded(f"the machine code needs nvcc and cuobjdump: {err}")
             rows.append(dict(D=D, causal=causal, N=f"< {below}" if below else "rest",
@@ -814,11 +812,12 @@ with nb.unless_missing():
     print(f"DRAM bytes measured: {m8.get('dram_bytes') / 1e6:.1f} MB; reading Q, K and V once: "
           f"{once / 1e6:.1f} MB; writing O: {once / 3e6:.1f} MB (a write still in L2 when the "
           f"kernel ends is not counted)")
+    jobs = sorted(set((D, c) for (D, _), c in shapes.items()))
+    regs = dict(zip(jobs, tuning.resources(jobs)["registers"]))  # one ptxas pass for all shapes
     for (D, causal), c in sorted(shapes.items()):
         n = 16384
-        regs = tuning.resources([(D, c)])["registers"].iloc[0]
-        per_sm = tiling.occupancy(int(regs), tuning.block_tile(D, *c[:5])["smem_bytes"], 32 * c[1],
-                                  cc)["blocks"]
+        per_sm = tiling.occupancy(int(regs[(D, c)]), tuning.block_tile(D, *c[:5])["smem_bytes"],
+                                  32 * c[1], cc)["blocks"]
         tiles = n // (16 * c[2] * c[1])  # blocks per head
         heads = math.ceil(per_sm * sms / tiles) + 1
         print(f"D={D:3} {'causal    ' if causal else 'not causal'} N={n}: {per_sm * sms} blocks "
