@@ -6,19 +6,20 @@
     o = attn(q, k, v, causal=False)   # (B, H, N, D) CUDA tensors
     print(fl.check(attn))             # against float64, on fresh random inputs
     fl.bench(attn, fl.TEACHING)       # median ms, TFLOP/s
-    fl.results.load()                 # the shared table, data/results.csv
+    fl.results.load()                 # the shared table, data/results.csv (flashlab.tables)
 """
-from . import results
+from . import tables
 from .bench import SWEEP_NS, TEACHING, Config, bench, flops, sweep, teaching, time_fn
 from .check import check
 from .env import environment, gpu_available
-from .measure import measure_baselines, measure_stage, recorded, recorded_checks
+from .measure import measure_baselines, measure_stage
 from .reference import naive_attention, reference, rel_err
 from .stages import Stage, stage, stages
+from .tables import gpu_shown, recorded, recorded_checks, results
 
 __all__ = [
     "Config", "SWEEP_NS", "Stage", "TEACHING", "bench", "check", "environment", "flops",
-    "gpu_available", "measure_baselines", "measure_stage", "naive_attention", "recorded",
-    "recorded_checks", "reference", "rel_err", "results", "stage", "stages", "sweep", "teaching",
-    "time_fn",
+    "gpu_available", "gpu_shown", "measure_baselines", "measure_stage", "naive_attention",
+    "recorded", "recorded_checks", "reference", "rel_err", "results", "stage", "stages", "sweep",
+    "tables", "teaching", "time_fn",
 ]

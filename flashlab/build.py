@@ -9,6 +9,7 @@ from torch's extension cache.
 import hashlib
 import os
 import re
+import shutil
 
 import torch
 
@@ -53,16 +54,20 @@ class BuildError(RuntimeError):
     """nvcc or the linker rejected a stage; the message holds the compiler's own lines."""
 
 
-def arch_flags(capability=None):
-    """-gencode for the GPU present (or the given (major, minor)); flashlab needs sm_80 or newer."""
-    if capability is None:
-        if not torch.cuda.is_available():
-            raise RuntimeError("building a stage needs a CUDA GPU (none is visible to torch)")
-        capability = torch.cuda.get_device_capability()
-    major, minor = capability
-    if major < 8:
-        raise RuntimeError(f"flashlab needs compute capability 8.0 or newer, this GPU is {major}.{minor}")
-    cc = f"{major}{minor}"
+def nvcc():
+    """Path of nvcc (CUDA_HOME, CUDA_PATH, /usr/local/cuda, then PATH), or None."""
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    return shutil.which("nvcc")
+
+
+def arch_flags(arch):
+    """-gencode for one architecture: "sm_90" (or "sm_90a", whose arch-specific instructions run
+    on that chip alone). Which architecture a stage needs is in its registry entry."""
+    if not re.fullmatch(r"sm_\d+a?", arch):
+        raise ValueError(f"not an nvcc architecture: {arch!r} (e.g. sm_80, sm_90a)")
+    cc = arch[len("sm_"):]
     return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
 
 
@@ -89,13 +94,18 @@ def _load_cached(name, verbose):
     return None
 
 
-def build_module(source, verbose=False, capability=None):
-    """Compile `source` (a kernels/*.cu path) and return the loaded module."""
+def build_module(source, verbose=False, arch=None):
+    """Compile `source` (a kernels/*.cu path) for `arch` (default: the GPU here, e.g. "sm_90")
+    and return the loaded module."""
     from torch.utils.cpp_extension import load_inline
 
     source = os.fspath(source)
     text = open(source).read()
-    flags = NVCC_FLAGS + arch_flags(capability)
+    if arch is None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("building a stage needs a CUDA GPU (none is visible to torch)")
+        arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    flags = NVCC_FLAGS + arch_flags(arch)
     digest = hashlib.sha256()
     for part in [text, BINDING, repr(flags), torch.__version__, *_headers().values()]:
         digest.update(part.encode())

@@ -4,7 +4,37 @@ import sys
 
 from .bench import TEACHING
 
-DESCRIPTION = """\
+# The command list, once: the CLI's help shows it, and README.md's copy is generated from it.
+COMMANDS = [
+    ("flashlab list", "the stages, in order, and what each one adds"),
+    ("flashlab run", "build, check and time everything; update data/, the figures and README.md "
+                     "(without a GPU: show the recorded results instead)"),
+    ("flashlab run --profile", "... and profile every stage under Nsight Compute (data/profile.csv)"),
+    ("flashlab run --stage 08", "only stage 08 (repeatable), with the baselines in the same run"),
+    ("flashlab check 03", "check stage 03 against the float64 reference on fresh random inputs"),
+    ("flashlab bench 03 --N 4096", "time stage 03 at one config (--B --H --N --D --dtype --causal)"),
+    ("flashlab profile 02", "profile stage 02 under Nsight Compute, raw CSV in data/profiles/"),
+    ("flashlab sass 03", "stage 03's SASS instruction counts by kind, no GPU (--arch, --record)"),
+    ("flashlab tune", "stage 08's autotune on this GPU (data/tune08.csv)"),
+    ("flashlab tune --apply", "write the recorded choice into kernels/08_tuned.cu's pick(), no GPU"),
+    ("flashlab plot", "redraw data/figures/*.png from the recorded results"),
+    ("flashlab table", "print the recorded results (--all: every config)"),
+    ("flashlab report", "one self-contained page (table + every figure) for a class handout"),
+    ("flashlab readme", "regenerate README.md's tables and this list (--check: is it up to date?)"),
+]
+
+
+def command_list(width=30) -> str:
+    import textwrap
+    lines = []
+    for usage, what in COMMANDS:
+        wrapped = textwrap.wrap(what, 98 - width)
+        lines.append(f"{usage:<{width}}{wrapped[0]}")
+        lines += [" " * width + more for more in wrapped[1:]]
+    return "\n".join(lines) + "\n"
+
+
+DESCRIPTION = f"""\
 flashlab: build a FlashAttention kernel one optimisation at a time, and measure every step.
 
 Each stage is a CUDA file in kernels/ (01_naive, 02_coalesced, ...). flashlab compiles it,
@@ -12,18 +42,7 @@ checks it against a float64 reference, times it next to PyTorch's own attention,
 every number in data/results.csv, which the notebooks and figures read.
 
 commands:
-  flashlab list                 the stages, in order, and what each one adds
-  flashlab run                  build, check and time everything; update data/ and the figures
-                                (without a GPU: show the recorded results instead)
-  flashlab check 03             check stage 03 against the reference on fresh random inputs
-  flashlab bench 03 --N 4096    time stage 03 at one config (B, H, N, D, dtype, --causal)
-  flashlab profile 02           profile stage 02 under Nsight Compute (data/profile.csv)
-  flashlab sass 03              count stage 03's SASS instructions by kind (no GPU needed)
-  flashlab plot                 redraw data/figures/*.png from data/results.csv
-  flashlab table                print the recorded results
-  flashlab report               one page for a class handout: provenance, the stage table and
-                                every figure, drawn fresh from data/ (data/report.html)
-"""
+{command_list()}"""
 
 
 def _cmd_list(args):
@@ -35,29 +54,50 @@ def _cmd_list(args):
     return 0
 
 
-def _need_gpu(what):
+def _cannot(what, st=None):
+    """Print why `flashlab what` cannot run here and return True, or return False."""
     from .env import gpu_available
-    if not gpu_available():
-        print(f"flashlab {what} needs a CUDA GPU and none is visible; `flashlab table` and "
-              f"`flashlab plot` show the recorded results.", file=sys.stderr)
+    why = st.unavailable() if st is not None else (None if gpu_available() else "no CUDA GPU here")
+    if why is None:
         return False
+    print(f"flashlab {what}: {why}; `flashlab table` and `flashlab plot` show the recorded "
+          f"results.", file=sys.stderr)
     return True
 
 
 def _cmd_run(args):
+    from . import paths
     from .runner import run
     df = run(args.stage or None, with_baselines=not args.no_baselines,
              with_sweep=not args.no_sweep, progress=not args.no_progress,
              with_profile=args.profile)
+    if paths.data_dir() == paths.ROOT / "data" and not df.attrs.get("replay"):
+        _cmd_readme(argparse.Namespace(check=False))  # the repository's own table changed
     return 1 if df.attrs.get("failed") else 0
 
 
-def _cmd_check(args):
-    if not _need_gpu("check"):
+def _cmd_readme(args):
+    from . import readme
+    return readme.update(command_list(), check=args.check)
+
+
+def _cmd_tune(args):
+    from . import autotune
+    if args.apply:
+        autotune.apply(gpu=args.gpu)
+        return 0
+    if _cannot("tune", autotune.tuned()):
         return 2
+    autotune.measure()
+    return 0
+
+
+def _cmd_check(args):
     from .check import check
     from .stages import stage
     st = stage(args.stage)
+    if _cannot("check", st):
+        return 2
     result = check(st.build(), dtype=args.dtype, seed=args.seed,
                    head_dims=tuple(args.D) if args.D else None)
     print(result)
@@ -65,27 +105,29 @@ def _cmd_check(args):
 
 
 def _cmd_bench(args):
-    if not _need_gpu("bench"):
-        return 2
-    from . import results
     from .baselines import NAMES, Baseline
     from .bench import Config, bench
     from .env import environment
     from .stages import stage
+    from .tables import RESULTS
+    st = None if args.stage in NAMES else stage(args.stage)
+    if _cannot("bench", st):
+        return 2
     cfg = Config(args.B, args.H, args.N, args.D, args.causal, args.dtype)
-    if args.stage in NAMES:
+    if st is None:
         attn, kind = Baseline(args.stage), "baseline"
     else:
-        attn, kind = stage(args.stage).build(), "stage"
+        attn, kind = st.build(), "stage"
     m = bench(attn, cfg, min_runs=args.runs)
     name = attn.stage.slug if kind == "stage" else attn.name
     print(f"{name}  {cfg.label}\n  median {m['median_ms']:.4f} ms (p20 {m['p20_ms']:.4f}, "
-          f"p80 {m['p80_ms']:.4f}; {m['runs']} runs, {m['timer']})\n  {m['tflops']:.2f} TFLOP/s"
-          f"   relative error {m['rel_err']:.2e}")
+          f"p80 {m['p80_ms']:.4f}; {m['runs']} runs, {m['timer']}; warmed by {m['warmup_runs']} "
+          f"calls, re-timed {m['retimes']}x)\n  {m['tflops']:.2f} TFLOP/s"
+          f"   relative error {m['rel_err']:.2e}" + (f"\n  {m['note']}" if m["note"] else ""))
     if args.record:
-        results.upsert([dict(stage=name, kind=kind, dtype=cfg.dtype, B=cfg.B, H=cfg.H, N=cfg.N,
+        RESULTS.upsert([dict(stage=name, kind=kind, dtype=cfg.dtype, B=cfg.B, H=cfg.H, N=cfg.N,
                              D=cfg.D, causal=cfg.causal, status="ok", **m, **environment())])
-        print(f"recorded in {results.path()}")
+        print(f"recorded in {RESULTS.path()}")
     return 0
 
 
@@ -93,6 +135,7 @@ def _cmd_profile(args):
     import pandas as pd
 
     from . import profile as prof
+    from . import tables
     from .bench import Config
     ok, why = prof.available()
     if args.stage and ok:
@@ -103,8 +146,10 @@ def _cmd_profile(args):
     if args.stage:
         print(f"cannot profile here ({why}); showing the recorded metrics", file=sys.stderr)
     with pd.option_context("display.width", 200, "display.max_columns", 50):
-        table = prof.wide()
-        print(table.T.to_string() if len(table) else "no profiles recorded yet")
+        gpu = tables.gpu_shown()
+        table = tables.profile_wide(tables.profile_rows(gpu))
+        print(f"{gpu}:\n{table.T.to_string()}" if len(table) else
+              f"no profiles recorded yet on {gpu}")
     return 0
 
 
@@ -143,6 +188,13 @@ def _cmd_report(args):
     from . import report
     print(report.write(args.out, args.format))
     return 0
+
+
+GPU_DEFAULT = "the GPU shown: this one, else $FLASHLAB_GPU, else the one recorded last"
+GPU_HELP = f"which GPU's rows (default: {GPU_DEFAULT})"
+TUNE_HELP = ("On a GPU: time every candidate shape of the tuned stage over the FlashAttention sweep, "
+             "each switch off in turn on the winners, and record it all in data/tune08.csv. With "
+             "--apply (anywhere): write the recorded choice into the kernel's pick() table.")
 
 
 def parser():
@@ -222,11 +274,11 @@ def parser():
     p.set_defaults(fn=_cmd_sass)
 
     p = sub.add_parser("plot", help="redraw the figures from the recorded results")
-    p.add_argument("--gpu", help="which GPU's rows (default: the most recent)")
+    p.add_argument("--gpu", help=GPU_HELP)
     p.set_defaults(fn=_cmd_plot)
 
     p = sub.add_parser("table", help="print the recorded results")
-    p.add_argument("--gpu", help="which GPU's rows (default: the most recent)")
+    p.add_argument("--gpu", help=GPU_HELP)
     p.add_argument("--all", action="store_true", help="every config, not just the teaching one")
     p.set_defaults(fn=_cmd_table)
 
@@ -242,6 +294,20 @@ def parser():
     p.add_argument("--format", choices=["html", "md"],
                    help="html or md (default: from --out's suffix, else html)")
     p.set_defaults(fn=_cmd_report)
+
+    p = sub.add_parser("readme", help="regenerate README.md's tables and command list",
+                       description="Rewrite the parts of README.md between its generated-part "
+                       "markers: the stage table and the sweep table from data/results.csv, the "
+                       "command list from this program's help.")
+    p.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date")
+    p.set_defaults(fn=_cmd_readme)
+
+    p = sub.add_parser("tune", help="stage 08's autotune (data/tune08.csv); --apply writes pick()",
+                       description=TUNE_HELP)
+    p.add_argument("--apply", action="store_true",
+                   help="rewrite pick() in the tuned stage's .cu from data/tune08.csv (no GPU)")
+    p.add_argument("--gpu", help="--apply: which GPU's tuning log (default: " + GPU_DEFAULT + ")")
+    p.set_defaults(fn=_cmd_tune)
     return ap
 
 
@@ -249,7 +315,7 @@ def main(argv=None):
     args = parser().parse_args(argv)
     try:
         return args.fn(args)
-    except ValueError as err:
+    except ValueError as err:  # bad input, e.g. a stage that does not exist
         print(f"flashlab: {err}", file=sys.stderr)
         return 2
 

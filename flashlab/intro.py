@@ -1,7 +1,6 @@
 """Figures and small tables for notebook 00 (setup, the GPU, the problem). None needs a GPU.
 
     from flashlab import intro
-    intro.peak_rows()                  # the recorded ceilings of the latest GPU, with its facts
     intro.intensity_figure(ceilings)   # FLOP per byte of attention against N, and the ridge points
     intro.tiling_figure()              # Q tile x K/V tiles: what lives in HBM, shared memory, registers
     intro.check_matrix({"mine": fl.check(mine, device="cpu"), ...})   # cases side by side
@@ -11,25 +10,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.patches import Patch, Rectangle
 
-from . import paths
 
 ELEM_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 ROOF_COLORS = {"fp32": "tab:blue", "fp16": "tab:red"}   # as in plots.roofline
 MEMORY_COLORS = {"hbm": "#d9d9d9", "smem": "#6baed6", "regs": "#fd8d3c"}
-
-
-def peak_rows(gpu=None) -> pd.DataFrame:
-    """The rows of data/peaks.csv for `gpu` (default: the most recently measured one, as
-    peaks.load() picks it): metric, value, unit, and the GPU / torch / CUDA they were measured on."""
-    p = paths.peaks_csv()
-    if not p.exists():
-        return pd.DataFrame(columns=["metric", "value", "unit", "gpu", "compute_capability",
-                                     "torch", "cuda", "commit", "time"])
-    df = pd.read_csv(p, dtype={"compute_capability": str, "cuda": str})
-    if df.empty:
-        return df
-    gpu = gpu or df.sort_values("time")["gpu"].iloc[-1]
-    return df[df["gpu"] == gpu].reset_index(drop=True)
 
 
 def min_bytes(N, D, dtype="fp32", B=1, H=1):
@@ -193,5 +177,5 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
-__all__ = ["peak_rows", "min_bytes", "intensity", "intensity_figure", "tiling_figure",
+__all__ = ["min_bytes", "intensity", "intensity_figure", "tiling_figure",
            "check_matrix", "fmt_bytes"]

@@ -4,14 +4,13 @@ import pandas as pd
 import torch
 
 from . import baselines as _baselines
-from . import paths, ptxas, results
+from . import ptxas
 from .bench import bench, sweep, teaching
 from .check import FP32_TOL, check
 from .env import environment
 from .reference import reference
 from .stages import Stage
-
-CHECK_KEY = ["stage", "dtype", "B", "H", "N", "D", "causal", "gpu"]
+from .tables import CHECKS, RESULTS
 # Baselines that hold the N x N scores in memory are skipped past this N (tens of GB).
 MATERIALISING = ("sdpa_math", "torch_naive")
 MAX_N_MATERIALISED = 8192
@@ -24,7 +23,7 @@ def configs_for(st: Stage):
     for dt in st.dtypes:
         out.append(teaching(dt))
         if st.fast:
-            out += [c for c in sweep(dt) if c.D in st.head_dims]
+            out += sweep(dt, st.head_dims)
     return out
 
 
@@ -39,19 +38,15 @@ def _row(name, kind, cfg, env, **values):
     return row
 
 
-def _arch(env):
-    return "sm_" + env["compute_capability"].replace(".", "")
-
-
 def measure_stage(st: Stage, configs=None, record=True, log=print, attn=None):
     """Check the stage, then time it at `configs` (default: configs_for(st)) unless the check
     failed. Returns (CheckResult, DataFrame of the rows), which are also recorded in data/."""
     env = environment()
     configs = configs_for(st) if configs is None else configs
-    def res_at(D):
+    def res_at(cfg):
         try:
-            return ptxas.summary(st.source, _arch(env), head_dim=D)
-        except (OSError, RuntimeError) as err:
+            return ptxas.summary(st, st.arch(map(int, env["compute_capability"].split("."))), cfg)
+        except (OSError, RuntimeError, LookupError) as err:
             log(f"{st.slug}: no ptxas report ({err})")
             return {}
 
@@ -59,26 +54,25 @@ def measure_stage(st: Stage, configs=None, record=True, log=print, attn=None):
     chk = check(attn)
     log(str(chk))
     if record:
-        results.upsert_csv([dict(stage=st.slug, **c, **env) for c in chk.rows()],
-                           paths.checks_csv(), CHECK_KEY)
+        CHECKS.upsert([dict(stage=st.slug, **c, **env) for c in chk.rows()])
     rows = []
     for cfg in configs:
         if not chk.passed:
-            rows.append(_row(st.slug, "stage", cfg, env, status="failed check", **res_at(cfg.D),
+            rows.append(_row(st.slug, "stage", cfg, env, status="failed check", **res_at(cfg),
                              note=f"not timed: check failed, max rel err {chk.max_rel_err:.2e}"))
             continue
         try:
             m = bench(attn, cfg)
             # the check above is the real test; this guards the timed config itself
             status = "ok" if m["rel_err"] <= (FP32_TOL if cfg.dtype == "fp32" else 1e-2) else "failed check"
-            rows.append(_row(st.slug, "stage", cfg, env, status=status, **m, **res_at(cfg.D)))
+            rows.append(_row(st.slug, "stage", cfg, env, status=status, **m, **res_at(cfg)))
             log(f"{st.slug:16} {cfg.label:42} {m['median_ms']:10.3f} ms {m['tflops']:8.2f} TFLOP/s"
                 f"  rel_err {m['rel_err']:.1e}")
         except ValueError as err:
             log(f"{st.slug}: {cfg.label}: {err}")
     df = pd.DataFrame(rows)
     if record and rows:
-        results.upsert(df)
+        RESULTS.upsert(df)
     return chk, df
 
 
@@ -106,24 +100,6 @@ def measure_baselines(configs=None, names=_baselines.NAMES, record=True, log=pri
         torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
     if record and rows:
-        results.upsert(df)
+        RESULTS.upsert(df)
     return df
-
-
-def recorded(name=None, gpu=None) -> pd.DataFrame:
-    """Recorded rows (all, or one stage's / baseline's), newest GPU first by default."""
-    df = results.load()
-    if name is not None:
-        df = df[df["stage"] == getattr(name, "slug", name)]
-    if gpu is not None:
-        df = df[df["gpu"] == gpu]
-    return df.reset_index(drop=True)
-
-
-def recorded_checks(name=None) -> pd.DataFrame:
-    p = paths.checks_csv()
-    if not p.exists():
-        return pd.DataFrame(columns=CHECK_KEY)
-    df = pd.read_csv(p, dtype=results.TEXT)
-    return df[df["stage"] == getattr(name, "slug", name)] if name is not None else df
 

@@ -1,4 +1,5 @@
-"""Where flashlab keeps things. FLASHLAB_DATA points the results table somewhere else (tests do)."""
+"""Where flashlab keeps things. FLASHLAB_DATA points data/ somewhere else (tests do); which files
+lie there is flashlab.tables' business."""
 import os
 from pathlib import Path
 
@@ -9,22 +10,6 @@ NOTEBOOKS = ROOT / "notebooks"
 
 def data_dir() -> Path:
     return Path(os.environ.get("FLASHLAB_DATA", ROOT / "data"))
-
-
-def results_csv() -> Path:
-    return data_dir() / "results.csv"
-
-
-def checks_csv() -> Path:
-    return data_dir() / "checks.csv"
-
-
-def peaks_csv() -> Path:
-    return data_dir() / "peaks.csv"
-
-
-def sass_csv() -> Path:
-    return data_dir() / "sass.csv"
 
 
 def figures_dir() -> Path:

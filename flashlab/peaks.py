@@ -2,9 +2,9 @@
 stage is placed on."""
 import torch
 
-from . import paths, results
 from .bench import time_fn
-from .env import environment, gpu_available
+from .env import environment
+from .tables import PEAKS
 
 MATMUL_N = 8192
 COPY_BYTES = 2**30
@@ -33,21 +33,4 @@ def measure(device="cuda"):
 
 
 def record(rows):
-    results.upsert_csv(rows, paths.peaks_csv(), key=["gpu", "metric"])
-
-
-def load(gpu=None) -> dict:
-    """{metric: value} for `gpu` (default: the GPU in use if its ceilings are recorded, else the
-    most recently measured one); {} if none recorded."""
-    import pandas as pd
-    p = paths.peaks_csv()
-    if not p.exists():
-        return {}
-    df = pd.read_csv(p, dtype=results.TEXT)
-    if df.empty:
-        return {}
-    if gpu is None and gpu_available() and torch.cuda.get_device_name() in set(df["gpu"]):
-        gpu = torch.cuda.get_device_name()
-    gpu = gpu or df.sort_values("time")["gpu"].iloc[-1]
-    df = df[df["gpu"] == gpu]
-    return dict(zip(df["metric"], df["value"]))
+    PEAKS.upsert(rows)

@@ -11,9 +11,10 @@ from matplotlib.lines import Line2D
 import numpy as np
 import pandas as pd
 
-from . import paths, peaks as _peaks, profile_schema, results
-from .bench import SWEEP_NS, teaching
+from . import paths, profile_schema, tables
+from .bench import SWEEP, teaching
 from .stages import stage as _stage, stages
+from .tables import RESULTS, at_config, stage_at_teaching
 
 BASELINE_STYLE = {
     "sdpa_flash": ("tab:red", "-"), "sdpa_cudnn": ("tab:purple", "-"),
@@ -30,14 +31,11 @@ def _axes(figsize, *grid, **kw):
     return fig, fig.subplots(*grid, **kw)
 
 
-def latest_gpu(df):
-    """The GPU of the most recent row: figures show one GPU at a time."""
-    ok = df[df["status"].fillna("ok") == "ok"]
-    return ok.sort_values("time")["gpu"].iloc[-1] if len(ok) else None
-
-
-def _ok(df, gpu):
-    return df[(df["gpu"] == gpu) & (df["status"].fillna("ok") == "ok")]
+def _shown(df, gpu):
+    """(the results table, the GPU its figures show, that GPU's rows that ran)."""
+    df = RESULTS.load() if df is None else df
+    gpu = gpu or tables.gpu_shown(df=df)
+    return df, gpu, tables.ok(tables.on_gpu(df, gpu))
 
 
 def _stage_color(i, n):
@@ -48,12 +46,10 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None):
     """TFLOP/s of every stage at the teaching config, the PyTorch baselines as lines. A stage
     that does not take `dtype` (the fp16 tensor-core stages on the fp32 ladder) stands at its
     own first dtype, named under its bar."""
-    df = results.load() if df is None else df
-    gpu = gpu or latest_gpu(df)
-    ok = _ok(df, gpu)
+    df, gpu, ok = _shown(df, gpu)
     cfg = teaching(dtype)
-    here = results.at_config(ok, cfg)
-    own = [_at_teaching(ok, s) for s in stages() if dtype not in s.dtypes]
+    here = at_config(ok, cfg)
+    own = [stage_at_teaching(ok, s) for s in stages() if dtype not in s.dtypes]
     st = pd.concat([here[here["kind"] == "stage"]] + [r.iloc[-1:] for r in own if len(r)])
     st = st.sort_values("stage")
     if ax is None:
@@ -68,7 +64,7 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None):
                              for s, d in zip(st["stage"], st["dtype"])])
     other = "fp16" if dtype == "fp32" else "fp32"
     for d, alpha in ((dtype, 1.0), (other, 0.35)):
-        base = results.at_config(ok, teaching(d))
+        base = at_config(ok, teaching(d))
         base = base[base["kind"] == "baseline"]
         if d != dtype:
             base = base[base["stage"].isin(["sdpa_flash", "sdpa_cudnn"])]
@@ -88,10 +84,8 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None):
 
 def scaling(df=None, gpu=None, dtype="fp16"):
     """TFLOP/s against N over the FlashAttention sweep, one panel per head dim and mask."""
-    df = results.load() if df is None else df
-    gpu = gpu or latest_gpu(df)
-    ok = _ok(df, gpu)
-    ok = ok[(ok["dtype"] == dtype) & (ok["B"] * ok["N"] == 16384) & (ok["H"] * ok["D"] == 2048)]
+    df, gpu, _ = _shown(df, gpu)
+    ok = tables.sweep_rows(df, gpu, dtype)
     fig, axes = _axes((10, 7), 2, 2, sharex=True)
     stage_names = sorted(ok[ok["kind"] == "stage"]["stage"].unique())
     for ax, (d, causal) in zip(axes.flat, [(64, False), (64, True), (128, False), (128, True)]):
@@ -106,12 +100,12 @@ def scaling(df=None, gpu=None, dtype="fp16"):
                 ax.plot(grp["N"], grp["tflops"], "-", color=_stage_color(i, len(stage_names)),
                         marker="o", lw=2, label=name)
         ax.set_xscale("log", base=2)
-        ax.set_xticks(SWEEP_NS, [f"{n // 1024}k" if n >= 1024 else str(n) for n in SWEEP_NS])
+        ax.set_xticks(SWEEP.ns, [f"{n // 1024}k" if n >= 1024 else str(n) for n in SWEEP.ns])
         ax.set_title(f"D={d}, {'causal' if causal else 'not causal'}", fontsize=10)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     for ax in axes[1]:
-        ax.set_xlabel("sequence length N (B·N = 16k tokens, H·D = 2048)")
+        ax.set_xlabel(f"sequence length N (B·N = {SWEEP.tokens // 1024}k tokens, H·D = {SWEEP.width})")
     for ax in axes[:, 0]:
         ax.set_ylabel(f"TFLOP/s ({dtype})")
     handles, labels = axes.flat[0].get_legend_handles_labels()
@@ -131,10 +125,8 @@ def _intensity(r):
 def roofline(df=None, gpu=None, ceilings=None, ax=None):
     """Every stage and baseline at the teaching configs on the GPU's measured roofline."""
     import numpy as np
-    df = results.load() if df is None else df
-    gpu = gpu or latest_gpu(df)
-    ceilings = _peaks.load(gpu) if ceilings is None else ceilings
-    ok = _ok(df, gpu)
+    df, gpu, ok = _shown(df, gpu)
+    ceilings = tables.peaks(gpu) if ceilings is None else ceilings
     if ax is None:
         _, ax = _axes((8, 5))
     x = np.logspace(-1, 4, 200)
@@ -146,7 +138,7 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
         if peak and bw:
             ax.plot(x, np.minimum(peak, bw * x), color=color, lw=1.5,
                     label=f"{label}: {peak:.0f} TFLOP/s, {bw:.2f} TB/s")
-    pts = pd.concat([results.at_config(ok, teaching("fp32")), results.at_config(ok, teaching("fp16"))])
+    pts = pd.concat([at_config(ok, teaching("fp32")), at_config(ok, teaching("fp16"))])
     names = sorted(pts[pts["kind"] == "stage"]["stage"].unique())
     for _, r in pts.iterrows():
         if r.kind == "stage":
@@ -177,83 +169,17 @@ def roofline(df=None, gpu=None, ceilings=None, ax=None):
 
 # --- Nsight Compute profile figures (data/profile.csv, columns in flashlab.profile_schema) ---
 
-# The metrics each stage's one idea is meant to move, shown for the stage and its predecessor.
-# A new stage adds one line, e.g. "06_swizzled": ["smem_load_bank_conflicts"].
-IDEA_METRIC = {
-    "02_coalesced": ["global_load_sectors_per_request"],
-    "03_coarsened": ["smem_load_bank_conflicts", "achieved_occupancy_pct"],
-    "04_wmma": ["tensor_pipe_pct"],
-    # S and P stay in registers: shared-memory traffic falls, the tensor pipe gets busier.
-    "05_mma": ["smem_wavefronts", "tensor_pipe_pct"],
-    # Same instructions, permuted addresses: the conflicts stay at zero without the padding.
-    "06_swizzle": ["smem_load_bank_conflicts", "smem_store_bank_conflicts"],
-    # Loads in flight during the math: warps stop waiting on memory and on each other.
-    "07_cp_async": ["stall_long_scoreboard", "stall_barrier", "stall_mio_throttle"],
-    # Two row tiles per warp halve the shared-memory traffic per FLOP; the tensor pipe fills up.
-    "08_tuned": ["smem_wavefronts", "tensor_pipe_pct"],
-}
 # Counts that can differ by orders of magnitude between two stages: a linear axis would hide one.
 LOG_METRICS = {"smem_load_bank_conflicts", "smem_store_bank_conflicts", "smem_wavefronts",
                "dram_bytes"}
 NO_PROFILE = "no profile recorded yet"
-_PROFILE_TEXT = {c: str for c in ("stage", "dtype", "gpu", "metric", "unit", "ncu_metric",
-                                  "compute_capability", "torch", "cuda", "commit", "time")}
-
-
-def _normalise_profile(df):
-    df = df.copy()
-    for col in profile_schema.COLUMNS:
-        if col not in df:
-            df[col] = pd.NA
-    for col in results.INTS:
-        df[col] = df[col].astype("int64")
-    df["causal"] = df["causal"].map(lambda x: str(x).strip().lower() in ("true", "1")).astype(bool)
-    df["value"] = pd.to_numeric(df["value"], errors="coerce")
-    return df
-
-
-def _load_profile(p=None):
-    """data/profile.csv, or None while nothing has been profiled. A stopgap reader until
-    flashlab.profile.load() lands; it tolerates the file being absent or empty."""
-    p = Path(p) if p is not None else paths.data_dir() / "profile.csv"
-    if not p.exists():
-        return None
-    df = pd.read_csv(p, dtype=_PROFILE_TEXT)
-    return _normalise_profile(df) if len(df) else None
 
 
 def profile_rows(profile=None, gpu=None):
     """(the profile rows of one GPU, or None if it has none; that GPU): the given GPU, else the
-    latest profiled. profile: a DataFrame in profile_schema's columns, or None to read data/."""
-    prof = _load_profile() if profile is None else _normalise_profile(profile)
-    if prof is None or prof.empty:
-        return None, gpu
-    gpu = gpu or prof.sort_values("time")["gpu"].iloc[-1]
-    prof = prof[prof["gpu"] == gpu]
-    return (prof if len(prof) else None), gpu
-
-
-def _at_teaching(table, st):
-    """A stage's rows at the teaching config, in the first of its dtypes that has any: stages
-    01-03 are fp32-only, tensor-core stages will be fp16."""
-    mine = table[table["stage"] == st.slug]
-    for d in st.dtypes:
-        here = results.at_config(mine, teaching(d))
-        if len(here):
-            return here
-    return mine.iloc[:0]
-
-
-def _by_stage(prof):
-    """The profile at the teaching config as a stages x metrics table, in stage order."""
-    if prof is None:
-        return pd.DataFrame()
-    rows = {}
-    for st in stages():
-        here = _at_teaching(prof, st).sort_values("time").drop_duplicates("metric", keep="last")
-        if len(here):
-            rows[st.slug] = here.set_index("metric")["value"]
-    return pd.DataFrame(rows).T
+    GPU shown. profile: a DataFrame in profile_schema's columns, or None to read data/."""
+    gpu = gpu or tables.gpu_shown()
+    return tables.profile_rows(gpu, profile), gpu
 
 
 def _units(prof):
@@ -339,16 +265,16 @@ def _before_after(ax, vals, before, after, metric, unit):
 
 
 def idea_metrics(profile=None, gpu=None, only=None):
-    """For each stage after the first, the metric its idea targets (IDEA_METRIC) in the previous
-    stage and in this one, as paired bars, one panel per transition; `only`: just the
-    transitions into these stages (slugs)."""
+    """For each stage after the first, the metrics its idea moves (its registry entry's
+    idea_metrics) in the previous stage and in this one, as paired bars, one panel per
+    transition; `only`: just the transitions into these stages (slugs)."""
     prof, gpu = profile_rows(profile, gpu)
     title = "The metric each stage's idea targets, before and after (teaching config)"
     slugs = [st.slug for st in stages()]
-    vals = _by_stage(prof)
-    pairs = [(slugs[slugs.index(s) - 1], s, metrics) for s, metrics in IDEA_METRIC.items()
-             if s in slugs[1:] and {s, slugs[slugs.index(s) - 1]} & set(vals.index)
-             and (only is None or s in only)]
+    vals = tables.profile_by_stage(prof)
+    pairs = [(slugs[i - 1], st.slug, list(st.idea_metrics)) for i, st in enumerate(stages())
+             if i and st.idea_metrics and {st.slug, slugs[i - 1]} & set(vals.index)
+             and (only is None or st.slug in only)]
     if not pairs:
         return _message(_nothing_on(gpu) if only is None else
                         f"{', '.join(only)} and the stage before: {_nothing_on(gpu)}", title)
@@ -374,7 +300,7 @@ def stalls(profile=None, gpu=None, top=8, only=None):
     reasons overall by name, the rest as "other"; `only`: just these stages (slugs)."""
     prof, gpu = profile_rows(profile, gpu)
     title = "Where warps wait: stall reasons per stage (teaching config)"
-    table = _stall_table(_by_stage(prof))
+    table = _stall_table(tables.profile_by_stage(prof))
     if only is not None:
         table = table.loc[[s for s in table.index if s in only]]
     if table.empty:
@@ -418,12 +344,10 @@ def stage_panel(stage, df=None, profile=None, gpu=None):
     order = stages()
     prev = order[[s.slug for s in order].index(st.slug) - 1] if st.slug != order[0].slug else None
     pair = [s for s in (prev, st) if s is not None]
-    df = results.load() if df is None else df
-    gpu = gpu or latest_gpu(df)
-    ok = _ok(df, gpu)
-    res = {s.slug: _at_teaching(ok, s) for s in pair}
+    df, gpu, ok = _shown(df, gpu)
+    res = {s.slug: stage_at_teaching(ok, s) for s in pair}
     prof, gpu = profile_rows(profile, gpu)
-    vals, units = _by_stage(prof), _units(prof)
+    vals, units = tables.profile_by_stage(prof), _units(prof)
     cell = lambda s, get: _num(get(s.slug)) if s is not None else "–"
     rows = []
     for label, col, words in PANEL_RESULTS:
@@ -496,8 +420,7 @@ def drawings(df=None, profile=None, gpu=None):
     data supports: always the results figures; the profile figures and one stage panel per
     profiled stage once profile.csv holds rows for the GPU shown. save_all and flashlab.report
     both draw this list, so the figures on disk and in the report are the same set."""
-    df = results.load() if df is None else df
-    gpu = gpu or latest_gpu(df)
+    df, gpu, _ = _shown(df, gpu)
     if gpu is None:
         return {}
     out = {name: partial(draw, df, gpu=gpu) for name, draw in FIGURES.items()}

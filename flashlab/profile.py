@@ -4,11 +4,10 @@ it in data/profiles/.
 
     import flashlab.profile as prof
     prof.profile(fl.stage(2), fl.TEACHING)   # needs a GPU and ncu; records by default
-    prof.load()                              # the recorded metrics (works without a GPU)
+    fl.tables.PROFILE.load()                 # the recorded metrics (works without a GPU)
 
 ncu runs with --clock-control none (the GPU's clocks as the timings saw them) and profiles only
-the stage's kernel (by the naming convention `<slug without number>_kernel`), skipping its first
-launch as a warm-up. Metric names differ between ncu versions and chips, so flashlab asks ncu
+the stage's kernel (its registry entry's `kernel`), skipping its first launch as a warm-up. Metric names differ between ncu versions and chips, so flashlab asks ncu
 which ones this GPU offers and requests only those.
 """
 import csv
@@ -23,10 +22,10 @@ import sys
 
 import pandas as pd
 
-from . import paths, results
-from .bench import TEACHING, Config, teaching
+from . import paths, tables
+from .bench import Config, teaching
 from .env import environment, gpu_available
-from .profile_schema import COLUMNS, KEY, METRICS, STALL_REASONS
+from .profile_schema import COLUMNS, METRICS, STALL_REASONS
 from .stages import stage as _stage
 
 # flashlab metric -> the ncu metric(s) that give it; a tuple is (numerator, denominator).
@@ -98,11 +97,6 @@ def _choose():
     return chosen
 
 
-def kernel_name(st):
-    """The convention every stage follows: kernels/NN_slug.cu's kernel is named slug_kernel."""
-    return st.slug.split("_", 1)[1] + "_kernel"
-
-
 def parse_raw_csv(text):
     """{ncu metric: (value, unit)} from `ncu --csv --page raw` output (one profiled launch)."""
     lines = [ln for ln in text.splitlines() if ln.startswith('"')]
@@ -145,18 +139,13 @@ def _values(raw, chosen):
     return rows
 
 
-def raw_path(st, cfg, gpu):
-    label = f"{st.slug}_{cfg.dtype}_B{cfg.B}_H{cfg.H}_N{cfg.N}_D{cfg.D}" + ("_causal" if cfg.causal else "")
-    return paths.data_dir() / "profiles" / re.sub(r"\W+", "-", gpu) / f"{label}.csv"
-
-
 def _prepare(stage, config):
     """The stage (built outside ncu, so the profiled process only loads it) and its config:
     by default the teaching config in the stage's own first dtype."""
     ok, why = available()
     if not ok:
         raise RuntimeError(f"cannot profile here: {why}; the recorded metrics are in "
-                           f"{paths.data_dir() / 'profile.csv'} (flashlab.profile.load())")
+                           f"{tables.PROFILE.path()} (flashlab.tables.PROFILE.load())")
     st = _stage(stage)
     st.build()
     return st, config or teaching(st.dtypes[0])
@@ -165,7 +154,7 @@ def _prepare(stage, config):
 def _ncu(st, cfg, options, timeout):
     """ncu on the second launch of the stage's kernel (the first may pay for loading) at cfg,
     with `options` choosing what it collects and prints."""
-    cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{kernel_name(st)}",
+    cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{st.kernel}",
            "--launch-skip", "1", "--launch-count", "1", *options,
            sys.executable, "-m", "flashlab.profile_target", st.slug, str(cfg.B), str(cfg.H),
            str(cfg.N), str(cfg.D), str(int(cfg.causal)), cfg.dtype]
@@ -196,41 +185,14 @@ def profile(stage, config: Config = None, record=True, timeout=900) -> pd.DataFr
             for m, v, u, src in _values(raw, chosen)]
     df = pd.DataFrame(rows, columns=COLUMNS)
     if record:
-        rp = raw_path(st, cfg, env["gpu"])
+        rp = tables.profile_raw_path(st.slug, cfg, env["gpu"])
         rp.parent.mkdir(parents=True, exist_ok=True)
         rp.write_text(proc.stdout)
-        results.upsert_csv(rows, paths.data_dir() / "profile.csv", KEY)
+        tables.PROFILE.upsert(rows)
     return df
 
 
-def load(gpu=None, stage=None) -> pd.DataFrame:
-    """The recorded metrics (empty with the right columns if none)."""
-    p = paths.data_dir() / "profile.csv"
-    if not p.exists():
-        return pd.DataFrame(columns=COLUMNS)
-    df = pd.read_csv(p, dtype=results.TEXT)
-    df["causal"] = df["causal"].map(lambda x: str(x).lower() in ("true", "1"))
-    if gpu is not None:
-        df = df[df["gpu"] == gpu]
-    if stage is not None:
-        df = df[df["stage"] == getattr(stage, "slug", stage)]
-    return df.reset_index(drop=True)
-
-
-def wide(df=None, config: Config = TEACHING) -> pd.DataFrame:
-    """One row per stage, one column per metric, at `config`."""
-    df = load() if df is None else df
-    df = results.at_config(df, config)
-    return df.pivot_table(index="stage", columns="metric", values="value", aggfunc="last")
-
-
 # --- ncu's source view: shared-memory wavefronts per SASS instruction ----------------------------
-
-def source_path(st, cfg, gpu):
-    """Where the per-instruction CSV of `st` at `cfg` is kept, beside its raw metrics."""
-    raw = raw_path(st, cfg, gpu)
-    return raw.with_name(raw.stem + "_source.csv")
-
 
 def profile_source(stage, config: Config = None, record=True, timeout=900) -> pd.DataFrame:
     """One launch of `stage` under ncu's SourceCounters section, page "source": the wavefronts
@@ -243,7 +205,7 @@ def profile_source(stage, config: Config = None, record=True, timeout=900) -> pd
     if proc.returncode != 0:
         raise RuntimeError(f"ncu failed on {st.slug} ({proc.returncode}):\n{proc.stderr[-3000:]}")
     if record:
-        sp = source_path(st, cfg, environment()["gpu"])
+        sp = tables.profile_source_path(st.slug, cfg, environment()["gpu"])
         sp.parent.mkdir(parents=True, exist_ok=True)
         sp.write_text(proc.stdout)
     return shared_by_instruction(proc.stdout)
@@ -280,15 +242,14 @@ def shared_by_instruction(text) -> pd.DataFrame:
 
 
 def shared_by_opcode(stage, config: Config = None, gpu=None) -> pd.DataFrame:
-    """The recorded source view of `stage` summed per opcode (LDSM, STS, LDS, ...)."""
+    """The recorded source view of `stage` on `gpu` (default: the GPU shown) summed per opcode
+    (LDSM, STS, LDS, ...)."""
     st = _stage(stage)
     cfg = config or teaching(st.dtypes[0])
-    gpus = [gpu] if gpu else sorted({p.parent.name for p in
-                                     (paths.data_dir() / "profiles").glob("*/*_source.csv")})
-    for g in gpus:
-        p = source_path(st, cfg, g)
-        if p.exists():
-            df = shared_by_instruction(p.read_text())
-            return df.groupby("opcode")[["wavefronts", "ideal", "excessive"]].sum()
-    raise FileNotFoundError(f"no source view of {st.slug} at {cfg.label} recorded: on a GPU, "
-                            f"flashlab.profile.profile_source({st.number})")
+    gpu = gpu or tables.gpu_shown(st)
+    p = tables.profile_source_path(st.slug, cfg, gpu)
+    if not p.exists():
+        raise tables.NotRecorded(f"{st.slug}: no source view at {cfg.label} recorded on {gpu}: "
+                                 f"on that GPU, flashlab.profile.profile_source({st.number})")
+    df = shared_by_instruction(p.read_text())
+    return df.groupby("opcode")[["wavefronts", "ideal", "excessive"]].sum()

@@ -16,8 +16,10 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from . import build
 from .build import NVCC_FLAGS
 from .paths import KERNELS
+from .stages import CTYPES
 
 CACHE = Path(os.environ.get("FLASHLAB_CACHE", Path.home() / ".cache" / "flashlab")) / "ptxas"
 
@@ -38,11 +40,8 @@ class KernelResources:
 
 
 def nvcc() -> str:
-    """Path of nvcc (CUDA_HOME, then PATH), or raise FileNotFoundError."""
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
-            return os.path.join(home, "bin", "nvcc")
-    found = shutil.which("nvcc")
+    """Path of nvcc (flashlab.build.nvcc), or raise FileNotFoundError."""
+    found = build.nvcc()
     if not found:
         raise FileNotFoundError("nvcc not found: install the CUDA toolkit or set CUDA_HOME")
     return found
@@ -152,19 +151,38 @@ def resources(source, arch="sm_90"):
     return found
 
 
-def _first_template_arg(kernel: str):
-    # demangled "kernel<64, 64, 64>(...)" or, where no demangler exists, "_Z...ILi64ELi64E..."
-    m = re.search(r"<\s*(\d+)", kernel) or re.search(r"ILi(\d+)E", kernel)
-    return int(m.group(1)) if m else None
+def template_args(kernel: str) -> list:
+    """'tuned_kernel<__half, 64, 128, 4, 2, 2, false, 29>(...)' -> ['__half', '64', '128', ...];
+    [] for a kernel that is not a template."""
+    m = re.match(r"(?:void\s+)?\w+<([^()]*)>", kernel.strip())
+    return [a.strip() for a in m.group(1).split(",")] if m else []
 
 
-def summary(source, arch="sm_90", head_dim=None) -> dict:
-    """What the results table records: the kernel that runs at `head_dim` where a stage
-    instantiates one per head dim (by convention D is its first template argument), else the
-    worst case over the stage's kernels."""
-    found = resources(source, arch)
-    if head_dim is not None:
-        found = [r for r in found if _first_template_arg(r.kernel) == head_dim] or found
-    return {"registers": max((r.registers for r in found), default=0),
-            "smem_static_bytes": max((r.smem_static_bytes for r in found), default=0),
-            "spill_bytes": max((r.spill_bytes for r in found), default=0)}
+def kernel_at(stage, kernels, cfg):
+    """Of `kernels` (KernelResources of the stage's .cu), the one that runs at config `cfg`: the
+    template arguments its registry entry names (T, D, and for a stage with a pick() table the
+    candidate pick() launches at cfg's D, mask and N) must match. LookupError if none does."""
+    want = {"T": CTYPES[cfg.dtype], "D": str(cfg.D)}
+    if stage.picks:
+        from . import picks
+        c = picks.at(cfg.D, cfg.causal, cfg.N, stage.source.read_text())
+        if c is not None:
+            bc, warps, wm, stages, q_regs, opts = c
+            want.update(BC=str(bc), WARPS=str(warps), WM=str(wm), STAGES=str(stages),
+                        Q_REGS="true" if q_regs else "false", OPTS=str(opts))
+    want = {k: v for k, v in want.items() if k in stage.template}
+    found = [r for r in kernels if all(
+        dict(zip(stage.template, template_args(r.kernel))).get(k) == v for k, v in want.items())]
+    if len(found) != 1:
+        names = ", ".join(r.kernel.split("(")[0] for r in kernels)
+        raise LookupError(f"{stage.slug}: {len(found)} kernels match {want} at {cfg.label} "
+                          f"(the kernels: {names})")
+    return found[0]
+
+
+def summary(stage, arch, cfg) -> dict:
+    """What the results table records beside a timing: ptxas's registers, static shared memory
+    and spills of the kernel that runs at `cfg` (kernel_at)."""
+    r = kernel_at(stage, resources(stage.source, arch), cfg)
+    return {"registers": r.registers, "smem_static_bytes": r.smem_static_bytes,
+            "spill_bytes": r.spill_bytes}

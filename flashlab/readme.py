@@ -1,24 +1,22 @@
-"""The README's tables, generated from data/results.csv (never typed by hand): the stages at the
-teaching config, and the last stage against PyTorch's FlashAttention-2 over the FlashAttention
-sweep.
+"""The README's generated parts (never typed by hand): the stages at the teaching config and the
+last stage against PyTorch's FlashAttention-2 over the FlashAttention sweep, from
+data/results.csv, and the command list, from the command line's own help.
 
-    python -m flashlab.readme          rewrite the tables between the markers in README.md
-    python -m flashlab.readme --check  exit 1 if README.md is out of date
+    flashlab readme           rewrite the parts between the markers in README.md
+    flashlab readme --check   exit 1 if README.md is out of date
 """
-import argparse
 import html
-import sys
 
-import pandas as pd
-
-from . import paths, results
-from .bench import teaching
-from .plots import latest_gpu
+from . import paths, tables
+from .bench import SWEEP, teaching
 from .stages import stages
+from .tables import RESULTS, NotRecorded
 
 START, END = "<!-- stage-table:start -->", "<!-- stage-table:end -->"
 SWEEP_START, SWEEP_END = "<!-- sweep-table:start -->", "<!-- sweep-table:end -->"
+COMMANDS_START, COMMANDS_END = "<!-- commands:start -->", "<!-- commands:end -->"
 README = paths.ROOT / "README.md"
+BY = "flashlab readme"
 
 
 def _fmt(x, spec):
@@ -65,22 +63,21 @@ def _unrecorded_rows(sts, m, notebooks):
         name = m["bold"](st.slug)
         name = m["link"](name, f"{notebooks}{st.slug}.ipynb") if notebooks is not None else name
         rows.append([name, m["text"](st.idea), m["text"](st.dtypes[0]),
-                     m["text"](f"not recorded yet: flashlab run --stage {st.number:02d}"), "", "", "", ""])
+                     m["text"](f"not recorded yet: {tables.run_command(st)}"), "", "", "", ""])
     return rows
 
 
-def stage_table(df=None, fmt="md", notebooks="notebooks/", by="python -m flashlab.readme") -> str:
+def stage_table(df=None, fmt="md", notebooks="notebooks/", by=BY) -> str:
     """Every stage and baseline at the teaching config (fp32, and fp16 baselines), with a note on
     where and how it was measured. fmt: "md" or "html"; notebooks: where the stages' notebooks
     are, relative to the page (None: no links); by: the command that wrote the page."""
     m = MARKUP[fmt]
-    df = results.load() if df is None else df
-    gpu = latest_gpu(df)
+    df = RESULTS.load() if df is None else df
+    gpu = tables.gpu_shown(df=df)
     if gpu is None:
         return m["para"](m["em"](m["text"]("No results recorded yet: run ") + m["code"]("flashlab run")
                                  + m["text"](" on a GPU.")))
-    df = df[df["gpu"] == gpu]
-    df = pd.concat([results.at_config(df, teaching(d)) for d in ("fp32", "fp16", "bf16")])
+    df = tables.teaching_rows(df, gpu)
     titles = {s.slug: s for s in stages()}
     rows = []
     order = sorted(df.itertuples(), key=lambda r: (r.kind != "stage", r.dtype != "fp32",
@@ -124,19 +121,19 @@ def render(text: str, table: str, start=START, end=END) -> str:
     return f"{head}{start}\n{table}\n{end}{tail}"
 
 
-def sweep_table(df=None, stage="08_tuned", baseline="sdpa_flash", by="python -m flashlab.readme") -> str:
-    """`stage` ÷ `baseline` TFLOP/s over the FlashAttention sweep (fp16, B·N = 16k, H·D = 2048),
+def sweep_table(df=None, stage=None, baseline="sdpa_flash", by=BY) -> str:
+    """`stage` (default: the last) ÷ `baseline` TFLOP/s over the FlashAttention sweep (fp16),
     a row per head dim and mask, a column per N, as Markdown; says what to run where unrecorded."""
-    from .notebook import NotRecorded
-    from .tuning import sweep_rows, versus
-    df = results.load() if df is None else df
+    df = RESULTS.load() if df is None else df
+    stage = stage or stages()[-1].slug
+    gpu = tables.gpu_shown(df=df)
     try:
-        vs = versus(df, stage=stage, baselines=(baseline,))
+        vs = tables.versus(df, stage, (baseline,), gpu)
     except NotRecorded:
-        return f"_{stage} has not been measured over the sweep yet: flashlab run --stage {stage[:2]}_"
+        return f"_{stage} has not been measured over the sweep yet: {tables.run_command(stage)}_"
     col = f"÷ {baseline}"
     if col not in vs:
-        return f"_{baseline} has not been measured over the sweep yet: flashlab run_"
+        return f"_{baseline} has not been measured over the sweep yet: {tables.run_command(baseline)}_"
     ratio = vs[col].unstack("N")
     ns = list(ratio.columns)
     lines = ["| | " + " | ".join(f"N = {n}" for n in ns) + " |",
@@ -144,35 +141,35 @@ def sweep_table(df=None, stage="08_tuned", baseline="sdpa_flash", by="python -m 
     for (D, causal), r in ratio.iterrows():
         lines.append(f"| D = {D}{', causal' if causal else ''} | "
                      + " | ".join(_fmt(x, ".2f") + "×" if x == x else "–" for x in r) + " |")
-    gpu = latest_gpu(df)
-    sweep = sweep_rows(df, gpu)
+    sweep = tables.sweep_rows(df, gpu)
     commits = {s: ", ".join(f"`{c}`" for c in sorted(set(sweep[sweep["stage"] == s]["commit"].astype(str))))
                for s in (stage, baseline)}
     when = ("in the same run, commit " + commits[stage] if commits[stage] == commits[baseline] else
             f"{stage} at commit {commits[stage]}, {baseline} at {commits[baseline]}")
-    lines += ["", f"{stage} ÷ {baseline} (TFLOP/s), fp16, B·N = 16k tokens, H·D = 2048, measured on "
-              f"**{gpu}** ({when}); worst {vs[col].min():.2f}×, best {vs[col].max():.2f}×. "
-              f"Generated from `data/results.csv` by `{by}`."]
+    lines += ["", f"{stage} ÷ {baseline} (TFLOP/s), fp16, B·N = {SWEEP.tokens // 1024}k tokens, "
+              f"H·D = {SWEEP.width}, measured on **{gpu}** ({when}); worst {vs[col].min():.2f}×, "
+              f"best {vs[col].max():.2f}×. Generated from `data/results.csv` by `{by}`."]
     return "\n".join(lines)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args(argv)
+def commands_block(commands) -> str:
+    """The command list, as the command line's help gives it, in a text block."""
+    return "```text\n" + commands.rstrip("\n") + "\n```"
+
+
+def update(commands, check=False) -> int:
+    """Rewrite README.md's generated parts (commands: the CLI's command list); with check, only
+    say whether they are out of date (exit status 1)."""
     text = README.read_text()
     new = render(text, stage_table())
-    if SWEEP_START in new:
-        new = render(new, sweep_table(), SWEEP_START, SWEEP_END)
-    if args.check:
+    new = render(new, sweep_table(), SWEEP_START, SWEEP_END)
+    new = render(new, commands_block(commands), COMMANDS_START, COMMANDS_END)
+    if check:
         if new != text:
-            print("README.md's tables are out of date: run python -m flashlab.readme")
+            print("README.md's generated parts are out of date: run flashlab readme")
             return 1
+        print("README.md is up to date")
         return 0
     README.write_text(new)
-    print("README.md tables updated")
+    print("README.md tables and command list updated")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,7 +8,8 @@ import io
 import os
 from pathlib import Path
 
-from . import paths, plots, readme, results
+from . import paths, plots, readme, tables
+from .stages import stage
 
 TITLE = "flashlab: FlashAttention, one optimisation at a time"
 ABOUT = ("flashlab is a workbook that builds a FlashAttention CUDA kernel in stages, each one "
@@ -37,7 +38,6 @@ code{font-size:.9em}"""
 
 def caption(name):
     if name.startswith("stage_"):
-        from .stages import stage
         st = stage(name[len("stage_"):])
         return f"What changed in {st.slug} ({st.title.lower()}) against the stage before it."
     return CAPTIONS.get(name, name)
@@ -85,8 +85,8 @@ def _sections(names):
 def render(fmt="html", out=None, df=None, profile=None) -> str:
     """The page as text. For Markdown, the figures are written as PNGs in a folder beside `out`."""
     out = Path(out) if out is not None else default_path(fmt)
-    df = results.load() if df is None else df
-    gpu = plots.latest_gpu(df)
+    df = tables.RESULTS.load() if df is None else df
+    gpu = tables.gpu_shown(df=df)
     drawings = plots.drawings(df, profile, gpu)
     prov = provenance(df, gpu, profile)
     if fmt == "html":

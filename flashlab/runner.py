@@ -1,5 +1,6 @@
 """`flashlab run`: build, check and time every stage and the baselines, record, plot, print.
-Without a GPU it replays what data/ holds."""
+Without a GPU it replays what data/ holds; a stage this GPU or toolkit cannot build is replayed
+too, with one line saying why, and the rest run live."""
 import os
 import subprocess
 import sys
@@ -7,10 +8,12 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from . import paths, plots, results
-from .bench import teaching
+from . import paths, plots, tables
 from .env import environment, gpu_available
+from .measure import configs_for
+from .stages import stage as get_stage
 from .stages import stages as all_stages
+from .tables import RESULTS
 
 JOB_TIMEOUT_S = 1800
 TABLE_COLUMNS = ["stage", "dtype", "causal", "N", "D", "median_ms", "tflops", "pct_sdpa_best",
@@ -19,13 +22,11 @@ TABLE_COLUMNS = ["stage", "dtype", "causal", "N", "D", "median_ms", "tflops", "p
 
 def table(df=None, gpu=None, teaching_only=True) -> str:
     """The results as text: one GPU, the teaching configs by default."""
-    df = results.load() if df is None else df
-    gpu = gpu or plots.latest_gpu(df)
-    df = df[df["gpu"] == gpu]
-    if teaching_only:
-        df = pd.concat([results.at_config(df, teaching(d)) for d in ("fp32", "fp16", "bf16")])
+    df = RESULTS.load() if df is None else df
+    gpu = gpu or tables.gpu_shown(df=df)
+    df = tables.teaching_rows(df, gpu) if teaching_only else tables.on_gpu(df, gpu)
     if df.empty:
-        return "(no recorded results)"
+        return f"(no recorded results{f' on {gpu}' if gpu else ''})"
     df = df.sort_values(["dtype", "causal", "N", "D", "kind", "stage"], ascending=[False, True, True, True, False, True])
     shown = df[TABLE_COLUMNS].rename(columns={"median_ms": "ms", "tflops": "TFLOP/s",
                                               "pct_sdpa_best": "% best SDPA", "registers": "regs",
@@ -36,20 +37,12 @@ def table(df=None, gpu=None, teaching_only=True) -> str:
     return header + "\n" + shown.to_string(index=False, formatters=fmt, na_rep="-")
 
 
-def describe_recording(df) -> str:
-    gpu = plots.latest_gpu(df)
-    if gpu is None:
-        return "nothing recorded yet"
-    rows = df[df["gpu"] == gpu].sort_values("time")
-    last = rows.iloc[-1]
-    return (f"{gpu} (compute capability {last.compute_capability}), torch {last.torch}, "
-            f"CUDA {last.cuda}, commit {last.commit}, {last.time}")
-
-
 def replay(out=print):
-    df = results.load()
-    out(f"No CUDA GPU here: replaying the results recorded in {paths.results_csv()}, measured on "
-        f"{describe_recording(df)}.")
+    """Print the recorded results (one GPU: tables.gpu_shown) and draw the figures."""
+    df = RESULTS.load()
+    df.attrs["replay"] = True
+    out(f"No CUDA GPU here: replaying the results recorded in {RESULTS.path()}, measured on "
+        f"{tables.provenance(df)}.")
     out(table(df))
     figs = plots.save_all(df)
     if figs:
@@ -77,13 +70,18 @@ def _job(args, log, out):
 
 def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, out=print,
         with_profile=False):
-    """The main job. Returns the results table; df.attrs["failed"] lists the jobs that failed."""
+    """The main job. Returns the results table; df.attrs["failed"] lists the jobs that failed,
+    df.attrs["replayed"] the stages this machine could not run (and why)."""
+    asked = {get_stage(k) for k in stage_keys or ()}  # ValueError names a stage that does not exist
+    chosen = [s for s in all_stages() if not asked or s in asked]
     if not gpu_available():
         return replay(out)
     from tqdm.auto import tqdm
 
-    chosen = [s for s in all_stages() if not stage_keys or any(
-        str(k) in (s.slug, str(s.number), f"{s.number:02d}") for k in stage_keys)]
+    replayed = {s.slug: why for s in chosen if (why := s.unavailable()) is not None}
+    for slug, why in replayed.items():
+        out(f"{slug}: replayed from {RESULTS.path()}, not run: {why}")
+    chosen = [s for s in chosen if s.slug not in replayed]
     jobs = [("peaks", ["peaks"])] if with_baselines else []
     jobs += [(s.slug, [s.slug] + ([] if with_sweep else ["--no-sweep"])) for s in chosen]
     if with_profile:
@@ -109,24 +107,20 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
                 (bar.write if progress else out)(msg)
                 if code != 3 and name not in ("peaks", "baselines", "profile"):
                     _record_crash(name, env, code)
-    df = results.load()
+    df = RESULTS.load()
     figs = plots.save_all(df)
-    if paths.data_dir() == paths.ROOT / "data":  # the repo's own table: keep README in step
-        from . import readme
-        readme.main([])
     out(table(df))
     out(f"log: {log_path}")
     out("figures: " + ", ".join(str(f) for f in figs))
     if failed:
         out("FAILED: " + ", ".join(failed))
     df.attrs["failed"] = failed
+    df.attrs["replayed"] = replayed
     return df
 
 
 def _record_crash(slug, env, code):
-    from .measure import configs_for
-    from .stages import stage
     rows = [dict(stage=slug, kind="stage", dtype=c.dtype, B=c.B, H=c.H, N=c.N, D=c.D,
                  causal=c.causal, status="error", note=f"worker exited with {code}", **env)
-            for c in configs_for(stage(slug))]
-    results.upsert(pd.DataFrame(rows))
+            for c in configs_for(get_stage(slug))]
+    RESULTS.upsert(pd.DataFrame(rows))

@@ -24,7 +24,8 @@ from typing import NamedTuple, Optional
 
 import pandas as pd
 
-from . import paths, ptxas
+from . import ptxas
+from .tables import SASS
 
 CACHE = ptxas.CACHE.parent / "sass"
 PIP_PACKAGES = "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
@@ -269,11 +270,7 @@ def table(stages=None, arch="sm_90") -> pd.DataFrame:
     return wide
 
 
-# --- data/sass.csv --------------------------------------------------------------------------------
-
-KEY = ["stage", "arch", "kernel", "category"]
-TEXT_COLUMNS = KEY + ["source_hash", "nvcc", "cuobjdump", "commit"]
-
+# --- data/sass.csv (flashlab.tables.SASS) ---------------------------------------------------------
 
 def rows(stages=None, arch="sm_90") -> pd.DataFrame:
     """What record() writes: tidy rows with what made them (source hash, nvcc, commit)."""
@@ -286,28 +283,18 @@ def rows(stages=None, arch="sm_90") -> pd.DataFrame:
              for st in chosen]
     df = pd.concat(parts, ignore_index=True)
     df["nvcc"], df["cuobjdump"], df["commit"] = ptxas.nvcc_version(), _version(cuobjdump()), commit()
-    return df[KEY + ["count", "source_hash", "nvcc", "cuobjdump", "commit"]]
+    return df[SASS.columns]
 
 
-def load(p=None) -> pd.DataFrame:
-    """data/sass.csv as recorded (text columns stay text; count is an int)."""
-    p = Path(p) if p is not None else paths.sass_csv()
-    df = pd.read_csv(p, dtype=str, keep_default_na=False)
-    df["count"] = df["count"].astype(int)
-    return df
-
-
-def record(arch="sm_90", stages=None) -> Path:
-    """Write the grouped counts to data/sass.csv (locked, atomic). Re-recording replaces every
-    earlier row of the same arch (and stages), so a renamed kernel leaves no stale rows behind."""
-    from .results import upsert_csv
+def record(arch="sm_90", stages=None):
+    """Write the grouped counts to data/sass.csv. Re-recording replaces every earlier row of the
+    same arch (and stages), so a renamed kernel leaves no stale rows behind."""
     new = rows(stages, arch)
-    p = paths.sass_csv()
     drop = {"arch": arch}
     if stages:
         drop["stage"] = sorted(set(new["stage"]))
-    upsert_csv(new.to_dict("records"), p, key=KEY, replace=drop, text=TEXT_COLUMNS)
-    return p
+    SASS.upsert(new, replace=drop)
+    return SASS.path()
 
 
 # --- how far ahead loads are scheduled ------------------------------------------------------------

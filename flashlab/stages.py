@@ -1,6 +1,6 @@
 """The stages of the workbook, in order, and the callable that each one builds."""
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -9,8 +9,17 @@ from .inputs import DTYPE_CODES, validate
 from .paths import KERNELS
 
 
+# The C++ element type each dtype is instantiated with, as a demangled kernel name spells it.
+CTYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
+# Machine-code facts every stage shares (flashlab.sass categories: True = present in every kernel
+# of the stage, False = absent from all): exp through MUFU.EX2, fp32 FMAs, nothing spilled.
+COMMON_SASS = {"MUFU.EX2": True, "FFMA": True, "LDL": False, "STL": False}
+
+
 @dataclass(frozen=True)
 class Stage:
+    """Everything flashlab knows about one stage. Tools and tests iterate these entries; adding a
+    stage is its kernels/NN_slug.cu, one entry in _STAGES and its notebook source."""
     number: int
     slug: str              # e.g. "03_coarsened": the .cu file, the notebook and the results rows
     title: str
@@ -18,8 +27,17 @@ class Stage:
     dtypes: tuple          # input dtypes it takes: "fp32", "fp16", "bf16"
     head_dims: tuple       # head dims it is checked and timed at
     any_head_dim: bool     # True: every D that fits in shared memory also works
+    kernel: str            # its __global__ function (profilers and the SASS lookups select it)
+    template: tuple = ()   # the kernel's template parameters in order: "T" (element type), "D"
+    #                        (head dim), tile sizes...: how a kernel name says which one runs
+    picks: bool = False    # True: a pick() table in the .cu chooses the other template arguments
+    #                        per head dim, mask and N (stage 08's autotune writes it)
     causal: bool = True    # supports causal masking
     fast: bool = False     # worth timing over the FlashAttention paper's sweep
+    min_cc: tuple = (8, 0)  # the lowest compute capability it builds for
+    arch_specific: bool = False  # needs sm_XXa (wgmma, setmaxnreg): exactly min_cc's architecture
+    idea_metrics: tuple = ()  # Nsight Compute metrics (flashlab.profile_schema) its idea moves
+    sass: dict = field(default_factory=dict, compare=False)  # machine-code evidence beyond COMMON_SASS
 
     @property
     def name(self) -> str:
@@ -29,9 +47,41 @@ class Stage:
     def source(self):
         return KERNELS / f"{self.slug}.cu"
 
+    @property
+    def sass_evidence(self) -> dict:
+        """{SASS category: must appear (True) / must not (False)} in every kernel of the stage."""
+        return {**COMMON_SASS, **self.sass}
+
+    def arch(self, capability) -> str:
+        """The nvcc architecture to build for on a GPU of `capability` ((9, 0) -> "sm_90", or
+        "sm_90a" for an arch-specific stage)."""
+        major, minor = capability
+        return f"sm_{major}{minor}" + ("a" if self.arch_specific else "")
+
+    def unavailable(self, capability=None, toolkit=True):
+        """None when this stage can be built and run here, else why not, in one sentence: no
+        GPU, a GPU below min_cc (or, for an arch-specific stage, not exactly min_cc), no nvcc."""
+        if capability is None:
+            if not torch.cuda.is_available():
+                return "no CUDA GPU here"
+            capability = torch.cuda.get_device_capability()
+        need = ".".join(map(str, self.min_cc))
+        have = ".".join(map(str, capability))
+        if self.arch_specific and tuple(capability) != tuple(self.min_cc):
+            return f"{self.slug} uses instructions of compute capability {need} only; this GPU is {have}"
+        if tuple(capability) < tuple(self.min_cc):
+            return f"{self.slug} needs compute capability {need} or newer; this GPU is {have}"
+        if toolkit and _build.nvcc() is None:
+            return f"building {self.slug} needs nvcc (the CUDA toolkit), which is not installed here"
+        return None
+
     def build(self, verbose=False) -> "Attention":
         """Compile (or load from cache) and return attn(q, k, v, causal=False, out=None)."""
-        return Attention(self, _build.build_module(self.source, verbose=verbose))
+        why = self.unavailable(toolkit=False)
+        if why is not None:
+            raise RuntimeError(f"cannot build {self.slug} here: {why}")
+        arch = self.arch(torch.cuda.get_device_capability())
+        return Attention(self, _build.build_module(self.source, verbose=verbose, arch=arch))
 
     def __str__(self):
         return f"{self.slug}: {self.title}"
@@ -71,36 +121,68 @@ class Attention:
         return out
 
 
+# A scalar fp32 stage does no tensor-core work.
+_SCALAR = {"HMMA": False}
 _STAGES = (
     Stage(1, "01_naive", "Naive (flash-attention-minimal)",
           "FlashAttention-1 loop order, one thread per query row, m and l in global memory",
-          ("fp32",), (64, 128), any_head_dim=True),
+          ("fp32",), (64, 128), any_head_dim=True, kernel="naive_kernel", min_cc=(7, 5),
+          # one thread per query row: 4-byte loads, no cross-lane work
+          sass={**_SCALAR, "LDG": True, "LDG.E.128": False, "SHFL": False}),
     Stage(2, "02_coalesced", "Coalesced loads",
           "2-D thread blocks: a warp owns a row, reads 32 consecutive floats, splits the row's work",
-          ("fp32",), (64, 128), any_head_dim=True),
+          ("fp32",), (64, 128), any_head_dim=True, kernel="coalesced_kernel", min_cc=(7, 5),
+          idea_metrics=("global_load_sectors_per_request",),
+          # a warp per row: still 4-byte loads (coalesced across lanes), row max/sum by shuffles
+          sass={**_SCALAR, "LDG": True, "LDG.E.128": False, "SHFL": True}),
     Stage(3, "03_coarsened", "Thread coarsening",
           "query tiles outer, m/l/O in registers, each thread a 4x4 patch, padded shared memory",
-          ("fp32",), (64, 128), any_head_dim=False),
+          ("fp32",), (64, 128), any_head_dim=False, kernel="coarsened_kernel",
+          template=("D", "BR", "BC"), min_cc=(7, 5),
+          idea_metrics=("smem_load_bank_conflicts", "achieved_occupancy_pct"),
+          # float4 tiles: 16-byte global and shared loads; 16-lane shuffles for the row max/sum
+          sass={**_SCALAR, "LDG.E.128": True, "LDS.128": True, "SHFL": True}),
     Stage(4, "04_wmma", "WMMA tensor cores",
           "QKᵀ and PV on tensor cores as 16x16x16 WMMA fragments, fp32 accumulate; S, P, O via "
           "shared memory",
-          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="wmma_kernel",
+          template=("D", "BR", "BC", "T"), idea_metrics=("tensor_pipe_pct",),
+          # HMMA in every instantiation; global loads all 16 bytes. LDSM is not asserted: nvcc
+          # emits ldmatrix for fp16 fragments but not for bf16.
+          sass={"HMMA": True, "LDG.E.128": True, "LDG": False, "SHFL": True}),
     Stage(5, "05_mma", "mma.sync + ldmatrix (FlashAttention-2 split)",
           "PTX mma.sync with published fragment layouts: Q, S, P and O live in registers, "
           "softmax by quad shuffles, ldmatrix(.trans) for K and V",
-          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="mma_kernel",
+          template=("T", "D", "BR", "BC"),
+          # S and P stay in registers: shared-memory traffic falls, the tensor pipe gets busier
+          idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
+          sass={"HMMA": True, "LDSM": True, "LDG.E.128": True, "SHFL": True}),
     Stage(6, "06_swizzle", "Swizzled shared memory",
           "dense tiles with the 16-byte chunks of row r XOR-permuted by r % 8: conflict-free "
           "ldmatrix without padding",
-          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="swizzle_kernel",
+          template=("T", "D", "BR", "BC"),
+          # same instructions, permuted addresses: no conflicts, and no padding
+          idea_metrics=("smem_load_bank_conflicts", "smem_store_bank_conflicts"),
+          sass={"HMMA": True, "LDSM": True, "LDG.E.128": True, "SHFL": True}),
     Stage(7, "07_cp_async", "cp.async pipeline",
           "K/V tiles copied global -> shared with cp.async into 2 buffers: the next tile loads "
           "while this one is computed",
-          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="cp_async_kernel",
+          template=("T", "D", "BR", "BC", "STAGES"),
+          # loads in flight during the math: warps stop waiting on memory and on each other
+          idea_metrics=("stall_long_scoreboard", "stall_barrier", "stall_mio_throttle"),
+          # global -> shared without registers (LDGSTS): no 16-byte loads into registers
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False}),
     Stage(8, "08_tuned", "Tuned",
           "tile shape, warps, rows per warp, pipeline depth and five small changes picked per head "
           "dim, mask and range of N by an autotune on the GPU",
-          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True),
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="tuned_kernel",
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"), picks=True,
+          # two row tiles per warp halve the shared-memory traffic per FLOP; the tensor pipe fills
+          idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False}),
 )
 
 
@@ -119,4 +201,5 @@ def stage(key) -> Stage:
                                                   and int(key) == st.number):
             return st
     known = ", ".join(st.slug for st in _STAGES)
-    raise ValueError(f"no stage {key!r}; the stages are {known}")
+    shown = key if isinstance(key, int) or (isinstance(key, str) and key.isdigit()) else repr(key)
+    raise ValueError(f"no stage {shown}; the stages are {known}")

@@ -1,19 +1,17 @@
-"""Stage 08's tuning log: what tools/tune08.py recorded in data/tune08.csv, as tables and figures,
-and the arithmetic that predicts each change before it is timed (no GPU needed for that part).
+"""Notebook 08's lesson helpers: the autotune's log (flashlab.autotune wrote it to
+data/tune08.csv) as tables and figures, and the arithmetic that predicts each change before it is
+timed (no GPU needed for that part).
 
     from flashlab import tuning
-    log = tuning.recorded()           # the latest tuned GPU's rows (NotRecorded while none)
+    log = fl.tables.tune_log()        # the GPU shown's tuning log (NotRecorded while none)
     tuning.candidates_figure(log)     # every shape's score per head dim and mask, the winner marked
     tuning.ablation_figure(log)       # the winner with each switch off, and stage 07's shape
     tuning.verdicts(log)              # per switch: all on, without it, kept or dropped
     tuning.warp_tile(64, 64, WM=2)    # ldmatrix and FLOPs per warp and K/V tile, from 08's loops
 
-A candidate is (BC, WARPS, WM, STAGES, Q_REGS, OPTS), as in kernels/08_tuned.cu and tune08.py.
+A candidate is (BC, WARPS, WM, STAGES, Q_REGS, OPTS), as in kernels/08_tuned.cu (flashlab.picks).
 """
-import functools
-import importlib.util
 import math
-import re
 import tempfile
 from pathlib import Path
 
@@ -21,60 +19,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from . import paths
-from .notebook import NotRecorded
+from . import autotune as _tune
+from . import picks, tables
+from .tables import NotRecorded
 
-TOOL = paths.ROOT / "tools" / "tune08.py"
 PANELS = [(64, False), (64, True), (128, False), (128, True)]
-RUN = "python tools/tune08.py"
-
-
-@functools.lru_cache(maxsize=None)
-def tool():
-    """tools/tune08.py as a module: its CANDIDATES, SWITCHES, variant names, pick_source ..."""
-    spec = importlib.util.spec_from_file_location("tune08", TOOL)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def path() -> Path:
-    return paths.data_dir() / "tune08.csv"
-
-
-def _flag(col):
-    return col.astype(str).str.strip().str.lower().isin(["true", "1"])
-
-
-def load(p=None) -> pd.DataFrame:
-    """data/tune08.csv with its flags as bools and its shape columns as ints (None if absent)."""
-    p = Path(p) if p is not None else path()
-    if not p.exists():
-        return None
-    df = pd.read_csv(p, dtype={"gpu": str, "commit": str, "time": str, "variant": str})
-    for col in ("causal", "chosen", "check_passed"):
-        if col in df:
-            df[col] = _flag(df[col])
-    for col in (*tool().FIELDS, "D", "N"):
-        df[col] = df[col].astype(int)
-    return df
-
-
-def recorded(gpu=None, p=None) -> pd.DataFrame:
-    """The tuning log of `gpu`, else of the GPU tuned most recently; NotRecorded if there is none."""
-    df = load(p)
-    if df is None or df.empty:
-        raise NotRecorded(f"stage 08's tuning log: not recorded yet ({path().name} does not exist): "
-                          f"run `{RUN}` on a GPU, then `{RUN} --apply`")
-    gpu = gpu or df.sort_values("time")["gpu"].iloc[-1]
-    mine = df[df["gpu"] == gpu]
-    if mine.empty:
-        raise NotRecorded(f"stage 08's tuning log: nothing recorded on {gpu}: run `{RUN}` there")
-    return mine.reset_index(drop=True)
 
 
 def _log(log):
-    return recorded() if log is None else log
+    return tables.tune_log() if log is None else log
 
 
 def shape(c) -> str:
@@ -85,7 +38,7 @@ def shape(c) -> str:
 
 def options(opts) -> str:
     """'all on', 'none', or 'without WARP_SKIP' for an OPTS bit mask."""
-    sw = tool().SWITCHES
+    sw = _tune.SWITCHES
     off = [name for name, bit in sw.items() if not opts & bit]
     return "all on" if not off else "none" if len(off) == len(sw) else "without " + ", ".join(off)
 
@@ -94,7 +47,7 @@ def scores(log=None) -> pd.DataFrame:
     """One row per (D, causal, variant, candidate): the recorded score (geometric mean TFLOP/s
     over N), whether it is the chosen row, and the candidate as a tuple."""
     log = _log(log)
-    fields = list(tool().FIELDS)
+    fields = list(_tune.FIELDS)
     out = (log.groupby(["D", "causal", "variant", *fields], sort=False)
            .agg(score=("score", "first"), chosen=("chosen", "any")).reset_index())
     out["candidate"] = list(map(tuple, out[fields].to_numpy().tolist()))
@@ -103,7 +56,7 @@ def scores(log=None) -> pd.DataFrame:
 
 def choice(log=None) -> dict:
     """{(D, causal): the chosen candidate}, as `tune08.py --apply` writes it into pick()."""
-    return tool().chosen(_log(log))
+    return _tune.chosen(_log(log))
 
 
 def _score(sc, D, causal, variant, c=None):
@@ -116,7 +69,7 @@ def _score(sc, D, causal, variant, c=None):
 def _all_on(sc, D, causal, c):
     """The winner's score with every switch on: timed again beside its ablations where the log has
     that row (the first timing won a contest, so it is biased high), else the contest's."""
-    t = tool()
+    t = _tune
     full = c[:-1] + (t.ALL_OPTS,)
     again = _score(sc, D, causal, getattr(t, "RETIMED", None), full)
     return again if again == again else _score(sc, D, causal, t.ALL, full)
@@ -125,7 +78,7 @@ def _all_on(sc, D, causal, c):
 def candidate_table(log=None) -> pd.DataFrame:
     """Every shape's score with all switches on: rows (D, causal), a column per shape, and the
     winner of the contest (the chosen shape, whose switches may differ)."""
-    t = tool()
+    t = _tune
     sc = scores(log)
     sc = sc[sc["variant"] == t.ALL]
     wide = sc.assign(shape=sc["candidate"].map(shape)).pivot_table(
@@ -136,7 +89,7 @@ def candidate_table(log=None) -> pd.DataFrame:
 def verdicts(log=None) -> pd.DataFrame:
     """Per (D, causal) and switch: the winner's score with all switches on and without that one,
     the change switching it off made, and whether the chosen kernel keeps it."""
-    t = tool()
+    t = _tune
     log = _log(log)
     sc, chosen = scores(log), choice(log)
     rows = []
@@ -152,7 +105,7 @@ def verdicts(log=None) -> pd.DataFrame:
 def effects(changes, log=None) -> pd.DataFrame:
     """Measured score ratios of one shape change at a time, all switches on.
     changes: {name: {D: (from shape, to shape)}} with 5-field shapes; pairs the log lacks give NaN."""
-    t = tool()
+    t = _tune
     sc = scores(log)
     rows = []
     for name, by_d in changes.items():
@@ -167,7 +120,7 @@ def effects(changes, log=None) -> pd.DataFrame:
 def per_n(log=None) -> pd.DataFrame:
     """TFLOP/s per N of the chosen kernel beside the best candidate shape at that N (all on): where
     one shape for every N costs something."""
-    t = tool()
+    t = _tune
     log = _log(log)
     rows = []
     for (D, causal), c in sorted(choice(log).items()):
@@ -210,7 +163,7 @@ def _bars(ax, labels, values, colors, notes, title):
 def candidates_figure(log=None):
     """(a) every candidate shape's score per head dim and mask, all switches on: the contest's
     winner (the chosen shape) in red, stage 07's shape hatched."""
-    t = tool()
+    t = _tune
     log = _log(log)
     sc, chosen = scores(log), choice(log)
     fig, axes = _panels(f"Stage 08's candidate shapes, all switches on — {log['gpu'].iloc[0]}")
@@ -230,7 +183,7 @@ def candidates_figure(log=None):
 def ablation_figure(log=None):
     """(b) the chosen shape with all switches on, with each switch off in turn, and stage 07's
     shape with all off as the starting point; green: the switch is kept, grey: dropped."""
-    t = tool()
+    t = _tune
     log = _log(log)
     sc, chosen = scores(log), choice(log)
     fig, axes = _panels(f"Stage 08's switches, one off at a time — {log['gpu'].iloc[0]}")
@@ -296,7 +249,7 @@ def issue(D, BC, WM=1, Q_REGS=True, WARPS=4, opts=15, rescale_skipped=0.0) -> pd
     for stage 05: mma.sync and ldmatrix exact (the loops are unrolled), the rest estimated from the
     source (≈). `opts` removes what the switches remove; `rescale_skipped` is the fraction of tiles
     on which SKIP_RESCALE skips the rescale (rescales_skipped)."""
-    sw = tool().SWITCHES
+    sw = _tune.SWITCHES
     w = warp_tile(D, BC, WM, Q_REGS)
     scores = w["regs_s"]  # the scores a lane holds per tile, WM NS 4
     copies = 2 * BC * D * 2 // (16 * 32 * WARPS)  # 16-byte cp.async per lane per tile, K and V
@@ -369,59 +322,6 @@ def launch_efficiency(N, heads, BR, BC, slots, causal) -> float:
     return sum(work) / slots / max(free)
 
 
-def kernel_pick_by_n(text=None) -> dict:
-    """{(D, causal): [(N below which it serves, or None for the rest; candidate)]} read out of the
-    pick() of kernels/08_tuned.cu as it stands."""
-    t = tool()
-    text = t.KERNEL.read_text() if text is None else text
-    block = t.PICK.search(text)
-    if not block:
-        raise ValueError("no // TUNED: pick() block in kernels/08_tuned.cu")
-    pat = re.compile(r"launch<T, (\d+), (\d+), (\d+), (\d+), (\d+), (true|false), (\w+)>")
-    out, in_causal = {}, False
-    for line in block.group(0).splitlines():
-        if re.search(r"if \(p->causal\) \{", line):
-            in_causal = True
-            continue
-        if line.strip() == "}":
-            in_causal = False
-        if m := pat.search(line):
-            D, *nums, q, opts = m.groups()
-            c = (*map(int, nums), int(q == "true"), t.ALL_OPTS if opts == "ALL_OPTS" else int(opts))
-            below = re.search(r"p->N < (\d+)", line)
-            seg = (int(below.group(1)) if below else None, c)
-            if "p->causal" in line or in_causal:
-                out.setdefault((int(D), True), []).append(seg)
-            else:
-                out.setdefault((int(D), False), []).append(seg)
-                if below is None:
-                    out.setdefault((int(D), True), [seg])  # one return for both masks
-    return out
-
-
-def kernel_pick(text=None) -> dict:
-    """{(D, causal): candidate} of pick(): the one serving the longest sequences."""
-    return {k: segs[-1][1] for k, segs in kernel_pick_by_n(text).items()}
-
-
-def kernel_name(D, c, dtype="__half") -> str:
-    """The kernel candidate c compiles to at head dim D, as sass and ptxas name it."""
-    bc, warps, wm, stages, q_regs, opts = c
-    return (f"tuned_kernel<{dtype}, {D}, {bc}, {warps}, {wm}, {stages}, "
-            f"{'true' if q_regs else 'false'}, {opts}>")
-
-
-def variant_source(D, c, folder=None) -> Path:
-    """A copy of kernels/08_tuned.cu whose pick() runs candidate c at head dim D (as tune08 builds
-    its variants), for ptxas and the SASS counts."""
-    folder = Path(folder or tempfile.mkdtemp(prefix="flashlab-08-"))
-    dst = folder / "_".join(map(str, (D, *c))) / "08_tuned.cu"
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    t = tool()
-    dst.write_text(t.with_pick(t.KERNEL.read_text(), {(D, False): c, (D, True): c}))
-    return dst
-
-
 def resources(jobs, arch="sm_90") -> pd.DataFrame:
     """ptxas's registers and spills for each (D, candidate) in `jobs`, compiled now (nvcc only;
     cached). One row per job: its fp16 kernel (bf16's is the same code)."""
@@ -431,7 +331,7 @@ def resources(jobs, arch="sm_90") -> pd.DataFrame:
 
     def one(job):  # `folder` is the temporary one below
         D, c = job
-        found = [r for r in ptxas.resources(variant_source(D, c, folder), arch)
+        found = [r for r in ptxas.resources(picks.variant_source(D, c, folder), arch)
                  if "__half" in r.kernel]
         r = found[0]
         return dict(D=D, shape=shape(c), OPTS=options(c[-1]), registers=r.registers,
@@ -470,28 +370,3 @@ def address_mix(sources, arch="sm_90") -> pd.DataFrame:
         row["every instruction"] = int(mix["count"].sum())
         rows[label] = row
     return pd.DataFrame(rows).T
-
-
-def sweep_rows(df, gpu, dtype="fp16") -> pd.DataFrame:
-    """The rows of `df` from the FlashAttention sweep (B·N = 16k, H·D = 2048) on `gpu` that ran."""
-    return df[(df["gpu"] == gpu) & (df["dtype"] == dtype) & (df["B"] * df["N"] == 16384)
-              & (df["H"] * df["D"] == 2048) & (df["status"].fillna("ok") == "ok")]
-
-
-def versus(df=None, stage="08_tuned", baselines=("sdpa_flash", "sdpa_cudnn"), gpu=None,
-           dtype="fp16") -> pd.DataFrame:
-    """`stage` against the baselines over the FlashAttention sweep (B·N = 16k, H·D = 2048):
-    TFLOP/s of each and the stage's ratio to each, rows (D, causal, N)."""
-    from . import results
-    from .notebook import not_recorded
-    from .plots import latest_gpu
-    df = results.load() if df is None else df
-    ok = sweep_rows(df, gpu or latest_gpu(df), dtype)
-    wide = ok.pivot_table(index=["D", "causal", "N"], columns="stage", values="tflops")
-    if stage not in wide:
-        raise not_recorded(stage, " over the FlashAttention sweep")
-    out = wide[[stage, *[b for b in baselines if b in wide]]].copy()
-    for b in baselines:
-        if b in wide:
-            out[f"÷ {b}"] = wide[stage] / wide[b]
-    return out

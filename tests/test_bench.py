@@ -121,23 +121,79 @@ def fake_cuda(monkeypatch):
 def test_timing_fallback_statistics(fake_cuda):
     timed = [float(i) for i in range(1, 21)]
     random.Random(0).shuffle(timed)
-    clock = fake_cuda([5.0] + timed)  # the first pair is the size estimate
+    clock = fake_cuda(timed)
     calls = []
-    t = fl.time_fn(lambda: calls.append(1), min_runs=20, device="cpu")
-    assert clock.times == []
+    t = bench_mod._events_bench(lambda: calls.append(1), 20, device="cpu")
+    assert clock.times == [] and len(calls) == 20
     assert t.timer == "cuda events" and t.runs == 20
     assert t.median_ms == pytest.approx(10.5)
     assert t.p20_ms == pytest.approx(1 + 0.2 * 19)
     assert t.p80_ms == pytest.approx(1 + 0.8 * 19)
     assert t.p20_ms <= t.median_ms <= t.p80_ms
-    warmup = max(2, int(25 / 5.0))
-    assert len(calls) == 1 + 1 + warmup + 20  # load, estimate, warm-up, timed
-    assert t.as_dict() == dict(median_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms, runs=20,
-                               timer="cuda events")
 
 
-def test_bench_row_with_fake_timer(fake_cuda):
-    fake_cuda([1.0] + [2.0] * 10 + [4.0] * 10)
+class SlowStart:
+    """A callable whose first `slow` calls take `first` ms and the rest `then` ms (a library that
+    plans on its first calls, clocks ramping up), and a stand-in for one timing of it: the
+    median of the next `runs` calls' durations."""
+
+    def __init__(self, first=0.121, then=0.047, slow=5):
+        self.first, self.then, self.slow, self.calls = first, then, slow, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.first if self.calls <= self.slow else self.then
+
+    def timing(self, fn, runs, device):
+        times = sorted(fn() for _ in range(runs))
+        return bench_mod.Timing(statistics.median(times), times[len(times) // 5],
+                                times[4 * len(times) // 5], runs, "fake")
+
+
+@pytest.fixture
+def no_gpu_sync(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+
+
+def test_each_callable_is_warmed_before_it_is_timed(monkeypatch, no_gpu_sync):
+    """A baseline timed on its first calls (cuDNN at a new shape) read 0.121 ms where it runs
+    0.047 ms: time_fn warms every callable first, and records how."""
+    fn = SlowStart(slow=bench_mod.WARMUP_CALLS - 1)
+    monkeypatch.setattr(bench_mod, "_timing", fn.timing)
+    t = fl.time_fn(fn, device="cpu")
+    assert t.median_ms == pytest.approx(0.047)
+    assert t.warmup_runs >= bench_mod.WARMUP_CALLS and t.retimes == 0 and t.note == ""
+
+
+def test_a_timing_that_disagrees_is_taken_again(monkeypatch, no_gpu_sync):
+    queue = [bench_mod.Timing(m, m * 0.98, m * 1.02, 20, "fake") for m in (0.121, 0.047, 0.047, 0.048)]
+    monkeypatch.setattr(bench_mod, "_timing", lambda fn, runs, device: queue.pop(0))
+    monkeypatch.setattr(bench_mod, "warm", lambda fn, device: 10)
+    t = fl.time_fn(lambda: None, device="cpu")
+    assert queue == [] and t.median_ms == 0.047 and t.retimes == 1
+    assert "re-timed 0.121 ms" in t.note and "quick check 0.047 ms" in t.note
+
+
+def test_a_wide_spread_is_timed_again_and_an_unsettled_one_says_so(monkeypatch, no_gpu_sync):
+    wide = bench_mod.Timing(1.0, 0.8, 1.3, 20, "fake")
+    monkeypatch.setattr(bench_mod, "_timing", lambda fn, runs, device: wide)
+    monkeypatch.setattr(bench_mod, "warm", lambda fn, device: 10)
+    t = fl.time_fn(lambda: None, device="cpu")
+    assert t.retimes == bench_mod.MAX_RETIMES
+    assert "spread 50%" in t.note and "still unsettled" in t.note
+
+
+def test_warm_runs_long_enough(monkeypatch, no_gpu_sync):
+    calls = []
+    n = bench_mod.warm(lambda: calls.append(1), device="cpu", ms=20, calls=3)
+    assert n == len(calls) >= 3
+
+
+def test_bench_row_with_fake_timer(fake_cuda, monkeypatch):
+    # the first timing, then its quick check (QUICK_RUNS): they agree, so nothing is re-timed
+    fake_cuda([1.0] + [2.0, 4.0] * 10 + [1.0] + [3.0] * bench_mod.QUICK_RUNS)
+    monkeypatch.setattr(bench_mod, "AGREE", 1.0)  # a 2-4 ms spread is wide; accept it here
+    monkeypatch.setattr(bench_mod, "warm", lambda fn, device: 10)
 
     def attn(q, k, v, causal=False, out=None):
         o = fl.naive_attention(q, k, v, causal)

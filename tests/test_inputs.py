@@ -1,5 +1,6 @@
 """Input validation, on CPU tensors: validate() checks the device last, so every other rule shows
 here without a GPU. Every bad input is a ValueError whose message names the problem."""
+import dataclasses
 import numpy as np
 import pytest
 import torch
@@ -115,7 +116,18 @@ def test_build_without_cuda_is_a_clear_error(slug, monkeypatch):
 
 
 def test_arch_flags():
-    assert build.arch_flags((9, 0)) == ["-gencode=arch=compute_90,code=sm_90"]
-    assert build.arch_flags((8, 6)) == ["-gencode=arch=compute_86,code=sm_86"]
-    with pytest.raises(RuntimeError, match="8.0 or newer"):
-        build.arch_flags((7, 5))
+    assert build.arch_flags("sm_90") == ["-gencode=arch=compute_90,code=sm_90"]
+    assert build.arch_flags("sm_86") == ["-gencode=arch=compute_86,code=sm_86"]
+    assert build.arch_flags("sm_90a") == ["-gencode=arch=compute_90a,code=sm_90a"]
+    with pytest.raises(ValueError, match="not an nvcc architecture"):
+        build.arch_flags("90")
+
+
+def test_each_stage_builds_for_its_own_architecture():
+    st = fl.stage("05_mma")
+    assert st.arch((9, 0)) == "sm_90" and st.arch((8, 6)) == "sm_86"
+    assert st.unavailable((7, 5)) == "05_mma needs compute capability 8.0 or newer; this GPU is 7.5"
+    hopper = dataclasses.replace(st, min_cc=(9, 0), arch_specific=True)
+    assert hopper.arch((9, 0)) == "sm_90a"
+    assert "compute capability 9.0 only" in hopper.unavailable((10, 0))
+    assert hopper.unavailable((9, 0), toolkit=False) is None

@@ -41,8 +41,14 @@ def test_parse_raw_csv_without_a_profile_is_an_error():
 
 
 @pytest.mark.parametrize("st", fl.stages(), ids=lambda s: s.slug)
-def test_every_stage_names_its_kernel_by_the_convention(st):
-    assert re.search(rf"\b{prof.kernel_name(st)}\s*\(", st.source.read_text())
+def test_every_stage_defines_the_kernel_its_registry_entry_names(st):
+    """ncu and compute-sanitizer select the stage's kernel by this name."""
+    assert re.search(rf"__global__[^;{{]*\b{st.kernel}\s*\(", st.source.read_text(), re.S)
+
+
+@pytest.mark.parametrize("st", fl.stages(), ids=lambda s: s.slug)
+def test_every_idea_metric_is_one_flashlab_profiles(st):
+    assert set(st.idea_metrics) <= set(prof.NCU), st.slug
 
 
 def test_every_flashlab_metric_has_an_ncu_source():
@@ -57,8 +63,10 @@ def test_profile_without_gpu_says_why(monkeypatch):
 
 
 def test_load_without_recordings_is_empty(empty_data_dir):
-    df = prof.load()
-    assert df.empty and list(df.columns)[:9] == prof.KEY
+    from flashlab import tables
+    df = tables.PROFILE.load()
+    assert df.empty and list(df.columns)[:9] == tables.PROFILE.key
+    assert tables.profile_rows("any GPU") is None
 
 
 def test_source_view_of_the_recorded_swizzle_has_no_excess_wavefronts():
@@ -68,7 +76,7 @@ def test_source_view_of_the_recorded_swizzle_has_no_excess_wavefronts():
     for slug in ("05_mma", "06_swizzle"):
         try:
             by_op = prof.shared_by_opcode(slug)
-        except FileNotFoundError:
+        except fl.tables.NotRecorded:
             pytest.skip(f"no recorded source view of {slug}")
         assert by_op.loc["LDSM", "wavefronts"] > 0
         assert by_op.loc["LDSM", "excessive"] == 0

@@ -1,11 +1,11 @@
 """The README's stage table is generated from data/results.csv and must match it."""
-from flashlab import readme
+from flashlab import cli, readme
 
 
 def test_readme_table_matches_recorded_results():
     text = readme.README.read_text()
     assert readme.render(text, readme.stage_table()) == text, \
-        "README.md is out of date: run python -m flashlab.readme"
+        "README.md is out of date: run flashlab readme"
 
 
 def test_readme_gives_the_test_command_ci_runs():
@@ -24,8 +24,19 @@ def test_table_lists_every_recorded_stage():
 def test_readme_sweep_table_matches_recorded_results():
     text = readme.README.read_text()
     assert readme.render(text, readme.sweep_table(), readme.SWEEP_START, readme.SWEEP_END) == text, \
-        "README.md's sweep table is out of date: run python -m flashlab.readme"
-    assert readme.main(["--check"]) == 0
+        "README.md's sweep table is out of date: run flashlab readme"
+    assert cli.main(["readme", "--check"]) == 0
+
+
+def test_the_command_list_exists_once():
+    """README's command list is the CLI's own, and the CLI's help shows it."""
+    text = readme.README.read_text()
+    block = readme.commands_block(cli.command_list())
+    assert f"{readme.COMMANDS_START}\n{block}\n{readme.COMMANDS_END}" in text
+    assert cli.command_list() in cli.parser().description
+    commands = {usage.split()[1] for usage, _ in cli.COMMANDS}
+    assert commands == set(next(a for a in cli.parser()._actions if hasattr(a, "choices")
+                                and isinstance(a.choices, dict)).choices)
 
 
 def _sweep_rows(stage, tflops, commit):

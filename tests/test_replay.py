@@ -12,7 +12,8 @@ import pytest
 
 matplotlib.use("Agg")  # before pyplot is imported: no screen needed
 
-from flashlab import cli, paths, plots, results, runner  # noqa: E402
+from flashlab import cli, paths, plots, runner, tables  # noqa: E402
+from flashlab.tables import RESULTS as results  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("ladder.png", "scaling.png", "roofline.png")
@@ -53,7 +54,7 @@ def test_run_replays_the_recorded_table(data_dir, tmp_path):
     assert lines[0].startswith("No CUDA GPU"), proc.stdout
     assert str(data_dir / "results.csv") in lines[0]
     recorded = results.load()
-    gpu = plots.latest_gpu(recorded)
+    gpu = tables.gpu_shown()
     assert gpu in lines[0] and lines[1] == gpu
     # then the table itself: every stage at the teaching config
     header = lines[2].split()
@@ -106,7 +107,8 @@ SUBCOMMANDS = sorted(next(a for a in cli.parser()._actions
 
 
 def test_the_subcommands():
-    assert set(SUBCOMMANDS) == {"list", "run", "profile", "check", "bench", "plot", "table", "report", "sass"}
+    assert set(SUBCOMMANDS) == {"list", "run", "profile", "check", "bench", "plot", "table", "report",
+                                "sass", "readme", "tune"}
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)
@@ -153,7 +155,7 @@ def test_table(data_dir, capsys):
     assert cli.main(["table"]) == 0
     out = capsys.readouterr().out
     df = results.load()
-    gpu = plots.latest_gpu(df)
+    gpu = tables.gpu_shown()
     assert out.splitlines()[0] == gpu
     assert out == runner.table() + "\n"
     for col in ("stage", "TFLOP/s", "% best SDPA", "rel_err", "status"):
@@ -164,7 +166,7 @@ def test_table(data_dir, capsys):
     if (df["N"] == 16384).any():
         assert "16384" in everything
     assert cli.main(["table", "--gpu", "no such GPU"]) == 0
-    assert "(no recorded results)" in capsys.readouterr().out
+    assert "(no recorded results on no such GPU)" in capsys.readouterr().out
 
 
 def test_plot(data_dir, capsys):

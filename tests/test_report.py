@@ -15,7 +15,8 @@ matplotlib.use("Agg")
 from matplotlib.text import Text  # noqa: E402
 
 import synthetic_profile  # noqa: E402
-from flashlab import cli, paths, plots, profile_schema, report, results  # noqa: E402
+from flashlab import cli, paths, plots, profile_schema, report, tables  # noqa: E402
+from flashlab.tables import RESULTS as results  # noqa: E402
 from flashlab.stages import stages  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -27,7 +28,7 @@ MD_LINK = re.compile(r"\]\(([^)]+\.ipynb)\)")
 @pytest.fixture
 def profiled(data_dir):
     """The copy of data/ plus a synthetic profile.csv on the GPU its results come from."""
-    synthetic_profile.write(data_dir, plots.latest_gpu(results.load()))
+    synthetic_profile.write(data_dir, tables.gpu_shown())
     return data_dir
 
 
@@ -65,7 +66,7 @@ def test_synthetic_profile_follows_the_schema():
 def check_html(text, n_images):
     assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
     recorded = results.load()
-    gpu = plots.latest_gpu(recorded)
+    gpu = tables.gpu_shown()
     assert "<table>" in text and "</table>" in text
     for st in stages():
         assert f"<b>{st.slug}</b>" in text
@@ -154,7 +155,7 @@ def test_profile_figures_without_a_profile(unprofiled):
 def test_save_all_with_and_without_a_profile(unprofiled, tmp_path):
     names = lambda written: sorted(p.name for p in written)
     assert names(plots.save_all(outdir=tmp_path / "a")) == sorted(f"{n}.png" for n in plots.FIGURES)
-    synthetic_profile.write(unprofiled, plots.latest_gpu(results.load()))
+    synthetic_profile.write(unprofiled, tables.gpu_shown())
     written = plots.save_all(outdir=tmp_path / "b")
     assert len(written) == n_figures(with_profile=True)
     assert {"idea_metrics.png", "stalls.png", "stage_03_coarsened.png"} <= set(names(written))
@@ -196,15 +197,17 @@ def test_stage_panel_shows_both_stages(profiled):
 def test_profile_of_another_gpu_is_not_shown(data_dir):
     synthetic_profile.rows("Some other GPU").to_csv(data_dir / "profile.csv", index=False)
     assert list(plots.drawings()) == list(plots.FIGURES)
-    gpu = plots.latest_gpu(results.load())
+    gpu = tables.gpu_shown()
     assert any(plots.NO_PROFILE in w for w in words(plots.idea_metrics(gpu=gpu)))
-    assert "Some other GPU" in " ".join(words(plots.idea_metrics()))  # its own latest GPU
+    # one view, one GPU: the GPU shown, never the latest GPU profiled instead
+    assert any(plots.NO_PROFILE in w for w in words(plots.idea_metrics()))
+    assert "Some other GPU" in " ".join(words(plots.idea_metrics(gpu="Some other GPU")))
 
 
 def test_profile_as_a_dataframe(empty_data_dir):
     df = synthetic_profile.rows("Some GPU")
     df["causal"] = df["causal"].astype(str)  # as read back from CSV text
-    assert "Some GPU" in " ".join(words(plots.stalls(profile=df)))
+    assert "Some GPU" in " ".join(words(plots.stalls(profile=df, gpu="Some GPU")))
 
 
 def test_the_recorded_profile_draws_every_figure(data_dir, tmp_path):

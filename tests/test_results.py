@@ -1,5 +1,6 @@
-"""The shared results table: upsert by KEY, the contract columns, the SDPA percentages, and the
-write itself (atomic rename under a file lock, safe with several processes at once)."""
+"""The recorded tables (flashlab.tables): the results table's upsert by key, its contract
+columns and SDPA percentages, every table's types, and the write itself (atomic rename under a
+file lock, safe with several processes at once)."""
 import csv
 import math
 import multiprocessing
@@ -8,7 +9,8 @@ import os
 import pandas as pd
 import pytest
 
-from flashlab import paths, results
+from flashlab import tables
+from flashlab.tables import RESULTS as results
 
 
 def row(stage, tflops=1.0, gpu="NVIDIA Test GPU", N=1024, D=64, dtype="fp32", causal=False,
@@ -37,14 +39,14 @@ def one(df, **where):
 
 
 def test_path_follows_flashlab_data(empty_data_dir):
-    assert results.path() == empty_data_dir / "results.csv"
-    assert paths.results_csv() == empty_data_dir / "results.csv"
+    for table in tables.ALL:
+        assert table.path() == empty_data_dir / table.name
 
 
 def test_load_without_a_table(empty_data_dir):
     df = results.load()
     assert df.empty
-    assert list(df.columns) == results.COLUMNS
+    assert list(df.columns) == results.columns
 
 
 def test_upsert_inserts_and_replaces_by_key(empty_data_dir):
@@ -76,22 +78,22 @@ def test_every_key_column_separates_rows(empty_data_dir):
 
 
 def test_contract_columns_come_first_in_order(empty_data_dir):
-    assert results.CONTRACT == ["stage", "dtype", "B", "H", "N", "D", "causal", "median_ms",
+    assert results.contract == ["stage", "dtype", "B", "H", "N", "D", "causal", "median_ms",
                                 "tflops", "rel_err", "gpu"]
-    assert results.COLUMNS[:len(results.CONTRACT)] == results.CONTRACT
-    assert set(results.KEY) <= set(results.CONTRACT)
+    assert results.columns[:len(results.contract)] == results.contract
+    assert set(results.key) <= set(results.contract)
     table = results.upsert([row("01_naive")])
-    assert list(table.columns[:len(results.CONTRACT)]) == results.CONTRACT
+    assert list(table.columns[:len(results.contract)]) == results.contract
     with open(results.path(), newline="") as f:
         header = next(csv.reader(f))
-    assert header[:len(results.CONTRACT)] == results.CONTRACT
-    assert header == results.COLUMNS
+    assert header[:len(results.contract)] == results.contract
+    assert header == results.columns
 
 
 def test_extra_columns_are_kept(empty_data_dir):
     results.upsert([row("01_naive", my_extra="x")])
     df = results.load()
-    assert list(df.columns[:len(results.COLUMNS)]) == results.COLUMNS
+    assert list(df.columns[:len(results.columns)]) == results.columns
     assert one(df, stage="01_naive").my_extra == "x"
 
 
@@ -165,7 +167,7 @@ def test_upsert_accepts_a_dataframe_and_normalises_types(empty_data_dir):
     df = results.load()
     assert df["causal"].dtype == bool
     assert list(df.sort_values("N")["causal"]) == [True, False]
-    for col in results.INTS:
+    for col in results.ints:
         assert df[col].dtype == "int64"
 
 
@@ -175,7 +177,7 @@ def test_written_file_is_plain_csv(empty_data_dir):
     results.upsert(rows)
     p = results.path()
     df = pd.read_csv(p)
-    assert list(df.columns) == results.COLUMNS
+    assert list(df.columns) == results.columns
     assert len(df) == 3
     assert set(df["stage"]) == {"01_naive", "sdpa_flash", "02_coalesced"}
     assert df.loc[df["stage"] == "01_naive", "pct_sdpa_flash"].iloc[0] == pytest.approx(50.0)
@@ -193,8 +195,8 @@ def test_written_file_is_plain_csv(empty_data_dir):
 def test_the_recorded_table_loads(data_dir):
     df = results.load()
     assert len(df) > 0
-    assert list(df.columns[:len(results.CONTRACT)]) == results.CONTRACT
-    assert not df.duplicated(results.KEY).any()
+    assert list(df.columns[:len(results.contract)]) == results.contract
+    assert not df.duplicated(results.key).any()
     assert set(df["status"].dropna()) <= {"ok", "failed check", "error", "unsupported"}
 
 
@@ -243,11 +245,13 @@ def test_a_write_killed_halfway_leaves_the_old_table(empty_data_dir, monkeypatch
 
 
 def test_side_tables_are_written_the_same_way(empty_data_dir, monkeypatch):
-    p = empty_data_dir / "checks.csv"
-    key = ["stage", "N", "causal"]
-    results.upsert_csv([dict(stage="01_naive", N=1, causal=False, rel_err=0.1),
-                        dict(stage="01_naive", N=2, causal=True, rel_err=0.2)], p, key=key)
-    results.upsert_csv([dict(stage="01_naive", N=1, causal=False, rel_err=0.3)], p, key=key)
+    side = tables.Table("side.csv", key=["stage", "N", "causal"],
+                        columns=["stage", "N", "causal", "rel_err"], ints=["N"], bools=["causal"],
+                        floats=["rel_err"])
+    p = side.path()
+    side.upsert([dict(stage="01_naive", N=1, causal=False, rel_err=0.1),
+                 dict(stage="01_naive", N=2, causal=True, rel_err=0.2)])
+    side.upsert([dict(stage="01_naive", N=1, causal=False, rel_err=0.3)])
     df = pd.read_csv(p)
     assert len(df) == 2 and df.set_index("N").loc[1, "rel_err"] == 0.3
     before = p.read_bytes()
@@ -258,7 +262,7 @@ def test_side_tables_are_written_the_same_way(empty_data_dir, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(os, "replace", broken_replace)
         with pytest.raises(OSError):
-            results.upsert_csv([dict(stage="01_naive", N=3, causal=False, rel_err=0.3)], p, key=key)
+            side.upsert([dict(stage="01_naive", N=3, causal=False, rel_err=0.3)])
     assert p.read_bytes() == before and _leftovers(empty_data_dir) == []
 
 
@@ -270,7 +274,7 @@ ROWS_EACH = 4
 
 def _writer(table_path, i):
     """Runs in a spawned process: upsert ROWS_EACH rows of its own, one write each."""
-    from flashlab import results as res
+    from flashlab.tables import RESULTS as res
     for j in range(ROWS_EACH):
         res.upsert([row(f"{i:02d}_writer", N=512 * (j + 1), tflops=float(i * 100 + j))], table_path)
     return i
@@ -285,8 +289,49 @@ def test_concurrent_writers_lose_nothing(empty_data_dir):
     assert sorted(done) == list(range(1, WRITERS + 1))
     df = pd.read_csv(p)
     assert len(df) == 1 + WRITERS * ROWS_EACH
-    assert not df.duplicated(results.KEY).any()
+    assert not df.duplicated(results.key).any()
     for i in range(1, WRITERS + 1):
         mine = df[df["stage"] == f"{i:02d}_writer"].sort_values("N")
         assert list(mine["tflops"]) == [float(i * 100 + j) for j in range(ROWS_EACH)]
     assert _leftovers(empty_data_dir) == []
+
+
+# --- every table --------------------------------------------------------------------------------
+
+def test_every_recorded_table_loads_with_its_types(data_dir):
+    """Each CSV of data/ has one owner and one set of types: its key columns unique, its ints
+    ints, its flags bools, whatever wrote it."""
+    for table in tables.ALL:
+        df = table.load()
+        assert len(df), f"{table.name} is empty"
+        assert list(df.columns[:len(table.columns)]) == table.columns, table.name
+        assert not df.duplicated(table.key).any(), table.name
+        for col in table.ints:
+            assert df[col].dtype == "int64", (table.name, col)
+        for col in table.bools:
+            assert df[col].dtype == bool, (table.name, col)
+
+
+def test_replace_drops_a_slice_before_writing(empty_data_dir):
+    t = tables.SASS
+    base = dict(kernel="k", category="HMMA", count=1, source_hash="h", nvcc="13", cuobjdump="13",
+                commit="c")
+    t.upsert([dict(stage="01_naive", arch="sm_80", **base), dict(stage="02_coalesced", arch="sm_80", **base)])
+    t.upsert([dict(stage="01_naive", arch="sm_80", **{**base, "kernel": "renamed"})],
+             replace={"arch": "sm_80", "stage": ["01_naive"]})
+    df = t.load()
+    assert sorted(zip(df["stage"], df["kernel"])) == [("01_naive", "renamed"), ("02_coalesced", "k")]
+
+
+def test_no_module_but_tables_opens_a_recorded_csv():
+    """One owner: no other module of the package names a recorded CSV's file."""
+    from flashlab import paths
+    names = [t.name for t in tables.ALL]
+    for py in sorted((paths.ROOT / "flashlab").rglob("*.py")):
+        if py.name == "tables.py":
+            continue
+        code = "\n".join(line for line in py.read_text().splitlines()
+                         if not line.lstrip().startswith("#"))
+        for name in names:
+            for quote in ('"', "'"):
+                assert f"{quote}{name}{quote}" not in code, f"{py.name} names {name}"

@@ -63,3 +63,17 @@ def test_every_stage_has_a_notebook_source(st):
 def test_stage_accepts_a_stage():
     st = fl.stage(3)
     assert fl.stage(st) is st
+
+
+@pytest.mark.parametrize("st", STAGES, ids=lambda st: st.slug)
+def test_every_stage_carries_its_facts(st):
+    """What tools and tests need to know of a stage lives in its registry entry."""
+    assert st.kernel.endswith("_kernel") and st.kernel in st.source.read_text()
+    assert len(st.min_cc) == 2 and tuple(st.min_cc) >= (7, 0)
+    assert st.unavailable(st.min_cc, toolkit=False) is None
+    assert st.unavailable((st.min_cc[0], st.min_cc[1] - 1) if st.min_cc[1] else
+                          (st.min_cc[0] - 1, 9), toolkit=False) is not None
+    assert set(st.template) <= {"T", "D", "BR", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"}
+    assert not st.picks or "D" in st.template
+    assert st.idea_metrics or st.number == 1, "which profile metrics does this stage's idea move?"
+    assert "HMMA" in st.sass_evidence

@@ -1,16 +1,19 @@
-"""tools/tune08.py (stage 08's autotune) and flashlab.tuning, without a GPU: the pick() rewrite on
-the real kernel (and that it still compiles), `--apply` from a recorded table, that the kernel's
-table is what the recorded one says, per-N choices, that every variant the tuner builds compiles,
-and the tuning log's tables and figures on a synthetic log."""
-import importlib.util
+"""Stage 08's autotune (flashlab.autotune, flashlab.picks) and notebook 08's helpers
+(flashlab.tuning), without a GPU: the pick() rewrite on the real kernel (and that it still
+compiles), `flashlab tune --apply` from a recorded table, that the kernel's table is what the
+recorded one says, per-N choices, that every variant the tuner builds compiles, and the tuning
+log's tables and figures on a synthetic log."""
 import math
+import re
 import shutil
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from flashlab import paths, ptxas, tuning
+from flashlab import autotune as tune08
+from flashlab import cli, paths, picks, ptxas, tables, tuning
+from flashlab.bench import SWEEP
 
 try:
     ptxas.nvcc()
@@ -20,15 +23,6 @@ except FileNotFoundError:
 needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found (no CUDA toolkit)")
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("tune08_under_test",
-                                                  paths.ROOT / "tools" / "tune08.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tune08 = _load_tool()
 GPU = "Synthetic GPU"
 # A choice unlike the kernel's default, with causal and non-causal shapes apart.
 CHOICE = {(64, False): (64, 4, 2, 2, 1, 15), (64, True): (64, 4, 2, 3, 1, 11),
@@ -88,7 +82,8 @@ def synthetic_log(gpu=GPU, time="2030-01-01T00:00:00Z", drop=("D128", "SKIP_RESC
 
 
 @pytest.fixture
-def log_dir(empty_data_dir):
+def log_dir(empty_data_dir, monkeypatch):
+    monkeypatch.setenv("FLASHLAB_GPU", GPU)  # the GPU the views show (no results recorded here)
     df, final = synthetic_log()
     df.to_csv(empty_data_dir / "tune08.csv", index=False)
     return empty_data_dir, df, final
@@ -97,13 +92,13 @@ def log_dir(empty_data_dir):
 # ---------------------------------------------------------------- pick() rewrite and --apply
 
 def test_pick_source_round_trip_on_the_real_kernel():
-    text = tune08.KERNEL.read_text()
-    new = tune08.with_pick(text, CHOICE)
+    text = picks.source().read_text()
+    new = picks.with_pick(text, CHOICE)
     assert new != text
-    assert tuning.kernel_pick(new) == CHOICE
-    assert tune08.with_pick(new, CHOICE) == new  # rewriting with the same choice changes nothing
+    assert picks.read(new) == CHOICE
+    assert picks.with_pick(new, CHOICE) == new  # rewriting with the same choice changes nothing
     # only the table moved: the rest of the file is byte for byte the same
-    m_old, m_new = tune08.PICK.search(text), tune08.PICK.search(new)
+    m_old, m_new = picks.PICK.search(text), picks.PICK.search(new)
     assert text[:m_old.start()] == new[:m_new.start()]
     assert text[m_old.end():] == new[m_new.end():]
     assert m_new.group(0).startswith(m_old.group(1))  # the // TUNED: line stays
@@ -115,16 +110,16 @@ def test_per_n_choice_round_trips_through_pick():
                         2048: (128, 4, 2, 2, 0, 29)}
     by_n[(128, False)] = {512: (32, 4, 2, 3, 0, 31), 1024: (64, 4, 2, 2, 0, 31),
                           2048: (32, 4, 2, 3, 0, 31), 4096: (64, 8, 2, 2, 0, 31)}
-    text = tune08.with_pick(tune08.KERNEL.read_text(), by_n)
+    text = picks.with_pick(picks.source().read_text(), by_n)
     assert "if (p->N < 1024) return launch<T, 64, 64, 4, 1, 2, true, 27>(p, s);" in text
-    segs = tuning.kernel_pick_by_n(text)
+    segs = picks.read_by_n(text)
     assert segs[(64, True)] == [(1024, (64, 4, 1, 2, 1, 27)), (None, (128, 4, 2, 2, 0, 29))]
     assert segs[(128, False)] == [(1024, (32, 4, 2, 3, 0, 31)), (2048, (64, 4, 2, 2, 0, 31)),
                                   (4096, (32, 4, 2, 3, 0, 31)), (None, (64, 8, 2, 2, 0, 31))]
     assert segs[(64, False)] == [(None, CHOICE[(64, False)])]
-    main = tuning.kernel_pick(text)
+    main = picks.read(text)
     assert main[(64, True)] == (128, 4, 2, 2, 0, 29) and main[(128, True)] == CHOICE[(128, True)]
-    assert tune08.segments({512: (1,), 1024: (1,)}) == [(None, (1,))]
+    assert picks.segments({512: (1,), 1024: (1,)}) == [(None, (1,))]
 
 
 def test_a_shape_serves_one_n_only_by_a_margin():
@@ -144,22 +139,22 @@ def test_a_shape_serves_one_n_only_by_a_margin():
 
 
 def test_kernel_pick_reads_the_default_table():
-    text = tune08.KERNEL.read_text()
-    pick = tuning.kernel_pick(text)
+    text = picks.source().read_text()
+    pick = picks.read(text)
     assert set(pick) == {(D, c) for D in tune08.CANDIDATES for c in (False, True)}
     for (D, _), c in pick.items():
         assert len(c) == len(tune08.FIELDS) and 0 <= c[-1] <= tune08.ALL_OPTS
 
 
 def test_with_pick_without_a_tuned_block_says_so():
-    with pytest.raises(SystemExit, match="TUNED"):
-        tune08.with_pick("template <typename T>\nstatic const char* pick() {}\n", CHOICE)
+    with pytest.raises(ValueError, match="TUNED"):
+        picks.with_pick("template <typename T>\nstatic const char* pick() {}\n", CHOICE)
 
 
 @needs_nvcc
 def test_rewritten_kernel_compiles(tmp_path):
     src = tmp_path / "08_tuned.cu"
-    src.write_text(tune08.with_pick(tune08.KERNEL.read_text(), CHOICE))
+    src.write_text(picks.with_pick(picks.source().read_text(), CHOICE))
     found = ptxas.resources(src, "sm_90")
     want = {(D, *c) for (D, _), c in CHOICE.items()}
     names = " ".join(r.kernel for r in found)
@@ -183,12 +178,12 @@ def test_apply_rewrites_a_copy_of_the_kernel(log_dir, tmp_path, monkeypatch, cap
     other, _ = synthetic_log(gpu="Older GPU", time="2020-01-01T00:00:00Z", drop=("D64", "FOLD_SCALE"))
     pd.concat([other, df]).to_csv(data / "tune08.csv", index=False)
     kernel = tmp_path / "08_tuned.cu"
-    shutil.copy(tune08.KERNEL, kernel)
-    before = tune08.KERNEL.read_text()
-    monkeypatch.setattr(tune08, "KERNEL", kernel)
-    tune08.main(["--apply"])
-    assert tuning.kernel_pick(kernel.read_text()) == final
-    assert kernel.read_text() == tune08.with_pick(before, final)
+    shutil.copy(picks.source(), kernel)
+    before = picks.source().read_text()
+    monkeypatch.setattr(picks, "source", lambda: kernel)
+    assert cli.main(["tune", "--apply"]) == 0
+    assert picks.read(kernel.read_text()) == final
+    assert kernel.read_text() == picks.with_pick(before, final)
     assert (paths.ROOT / "kernels" / "08_tuned.cu").read_text() == before  # the repo's untouched
     out = capsys.readouterr().out
     assert f"tuned on {GPU}" in out and "D=128 causal=True" in out
@@ -198,26 +193,25 @@ def test_apply_refuses_a_log_without_every_choice(log_dir, tmp_path, monkeypatch
     data, df, _ = log_dir
     df[~(df["chosen"] & (df["D"] == 128) & df["causal"])].to_csv(data / "tune08.csv", index=False)
     kernel = tmp_path / "08_tuned.cu"
-    shutil.copy(tune08.KERNEL, kernel)
-    monkeypatch.setattr(tune08, "KERNEL", kernel)
-    with pytest.raises(SystemExit, match=r"no chosen row .*\(128, True\)"):
-        tune08.main(["--apply"])
+    shutil.copy(picks.source(), kernel)
+    monkeypatch.setattr(picks, "source", lambda: kernel)
+    with pytest.raises(ValueError, match=r"no chosen row .*\(128, True\)"):
+        tune08.apply()
     assert kernel.read_bytes() == (paths.ROOT / "kernels" / "08_tuned.cu").read_bytes()
 
 
 def test_kernel_table_is_what_the_recorded_log_says(tmp_path, monkeypatch):
     """Once data/tune08.csv is recorded, pick() must be `--apply`'s output from it: re-run
-    `python tools/tune08.py --apply` after tuning."""
-    recorded = paths.ROOT / "data" / "tune08.csv"
-    if not recorded.exists():
-        pytest.skip("data/tune08.csv not recorded yet (python tools/tune08.py on a GPU)")
-    kernel = tmp_path / "08_tuned.cu"
-    shutil.copy(paths.ROOT / "kernels" / "08_tuned.cu", kernel)
-    monkeypatch.setenv("FLASHLAB_DATA", str(recorded.parent))
-    monkeypatch.setattr(tune08, "KERNEL", kernel)
+    `flashlab tune --apply` after tuning."""
+    if tables.TUNE08.load().empty:
+        pytest.skip("data/tune08.csv not recorded yet (flashlab tune on a GPU)")
+    real = picks.source()
+    kernel = tmp_path / real.name
+    shutil.copy(real, kernel)
+    monkeypatch.setattr(picks, "source", lambda: kernel)
     tune08.apply()
-    assert kernel.read_text() == (paths.ROOT / "kernels" / "08_tuned.cu").read_text(), \
-        "kernels/08_tuned.cu's pick() is stale: run `python tools/tune08.py --apply`"
+    assert kernel.read_text() == real.read_text(), \
+        f"{real.name}'s pick() is stale: run `flashlab tune --apply`"
 
 
 # ---------------------------------------------------------------- every candidate compiles
@@ -257,24 +251,33 @@ def test_one_kstep_is_what_fits_64_key_tiles_at_d128():
 # ---------------------------------------------------------------- the tuning log: tables, figures
 
 
-def test_recorded_says_what_to_run_when_nothing_is(empty_data_dir):
-    with pytest.raises(tuning.NotRecorded, match=r"tools/tune08\.py"):
-        tuning.recorded()
+def test_the_log_says_what_to_run_when_nothing_is(empty_data_dir):
+    with pytest.raises(tables.NotRecorded, match=r"flashlab tune"):
+        tables.tune_log()
 
 
-def test_recorded_takes_the_latest_gpu(log_dir):
+def test_the_log_is_the_gpu_showns(log_dir, monkeypatch):
     data, df, _ = log_dir
-    other, _ = synthetic_log(gpu="Older GPU", time="2020-01-01T00:00:00Z")
-    pd.concat([df, other]).to_csv(data / "tune08.csv", index=False)
-    assert set(tuning.recorded()["gpu"]) == {GPU}
-    assert set(tuning.recorded("Older GPU")["gpu"]) == {"Older GPU"}
-    with pytest.raises(tuning.NotRecorded, match="nothing recorded on Nowhere"):
-        tuning.recorded("Nowhere")
+    newer, _ = synthetic_log(gpu="Newer GPU", time="2031-01-01T00:00:00Z")
+    pd.concat([df, newer]).to_csv(data / "tune08.csv", index=False)
+    assert set(tables.tune_log()["gpu"]) == {GPU}  # the GPU shown, not the one tuned last
+    assert set(tables.tune_log("Newer GPU")["gpu"]) == {"Newer GPU"}
+    with pytest.raises(tables.NotRecorded, match="nothing recorded on Nowhere"):
+        tables.tune_log("Nowhere")
+
+
+def test_switches_and_sequence_lengths_come_from_their_owners():
+    """The autotune's switches are the kernel's `enum Opts`, its N the benchmark's sweep."""
+    opts = re.search(r"enum Opts\s*\{(.*?)\}", picks.source().read_text(), re.S).group(1)
+    assert tune08.SWITCHES == {k: int(v) for k, v in re.findall(r"(\w+)\s*=\s*(\d+)", opts)
+                               if k != "ALL_OPTS"}
+    assert tune08.ALL_OPTS == sum(tune08.SWITCHES.values())
+    assert tune08.NS == SWEEP.ns
 
 
 def test_verdicts_and_effects(log_dir):
     _, _, final = log_dir
-    log = tuning.recorded()
+    log = tables.tune_log()
     v = tuning.verdicts(log)
     assert len(v) == 4 * len(tune08.SWITCHES)
     dropped = v.loc["SKIP_RESCALE"].xs(128, level="D")
@@ -295,7 +298,7 @@ def test_verdicts_and_effects(log_dir):
 
 
 def test_figures_on_a_synthetic_log(log_dir):
-    log = tuning.recorded()
+    log = tables.tune_log()
     fig = tuning.candidates_figure(log)
     axes = fig.get_axes()
     assert len(axes) == 4
@@ -318,7 +321,7 @@ def test_figures_on_a_synthetic_log(log_dir):
 
 def test_figures_without_a_log_say_what_to_run(empty_data_dir):
     for draw in (tuning.candidates_figure, tuning.ablation_figure, tuning.verdicts):
-        with pytest.raises(tuning.NotRecorded):
+        with pytest.raises(tables.NotRecorded):
             draw()
 
 

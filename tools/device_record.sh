@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The recorded run on the GPU machine. Phases, in the order given (default: tests run notebooks):
-#   tune       stage 08's autotune (tools/tune08.py), data/tune08.csv; apply it at home with
-#              `python tools/tune08.py --apply` and commit before recording the run
+#   tune       stage 08's autotune (flashlab tune), data/tune08.csv; apply it at home with
+#              `flashlab tune --apply` and commit before recording the run
 #   tests      the GPU tests (checks, bad input, compute-sanitizer), log in data/runs/
-#   run        flashlab run --profile: every stage and baseline, Nsight Compute metrics, figures, README
+#   run        flashlab run (RUN_ARGS, e.g. "--profile --stage 05"): stages and baselines, figures, README
+#   again      a second, separate flashlab run --no-sweep into a scratch data/ (its log and table
+#              go to data/runs/), then `flashlab bench sdpa_cudnn --dtype fp16` on its own: three
+#              timings of the same baseline to compare
 #   notebooks  every notebook executed live, outputs saved; figures and README regenerated
 # data/, the notebooks and README go back packed in $OUT/bundle.tar.gz. Needs the notebook wheels
 # in .whl/ (../shared/tools/device-kit.sh) and FLASHLAB_COMMIT=<sha>, since the tree travels
@@ -17,7 +20,7 @@ export PYTHONUNBUFFERED=1 FLASHLAB_COMMIT=${FLASHLAB_COMMIT:?set FLASHLAB_COMMIT
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p data/runs
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
-for phase in "${@:-tests run notebooks}"; do for p in $phase; do case $p in
+for phase in "${@:-tests run again notebooks}"; do for p in $phase; do case $p in
   tune)
     echo "== stage 08 autotune"
     python3 tools/tune08.py 2>&1 | grep -v Warning | tee "data/runs/tune08-$stamp.log" | tail -6 ;;
@@ -25,17 +28,34 @@ for phase in "${@:-tests run notebooks}"; do for p in $phase; do case $p in
     echo "== GPU tests"
     python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4 ;;
   run)
-    echo "== flashlab run"
+    echo "== flashlab run ${RUN_ARGS:-}"
     # RUN_ARGS, e.g. "--stage 04 --stage 05", splits a long run over several device calls
-    python3 -m flashlab run --no-progress --profile ${RUN_ARGS:-} > "$OUT/run.out" 2>&1
+    python3 -m flashlab run --no-progress ${RUN_ARGS:-} > "$OUT/run.out" 2>&1
     echo "flashlab run exit $?"
     tail -16 "$OUT/run.out" ;;
+  again)
+    echo "== a second flashlab run (teaching configs, scratch data), and a separate re-time"
+    rm -rf /tmp/again && mkdir -p /tmp/again
+    FLASHLAB_DATA=/tmp/again python3 -m flashlab run --no-progress --no-sweep > "data/runs/again-$stamp.log" 2>&1
+    echo "second run exit $?"
+    cp /tmp/again/results.csv "data/runs/again-$stamp-results.csv"
+    FLASHLAB_DATA=/tmp/again python3 -m flashlab bench sdpa_cudnn --dtype fp16 2>&1 | tee "data/runs/retime-$stamp.log"
+    python3 - "$stamp" <<'PY'
+import sys
+import pandas as pd
+stamp = sys.argv[1]
+pick = lambda df: df[(df.stage == "sdpa_cudnn") & (df.dtype == "fp16") & (df.N == 1024) & (df.B == 4) & ~df.causal.astype(str).str.lower().eq("true")]
+first = pick(pd.read_csv("data/results.csv")); second = pick(pd.read_csv(f"data/runs/again-{stamp}-results.csv"))
+print("sdpa_cudnn fp16 teaching, TFLOP/s: run 1", first.tflops.round(1).tolist(), first.retimes.tolist(),
+      "| run 2", second.tflops.round(1).tolist(), second.retimes.tolist())
+PY
+    ;;
   notebooks)
     echo "== notebooks (live)"
     # NB_ARGS, e.g. "00 01 02 03 04", splits the notebooks over several device calls
     python3 tools/notebooks.py execute ${NB_ARGS:-} 2>&1 | grep -v "WARNING | Kernel is running over TCP" \
       | tee "data/runs/notebooks-$stamp.log" | tail -8
-    python3 -m flashlab plot >/dev/null && python3 -m flashlab.readme ;;
+    python3 -m flashlab plot >/dev/null && python3 -m flashlab readme ;;
   *) echo "unknown phase $p"; exit 2 ;;
 esac; done; done
 rm -f data/*.lock

@@ -45,10 +45,15 @@ pd.DataFrame([dict(stage=s.slug, adds=s.idea, dtypes="/".join(s.dtypes)) for s i
 #
 # The notebooks run in one of two modes, and `nb.banner()` says which:
 #
-# - **live**: a CUDA GPU (compute capability 8.0 or newer) and `nvcc` are present. Cells
-#   compile the kernels, check them, time them now and write the results to `data/`.
-# - **replay**: no GPU. The same cells show the numbers recorded in `data/` on a real GPU, and
-#   the banner names that GPU and the software it ran.
+# - **live**: a CUDA GPU and `nvcc` are present, and the GPU can run the notebook's stage (each
+#   stage names the compute capability it needs: `fl.stage(k).min_cc`). Cells compile the
+#   kernels, check them, time them now and write the results to `data/`.
+# - **replay**: no GPU, or one the stage cannot run on. The same cells show the numbers recorded
+#   in `data/` on a real GPU, and the banner says why and names that GPU and its software.
+#
+# Either way, everything one notebook shows comes from **one GPU**: this one when it runs live,
+# otherwise the GPU that recorded most recently (or the one you name in the environment variable
+# `FLASHLAB_GPU`). Times from two different GPUs are never set side by side.
 #
 # Run the cells top to bottom. The prose never states a measured number; every number you see
 # comes from a cell's output, so the text stays true on whichever GPU produced the data.
@@ -82,8 +87,8 @@ nb.banner()
 # %%
 if fl.gpu_available():
     peaks.record(peaks.measure())
-ceilings = peaks.load()  # {metric: value} for the most recently measured GPU
-rows = intro.peak_rows()
+ceilings = fl.tables.peaks()  # {metric: value} of the GPU this notebook shows
+rows = fl.tables.peak_rows()
 r = rows.iloc[0]
 print(f"{r.gpu}: compute capability {r.compute_capability}, torch {r.torch}, CUDA {r.cuda}, "
       f"measured {r.time}")
@@ -439,12 +444,19 @@ else:
 # error *at that config*. It then times the kernel with `triton.testing.do_bench` (or, without
 # triton, CUDA events by hand):
 #
-# - **warm-up** runs first, so compilation, module loading and allocation are never timed;
+# - **warm-up** runs first, at every config, for at least 10 calls and 100 ms, so compilation,
+#   module loading, allocation, a library's per-shape planning (cuDNN builds an execution plan
+#   the first time it sees a shape) and the clocks ramping up are never timed;
 # - **the L2 cache is flushed** before every run by overwriting a 256 MB buffer, because a problem
 #   small enough to stay in L2 would otherwise be timed reading from cache instead of HBM, which
 #   no real workload gets;
 # - it reports the **median of at least 20 runs**, with the 20th and 80th percentiles as the
 #   spread. The median is robust to the odd run that gets interrupted;
+# - **it times twice**: the timing above, then a quick second one. Where the p20–p80 spread is
+#   wider than 10% of the median, or the two medians differ by more than 10%, the timing is
+#   thrown away and taken again (at most twice more). The row records how many warm-up calls
+#   ran (`warmup_runs`), how many timings were thrown away (`retimes`) and what they saw
+#   (`note`), so a number that needed re-timing says so;
 # - **TFLOP/s** = `fl.flops(config)` / median time. Every stage and baseline is counted with the
 #   same formula, so their rates can be compared directly.
 #
@@ -452,9 +464,8 @@ else:
 # above it):
 
 # %%
-cols = ["median_ms", "p20_ms", "p80_ms", "tflops", "rel_err", "runs", "timer"]
-rec = fl.recorded("03_coarsened")
-rec = rec[(rec["N"] == 1024) & (rec["dtype"] == "fp32") & ~rec["causal"]]
+cols = ["median_ms", "p20_ms", "p80_ms", "tflops", "rel_err", "runs", "warmup_runs", "retimes", "timer"]
+rec = fl.tables.at_config(fl.recorded("03_coarsened", gpu=nb.the_gpu().name), fl.TEACHING)
 table = rec[cols + ["gpu"]].assign(source="recorded")
 if fl.gpu_available():
     now = pd.DataFrame([fl.bench(attn, fl.TEACHING)])[cols].assign(gpu=torch.cuda.get_device_name(),
@@ -466,20 +477,20 @@ table.set_index("source")
 # ### The results table
 #
 # Every timed row goes into `data/results.csv`: one tidy row per (stage or baseline, config,
-# dtype, causal, GPU). **`fl.results.KEY`** identifies a row; writing a row with the same key
+# dtype, causal, GPU). **`fl.results.key`** identifies a row; writing a row with the same key
 # replaces the old one. The table is written under a file lock and replaced by an atomic rename,
 # so two notebooks writing at once, or a run killed halfway, can never corrupt it.
-# **`fl.results.CONTRACT`** lists the columns that outside tools may rely on. The other columns
+# **`fl.results.contract`** lists the columns that outside tools may rely on. The other columns
 # (p20/p80, percentages of SDPA, registers and spills from `ptxas`, versions, commit, time) sit
 # beside them.
 
 # %%
 df = fl.results.load()
-print("KEY:     ", ", ".join(fl.results.KEY))
-print("CONTRACT:", ", ".join(fl.results.CONTRACT))
+print("key:     ", ", ".join(fl.results.key))
+print("contract:", ", ".join(fl.results.contract))
 print(f"{len(df)} rows: {(df.kind == 'stage').sum()} stage rows and {(df.kind == 'baseline').sum()} "
       f"baseline rows, from {df.gpu.nunique()} GPU(s)")
-df[fl.results.CONTRACT].head(3)
+df[fl.results.contract].head(3)
 
 # %% [markdown]
 # ## 5. The roofline, and the road ahead
@@ -500,16 +511,16 @@ df[fl.results.CONTRACT].head(3)
 #   roof. That gap is what the rest of the workbook closes, with fp16, tensor cores, and the memory
 #   pipeline that keeps them fed.
 #
-# The figures and tables below show the GPU with the most recent rows in `data/results.csv`. In
-# a live session that is still the recorded GPU until the stage notebooks or `flashlab run` have
-# added rows for yours.
+# The figures and tables below show the notebook's one GPU (the banner names it). In a live
+# session that is yours: until the stage notebooks or `flashlab run` have recorded rows for it,
+# they say what to run instead.
 
 # %%
 plots.roofline()
 
 # %%
 fp32_rows, fp16_rows = nb.compare("fp32"), nb.compare("fp16")
-roof = peaks.load(fp32_rows["gpu"].iloc[0])
+roof = fl.tables.peaks(fp32_rows["gpu"].iloc[0])
 best = fp32_rows[fp32_rows["kind"] == "stage"].sort_values("tflops").iloc[-1]
 sdpa16 = fp16_rows[fp16_rows["stage"].str.startswith("sdpa_")].sort_values("tflops").iloc[-1]
 print(f"Best stage so far: {best.stage} at {best.tflops:.1f} TFLOP/s, "

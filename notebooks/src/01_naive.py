@@ -25,7 +25,7 @@
 import flashlab as fl
 from flashlab import diagrams, plots
 from flashlab import notebook as nb
-nb.banner()
+nb.banner("01_naive")
 
 # %% [markdown]
 # The order a block visits the tiles of the score matrix (a 4 × 4 corner of it); every visit is a
@@ -45,7 +45,8 @@ diagrams.thread_ownership("01_naive")
 #
 # The whole file, since everything later is a diff against it. How to read it:
 #
-# * `naive_kernel` runs on a grid of $B \times H$ blocks of `Br` = 32 threads; `Bc` = `Br` = 32.
+# * `naive_kernel` runs on a one-dimensional grid of $B \cdot H$ blocks (block `bh` = batch · H +
+#   head) of `Br` = 32 threads; `Bc` = `Br` = 32.
 # * Outer loop `j`: thread `tx` copies row `tx` of $K_j$ and $V_j$ into shared memory.
 # * Inner loop `i`: thread `tx` copies its query row into `Qi`, reads its `m` and `l` from global
 #   memory, then runs three loops on its own: the scores (`Bc`·`d` multiply-adds), `exp` and the

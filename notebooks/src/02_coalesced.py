@@ -21,7 +21,7 @@ import math
 import flashlab as fl
 from flashlab import diagrams, plots
 from flashlab import notebook as nb
-nb.banner()
+nb.banner("02_coalesced")
 
 # %%
 diagrams.access_comparison()

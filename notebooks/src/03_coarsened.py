@@ -19,21 +19,17 @@
 # %%
 %matplotlib inline
 import flashlab as fl
-from flashlab import peaks, plots, tiling
+from flashlab import plots, tiling
 from flashlab import notebook as nb
-nb.banner()
+nb.banner("03_coarsened")
 
 # %%
 import math
 import pandas as pd
 
-latest = plots.latest_gpu(fl.results.load())  # the GPU the recorded figures show
-env = fl.environment() if fl.gpu_available() else fl.recorded(gpu=latest).iloc[-1]
-gpu, cc = env["gpu"], str(env["compute_capability"])
-sms = tiling.sm_count(gpu) or 132  # unknown name: assume an H100 / H200
-roof = peaks.load(gpu) or peaks.load()  # ceilings measured by `flashlab run` on this GPU
-print(f"{gpu}: compute capability {cc}, {sms} SMs; measured ceilings: "
-      + ", ".join(f"{k} = {v:.1f}" for k, v in roof.items()))
+the = nb.the_gpu()  # the one GPU this notebook's numbers come from (the banner names it)
+gpu, cc, sms, roof = the.name, the.cc, the.sms, the.roof  # roof: its own measured ceilings
+print(the)
 
 # %% [markdown]
 # ## 1 · Where stage 02's time goes
@@ -151,7 +147,8 @@ nb.show_source("03_coarsened", "coarsened_kernel")
 # %% [markdown]
 # Reading top to bottom:
 #
-# * **Grid.** `blockIdx.x` is the query tile, `blockIdx.y` the (batch, head). The block loads its
+# * **Grid.** One-dimensional: block `b` is query tile `b % tiles` of (batch, head) `b / tiles`,
+#   so a head's query tiles are neighbours (a 2-D grid would cap B·H at 65 535). The block loads its
 #   Q tile once and initialises `m`, `l`, `acc` in registers.
 # * **K/V loop.** `n_tiles` stops at the diagonal when causal. Two barriers bracket the copy of
 #   K and V into shared memory (`load_rows`, float4 loads, zeros past N).

@@ -15,22 +15,18 @@
 # %%
 %matplotlib inline
 import flashlab as fl
-from flashlab import diagrams as dg, peaks, plots, tiling
+from flashlab import diagrams as dg, plots, tiling
 from flashlab import notebook as nb
-nb.banner()
+nb.banner("04_wmma")
 
 # %%
 import math
 import numpy as np
 import pandas as pd
 
-latest = plots.latest_gpu(fl.results.load())  # the GPU the recorded figures show
-env = fl.environment() if fl.gpu_available() else fl.recorded(gpu=latest).iloc[-1]
-gpu, cc = env["gpu"], str(env["compute_capability"])
-sms = tiling.sm_count(gpu) or 132  # unknown name: assume an H100 / H200
-roof = peaks.load(gpu) or peaks.load()  # ceilings measured by `flashlab run` on this GPU
-print(f"{gpu}: compute capability {cc}, {sms} SMs; measured ceilings: "
-      + ", ".join(f"{k} = {v:.1f}" for k, v in roof.items()))
+the = nb.the_gpu()  # the one GPU this notebook's numbers come from (the banner names it)
+gpu, cc, sms, roof = the.name, the.cc, the.sms, the.roof  # roof: its own measured ceilings
+print(the)
 
 # %% [markdown]
 # ## 1 · Why tensor cores

@@ -33,7 +33,7 @@ import flashlab as fl
 from flashlab import fragments as fr
 from flashlab import notebook as nb
 from flashlab import plots, tiling
-nb.banner()
+nb.banner("05_mma")
 
 # %%
 here = nb.the_gpu()  # this GPU, or the one the recorded numbers come from
@@ -371,7 +371,7 @@ print(f"Unpadded, shared memory alone would cap stage 05 at {cap.iloc[0]:.0f} TF
 #   the table below.
 # * **MUFU**: one `ex2` per score; the special-function units do 16 per clock per SM.
 # * **global memory**: 2 · BC · D · 2 bytes of K and V. The 16 query tiles of a head run side by
-#   side (`blockIdx.x` is the query tile), so one of them brings a K/V tile from DRAM and the L2
+#   side (the query tile varies fastest in the block index), so one of them brings a K/V tile from DRAM and the L2
 #   serves the other 15: DRAM sees 1/16 of it.
 
 # %%
@@ -524,7 +524,7 @@ plots.roofline()
 # %% [markdown]
 # ## 12 · The profile: shared-memory traffic and the tensor pipe
 #
-# Two counters say whether the idea worked (`IDEA_METRIC` in `flashlab/plots.py`): **shared-memory
+# Two counters say whether the idea worked (the stage's `idea_metrics` in the registry, `flashlab/stages.py`): **shared-memory
 # wavefronts**, loads and stores, `ldmatrix` included — the model of section 7 predicts the
 # number exactly for a whole launch — and the **tensor pipe**'s activity.
 

@@ -26,7 +26,7 @@ import flashlab as fl
 from flashlab import fragments as fr
 from flashlab import notebook as nb
 from flashlab import plots
-nb.banner()
+nb.banner("06_swizzle")
 
 # %%
 print(nb.the_gpu())  # this GPU, or the one the recorded numbers come from
@@ -355,8 +355,8 @@ for s in ("05_mma", "06_swizzle"):
                                                     if ldsm.excessive == 0 else "."))
 
 # %% [markdown]
-# The same two counters as paired bars, stage 05 against stage 06 (`IDEA_METRIC` in
-# `flashlab/plots.py` names them as this stage's idea metrics):
+# The same two counters as paired bars, stage 05 against stage 06 (the stage's
+# `idea_metrics` in the registry, `flashlab/stages.py`, name them):
 
 # %%
 plots.idea_metrics(only=["06_swizzle"])

@@ -27,7 +27,7 @@ from flashlab import fragments as fr
 from flashlab import notebook as nb
 from flashlab import plots
 from flashlab.paths import KERNELS
-nb.banner()
+nb.banner("07_cp_async")
 
 # %%
 here = nb.the_gpu()  # this GPU, or the one the recorded numbers come from
@@ -315,7 +315,7 @@ plots.scaling()
 # ## 9 · Stall reasons: what the warps wait for now
 #
 # Nsight Compute samples what each warp is doing, and for a warp that cannot issue, why. The
-# three reasons this stage's idea targets (`IDEA_METRIC` in `flashlab/plots.py`), stage 06
+# three reasons this stage's idea targets (its `idea_metrics` in the registry, `flashlab/stages.py`), stage 06
 # against stage 07, in % of the time warps are active:
 
 # %%
@@ -331,7 +331,7 @@ WHY = {
     "not_selected": "warps are ready but another one issues: the scheduler is busy",
     "selected": "issuing: the scheduler is busy",
 }
-idea = plots.IDEA_METRIC["07_cp_async"]
+idea = list(fl.stage("07_cp_async").idea_metrics)
 with nb.unless_missing():
     prof = nb.profile("07_cp_async")
     stall_rows = prof.index[prof.index.str.startswith("stall_")]

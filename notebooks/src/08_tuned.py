@@ -11,7 +11,7 @@
 #
 # The notebook is a tuning log. For every change it states a **prediction** first — computed
 # below from the kernel's loop counts, the bank model of notebook 05 and the GPU's measured
-# ceilings — then the **measurement** from `data/tune08.csv` (written by `tools/tune08.py` on the
+# ceilings — then the **measurement** from `data/tune08.csv` (written by `flashlab tune` on the
 # GPU), then whether the change was **kept**. The last sections put the result against PyTorch's
 # FlashAttention-2 and cuDNN kernels over the FlashAttention sweep.
 #
@@ -27,22 +27,22 @@ from IPython.display import display
 
 import flashlab as fl
 from flashlab import notebook as nb
-from flashlab import plots, tiling, tuning
-nb.banner()
+from flashlab import autotune, picks, plots, tiling, tuning
+nb.banner("08_tuned")
 
 # %%
 here = nb.the_gpu()  # this GPU, or the one the recorded numbers come from
 gpu, cc, sms, roof = here
 print(here)
-tune = tuning.tool()  # tools/tune08.py: its candidates, switches and variant names
+tune = autotune  # the autotune: its candidates, switches and variant names
 log = None
 with nb.unless_missing():
-    log = tuning.recorded()  # the tuning log of the GPU tuned most recently
+    log = fl.tables.tune_log()  # the tuning log of this notebook's GPU
     print(f"tuning log: {len(log)} timed rows on {log['gpu'].iloc[0]}, commit "
           f"{log['commit'].iloc[0]}, {log['time'].max()}")
-pick = tuning.kernel_pick()  # per (D, causal): the shape that serves the longest sequences
+pick = picks.read()  # per (D, causal): the shape that serves the longest sequences
 print("kernels/08_tuned.cu's pick() now:")
-for (D, causal), segs in sorted(tuning.kernel_pick_by_n().items()):
+for (D, causal), segs in sorted(picks.read_by_n().items()):
     for below, c in segs:
         span = f"N < {below:5}" if below else "longer N " if len(segs) > 1 else "every N  "
         print(f"  D={D:3} {'causal    ' if causal else 'not causal'} {span}  {tuning.shape(c)}, "
@@ -67,14 +67,14 @@ nb.show_source("08_tuned", "Tiles")
 # %% [markdown]
 # The sixth argument, `OPTS`, is a bit mask of the five small changes (`enum Opts`). `pick()`
 # chooses one instantiation per head dim and mask, and per range of N where the tuner found a
-# shape that wins the short sequences; its body is written by `python tools/tune08.py --apply`
+# shape that wins the short sequences; its body is written by `flashlab tune --apply`
 # from the recorded log (the `// TUNED:` line marks it):
 
 # %%
 nb.show_source("08_tuned", "pick")
 
 # %% [markdown]
-# **How the tuner decides** (`tools/tune08.py`). For each head dim it times a short list of
+# **How the tuner decides** (`flashlab/autotune.py`). For each head dim it times a short list of
 # candidate shapes, the first of which is stage 07's, with every switch on. A candidate's
 # **score** for one head dim and mask is the geometric mean of its TFLOP/s over the sweep's
 # sequence lengths (B·N = 16k tokens, H·D = 2048), so no single N dominates. The best score
@@ -542,8 +542,8 @@ mix = None
 with nb.unless_missing():
     mix = tuning.address_mix({
         "07_cp_async": fl.stage("07_cp_async").source,
-        f"08, {tuning.shape(c64)}, all on": tuning.variant_source(64, c64[:-1] + (tune.ALL_OPTS,)),
-        "08, the same without LANE_OFFSETS": tuning.variant_source(
+        f"08, {tuning.shape(c64)}, all on": picks.variant_source(64, c64[:-1] + (tune.ALL_OPTS,)),
+        "08, the same without LANE_OFFSETS": picks.variant_source(
             64, c64[:-1] + (tune.ALL_OPTS & ~tune.SWITCHES["LANE_OFFSETS"],)),
     })
 mix
@@ -673,7 +673,7 @@ plots.scaling()
 # %%
 vs = None
 with nb.unless_missing():
-    vs = tuning.versus()
+    vs = fl.tables.versus(gpu=gpu)
     display(vs.round(2))
     ratio = vs["÷ sdpa_flash"]
     losses = ratio[ratio < 1]
@@ -707,7 +707,7 @@ with nb.unless_missing():
     best = tuning.per_n(log) if log is not None else None
     rec = fl.recorded("08_tuned")
     for (D, causal, n), r in losing.items():
-        c = next(c for below, c in tuning.kernel_pick_by_n()[(D, causal)] if not below or n < below)
+        c = next(c for below, c in picks.read_by_n()[(D, causal)] if not below or n < below)
         bc, warps, BR = c[0], c[1], 16 * c[2] * c[1]
         regs = pd.to_numeric(rec[rec["D"] == D]["registers"]).max()  # ptxas, as recorded
         per_sm = tiling.occupancy(int(regs) if regs == regs else 255,
@@ -742,7 +742,7 @@ plots.roofline()
 # ## 12 · The profile: did the shape change what it was meant to?
 #
 # Opening the shape (`WM = 2` above all) was meant to cut shared-memory traffic per FLOP and so
-# to keep the tensor pipe busier (`IDEA_METRIC` in `flashlab/plots.py`): Nsight Compute's
+# to keep the tensor pipe busier (its `idea_metrics` in the registry, `flashlab/stages.py`): Nsight Compute's
 # counters of both, stage 07 beside stage 08, at the teaching config.
 
 # %%
@@ -777,10 +777,10 @@ from flashlab import sass
 
 with nb.unless_missing():
     rows = []
-    for (D, causal), segs in sorted(tuning.kernel_pick_by_n().items()):
+    for (D, causal), segs in sorted(picks.read_by_n().items()):
         for below, c in segs:
             try:
-                lu = sass.load_use(fl.stage("08_tuned").source, tuning.kernel_name(D, c))
+                lu = sass.load_use(fl.stage("08_tuned").source, picks.kernel_name(D, c))
             except FileNotFoundError as err:
                 raise nb.NotRecorded(f"the machine code needs nvcc and cuobjdump: {err}")
             rows.append(dict(D=D, causal=causal, N=f"< {below}" if below else "rest",
@@ -792,16 +792,16 @@ with nb.unless_missing():
 
 # %% [markdown]
 # Nearly every load already has several `mma` between it and its first use: the compiler has
-# double-buffered the fragments on its own. The two or three loads per trip that have none are
-# the first of a phase: the first K and Q fragments of a tile, which cannot be loaded before the
+# double-buffered the fragments on its own. The few loads per trip that have none (the table's
+# last column) are the first of a phase: the first K and Q fragments of a tile, which cannot be loaded before the
 # barrier that makes the tile visible, and the first V fragment, which waits only on the softmax
 # (and has its dozens of instructions in between). Writing the double buffer by hand would add
 # `4·WM + 4` registers per lane to kernels that sit at 255 — section 3.4's spills — for loads
 # whose latency is already covered. Prediction: no gain; not timed.
 #
 # **Grid order for L2 reuse.** Every block of a head reads all of that head's K and V. Blocks
-# with neighbouring indices run at the same time, and `blockIdx.x` — the query tile — varies
-# fastest, so the blocks of one head run side by side and a head's K and V come from DRAM once,
+# with neighbouring indices run at the same time, and the query tile (`blockIdx.x % tiles`)
+# varies fastest, so the blocks of one head run side by side and a head's K and V come from DRAM once,
 # from L2 after that. The profile says how much DRAM traffic there is (teaching config):
 
 # %%
@@ -829,8 +829,8 @@ with nb.unless_missing():
 # and V, and no other block order can save DRAM traffic there. At the sweep's longest sequences
 # the blocks resident at once span a handful of heads, whose K and V together still fit in the
 # H100's 50 MB of L2 (the lines above). Prediction: no gain; not timed. (What order does buy is the **tail** of a
-# causal launch: since stage 07 a causal grid starts with its longest blocks,
-# `tile = gridDim.x − 1 − blockIdx.x`, so the short ones fill in at the end.)
+# causal launch: since stage 05 a causal grid starts with its longest blocks,
+# `tile = tiles − 1 − blockIdx.x % tiles`, so the short ones fill in at the end.)
 
 # %% [markdown]
 # ## 14 · What tuning did not do

@@ -1,0 +1,24 @@
+"""What the notebooks call: one line per step, live on a GPU and replayed from data/ without one.
+
+    from flashlab import notebook as nb
+    nb.banner("02_coalesced")         # live or replay, on which GPU, and why
+    nb.show_source("02_coalesced", "load_tile")   # a function of the .cu, highlighted
+    nb.show_diff("01_naive", "02_coalesced")      # what this stage changed
+    ev = nb.evaluate("02_coalesced")  # build + check + time + record (live) or the recorded rows
+    nb.compare()                      # every stage and baseline at the teaching config
+    with nb.unless_missing():         # a cell's measured part, or one line saying what to run
+        ...
+
+By concern: view (mode, the GPU shown, what is not recorded), code (sources and diffs), static
+(ptxas and SASS, no GPU), measured (checks, timings, profiles).
+"""
+from ..tables import NotRecorded
+from .code import excerpt, extract, show_diff, show_lines, show_source
+from .measured import Evaluation, compare, evaluate, profile, speedup, sweep_ratio
+from .static import blocks_per_sm, instructions, loop_bodies, opcode_changes, resources, sass_lines
+from .view import GPU, banner, not_recorded, the_gpu, unless_missing
+
+__all__ = ["GPU", "Evaluation", "NotRecorded", "banner", "blocks_per_sm", "compare", "evaluate",
+           "excerpt", "extract", "instructions", "loop_bodies", "not_recorded", "opcode_changes",
+           "profile", "resources", "sass_lines", "show_diff", "show_lines", "show_source",
+           "speedup", "sweep_ratio", "the_gpu", "unless_missing"]

@@ -1,0 +1,78 @@
+"""A stage's source in a notebook: a whole file, one definition, a few numbered lines, or the
+diff against the stage before (what the stage's one idea changed)."""
+import difflib
+import re
+
+from ..paths import KERNELS
+from ..stages import stage as _stage
+
+
+def _source_text(st):
+    return st.source.read_text()
+
+
+def extract(text: str, name: str) -> str:
+    """The definition of `name` (a function, kernel or struct) in C++ source text: from the line
+    that declares it to its closing brace at column 0, with its leading comments."""
+    lines = text.splitlines()
+    pat = re.compile(rf"\b{re.escape(name)}\s*\(|\bstruct\s+{re.escape(name)}\b")
+    for i, line in enumerate(lines):
+        if pat.search(line) and not line.lstrip().startswith(("//", "return", "auto")) \
+                and not line.rstrip().endswith(";"):
+            start = i
+            while start > 0 and (lines[start - 1].startswith(("//", "template", "__global__"))
+                                 or lines[start - 1].startswith("__device__")):
+                start -= 1
+            end = i
+            while end < len(lines) and not (lines[end].startswith("}")):
+                end += 1
+            return "\n".join(lines[start:end + 1])
+    raise ValueError(f"no definition of {name!r} found")
+
+
+def _code(text, language="cuda"):
+    from IPython.display import Code, display
+    display(Code(text, language=language))
+
+
+def _text(stage):
+    """A stage's .cu source, or a header in kernels/ named by its file name ("ptx.cuh")."""
+    if str(stage).endswith(".cuh"):
+        return (KERNELS / stage).read_text()
+    return _source_text(_stage(stage))
+
+
+def show_source(stage, name=None):
+    """Show a stage's .cu file (or a header of kernels/, e.g. "ptx.cuh"), or just the
+    definition of `name` in it."""
+    text = _text(stage)
+    _code(extract(text, name) if name else text)
+
+
+def excerpt(text: str, start: str, stop=None) -> str:
+    """The lines of `text` from the first that matches the regex `start` to the next that
+    matches `stop` (just that line without one), each with its line number."""
+    lines = text.splitlines()
+    first = next((i for i, ln in enumerate(lines) if re.search(start, ln)), None)
+    if first is None:
+        raise ValueError(f"no line matches {start!r}")
+    last = first if stop is None else next(
+        (i for i in range(first, len(lines)) if re.search(stop, lines[i])), len(lines) - 1)
+    return "\n".join(f"{i + 1:4}  {lines[i]}" for i in range(first, last + 1))
+
+
+def show_lines(stage, start, stop=None):
+    """Show a few numbered lines of a stage's source (see excerpt): the part a notebook is
+    talking about, where it is not a whole function."""
+    _code(excerpt(_text(stage), start, stop))
+
+
+def show_diff(old, new, context=3):
+    """A unified diff between two stages' .cu files: exactly what the newer stage changed."""
+    a, b = _stage(old), _stage(new)
+    diff = difflib.unified_diff(_source_text(a).splitlines(), _source_text(b).splitlines(),
+                                f"kernels/{a.slug}.cu", f"kernels/{b.slug}.cu", n=context,
+                                lineterm="")
+    _code("\n".join(diff), "diff")
+
+

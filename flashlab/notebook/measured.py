@@ -1,0 +1,142 @@
+"""Measured numbers in a notebook: evaluate() builds, checks, times and records a stage when the
+notebook runs live, and reads the same from data/ when it replays; compare(), speedup(),
+sweep_ratio() and profile() read the recorded tables. All of them show the notebook's GPU only
+(flashlab.notebook.view.gpu)."""
+import time
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .. import measure, tables
+from ..bench import teaching
+from ..stages import stage as _stage
+from ..stages import stages
+from ..tables import at_config
+from . import view
+from .view import _missing, not_recorded
+
+
+@dataclass
+class Evaluation:
+    """What evaluate() returns: the check cases and the timed rows, live or recorded."""
+    stage: str
+    live: bool
+    check: pd.DataFrame
+    rows: pd.DataFrame
+    build_s: float = float("nan")
+
+    @property
+    def passed(self) -> bool:
+        return bool(len(self.check)) and bool(self.check["passed"].all())
+
+    def timing(self, dtype="fp32", missing_ok=False):
+        """The row at the teaching config (the rows are one GPU's: the notebook's). Not
+        recorded: NotRecorded, or with missing_ok the message printed and None."""
+        r = at_config(self.rows, teaching(dtype)) if len(self.rows) else self.rows
+        if r.empty:
+            return _missing(not_recorded(self.stage, f" at the {dtype} teaching config"),
+                            missing_ok, None)
+        return r.iloc[-1]
+
+    def __str__(self):
+        if not (len(self.check) or len(self.rows)):
+            return str(not_recorded(self.stage))
+        mode = "measured now" if self.live else "recorded"
+        lines = [f"{self.stage} ({mode}): check {'PASSED' if self.passed else 'FAILED'} on "
+                 f"{len(self.check)} cases, max relative error {self.check['rel_err'].max():.2e}"]
+        if self.live and self.build_s == self.build_s:
+            lines.append(f"build (or load from cache): {self.build_s:.1f} s")
+        for _, r in self.rows.iterrows():
+            if r.get("status", "ok") != "ok":
+                lines.append(f"  B={r.B} H={r.H} N={r.N} D={r.D} {r['dtype']}: {r.status}")
+                continue
+            # r["dtype"]: r.dtype would be the row's own pandas dtype
+            lines.append(f"  B={r.B} H={r.H} N={r.N} D={r.D} {r['dtype']}{' causal' if r.causal else ''}: "
+                         f"{r.median_ms:.3f} ms (p20 {r.p20_ms:.3f}, p80 {r.p80_ms:.3f}), "
+                         f"{r.tflops:.2f} TFLOP/s, rel err {r.rel_err:.1e}, on {r.gpu}")
+        return "\n".join(lines)
+
+    _repr_pretty_ = lambda self, p, cycle: p.text(str(self))  # noqa: E731
+
+
+def evaluate(stage, configs=None) -> Evaluation:
+    """Live (see flashlab.tables.live): build, check, time at the standard configs (or
+    `configs`) and record. Replay: the same information as recorded on the notebook's GPU."""
+    st = _stage(stage)
+    if tables.live(st):
+        t0 = time.perf_counter()
+        attn = st.build()
+        build_s = time.perf_counter() - t0
+        chk, rows = measure.measure_stage(st, configs, log=lambda msg: None, attn=attn)
+        # Hand back the rows as the table now holds them (with the columns that only the
+        # table computes, such as % of SDPA), so live and replay give notebooks the same data.
+        table = tables.recorded(st, gpu=tables.gpu_shown(st))
+        if len(rows):
+            keys = ["dtype", "B", "H", "N", "D", "causal"]
+            rows = table.merge(rows[keys].astype(table[keys].dtypes.to_dict()), on=keys)
+        return Evaluation(st.slug, True, pd.DataFrame(chk.rows()), rows, build_s)
+    # Nothing recorded yet: an empty Evaluation, which prints what to run.
+    gpu = view.gpu()
+    return Evaluation(st.slug, False, tables.recorded_checks(st, gpu), tables.recorded(st, gpu))
+
+
+def compare(dtype="fp32", names=None) -> pd.DataFrame:
+    """Every stage and baseline at the teaching config on the notebook's GPU, slowest first."""
+    df = tables.ok(at_config(tables.recorded(gpu=view.gpu()), teaching(dtype)))
+    if names is not None:
+        df = df[df["stage"].isin(names)]
+    cols = ["stage", "kind", "median_ms", "tflops", "pct_sdpa_best", "rel_err", "registers",
+            "spill_bytes", "gpu"]
+    return df.sort_values("median_ms", ascending=False)[cols].reset_index(drop=True)
+
+
+def sweep_ratio(new, old, dtype="fp16") -> pd.DataFrame:
+    """new's TFLOP/s over old's at every recorded point of the FlashAttention sweep on the
+    notebook's GPU: rows (D, causal), columns N."""
+    return tables.sweep_ratio(new, old, dtype, gpu=view.gpu())
+
+
+def speedup(slower, faster, dtype="fp32", faster_dtype=None, missing_ok=False) -> float:
+    """How many times faster `faster` ran than `slower` at the teaching config (recorded), each
+    in `dtype`, or `faster` in `faster_dtype` (fp32 stage 03 against an fp16 stage, say). Not
+    recorded: NotRecorded, or with missing_ok the message printed and NaN."""
+    times = []
+    for name, d in ((slower, dtype), (faster, faster_dtype or dtype)):
+        t = compare(d).set_index("stage")["median_ms"]
+        if name not in t:
+            return _missing(not_recorded(name, f" at the {d} teaching config"), missing_ok,
+                            float("nan"))
+        times.append(t[name])
+    return float(times[0] / times[1])
+
+
+def profile(stage, config=None, missing_ok=False) -> pd.DataFrame:
+    """Nsight Compute metrics of `stage` at the teaching config, beside its predecessor's:
+    profiled now when the notebook runs live and ncu is here (and recorded), else as recorded
+    on the notebook's GPU."""
+    from .. import profile as prof
+    st = _stage(stage)
+    cfg = config or teaching(st.dtypes[0])
+    ok, why = prof.available()
+    if ok and view.live():
+        prof.profile(st, cfg)
+    else:
+        print(f"(replay: {why or 'this stage does not run here'}; the metrics below were "
+              f"recorded by `flashlab run --profile`)")
+    recorded = tables.profile_rows(view.gpu())
+    recorded = tables.PROFILE.load().iloc[:0] if recorded is None else recorded
+    # Each stage at its own teaching config: fp32 stage 03 sits beside fp16 stage 04.
+    found = {}
+    for s in stages():
+        if s.number > st.number:
+            break
+        t = tables.profile_wide(recorded, cfg if s.slug == st.slug else teaching(s.dtypes[0]))
+        if s.slug in t.index:
+            found[s.slug] = t.loc[[s.slug]]
+    rows = list(found)[-2:]
+    if st.slug not in rows:  # with missing_ok, the predecessor alone
+        rows = _missing(not_recorded(st, f" profile at {cfg.label}", " --profile"), missing_ok,
+                        rows[-1:])
+    if not rows:
+        return pd.DataFrame()
+    return pd.concat([found[r] for r in rows]).T

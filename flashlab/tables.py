@@ -1,0 +1,431 @@
+"""Every table flashlab records in data/, and the questions everyone asks of them. No other module
+opens these files or filters their rows by hand.
+
+  results.csv   a row per (stage or baseline, config, dtype, causal, GPU): times, TFLOP/s, error
+  checks.csv    every correctness case of every stage's last check
+  peaks.csv     the GPU's measured ceilings (matmul TFLOP/s, copy TB/s)
+  profile.csv   Nsight Compute metrics (raw ncu output beside it, in profiles/)
+  sass.csv      each stage's static SASS instruction mix
+  tune08.csv    stage 08's tuning log
+
+Each is a Table: its file, key and column types, a loader that gives the same types every time,
+and an upsert that holds a file lock and replaces the file by an atomic rename, so a killed run or
+two notebooks writing at once never corrupt or lose it.
+
+The results table's columns stage, dtype, B, H, N, D, causal, median_ms, tflops, rel_err, gpu are
+a contract outside tools may read (RESULTS.contract).
+
+Which GPU's numbers are shown is decided in one place, gpu_shown(): every number one view (a
+notebook, a figure, a table, the README) shows comes from that one GPU, and the view says which.
+"""
+import os
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+from filelock import FileLock
+
+from . import paths
+from .bench import SWEEP, Config, sweep, teaching
+from .env import environment, gpu_available
+from .profile_schema import COLUMNS as PROFILE_COLUMNS
+from .profile_schema import KEY as PROFILE_KEY
+
+SOFTWARE = ["compute_capability", "torch", "cuda", "commit", "time"]  # beside every recorded row
+CONFIG = ["dtype", "B", "H", "N", "D", "causal"]
+
+
+class NotRecorded(LookupError):
+    """Numbers a view asks for are not in data/ yet: the message says what records them."""
+
+
+def _flag(col):
+    return col.map(lambda x: str(x).strip().lower() in ("true", "1", "1.0"))
+
+
+class Table:
+    """One CSV file of data/: its key, its columns and their types, load and upsert."""
+
+    def __init__(self, name, key, columns, ints=(), floats=(), bools=(), contract=(), sort=None,
+                 derive=None):
+        self.name, self.key, self.columns = name, list(key), list(columns)
+        self.ints, self.floats, self.bools = list(ints), list(floats), list(bools)
+        self.contract = list(contract)
+        self.sort, self.derive = sort, derive
+        typed = set(self.ints) | set(self.floats) | set(self.bools)
+        # Read as text: "12.10" must not become 12.1, nor an all-digit commit hash a number.
+        self.text = [c for c in self.columns if c not in typed]
+
+    def __repr__(self):
+        return f"<flashlab table {self.name}: key {', '.join(self.key)}>"
+
+    def path(self) -> Path:
+        return paths.data_dir() / self.name
+
+    def normalise(self, df: pd.DataFrame) -> pd.DataFrame:
+        """The table's columns first, in order, each with its type; any others kept after them."""
+        df = df.copy()
+        for col in self.columns:
+            if col not in df:
+                df[col] = pd.NA
+        for col in self.ints:
+            df[col] = pd.to_numeric(df[col]).astype("int64")
+        for col in self.floats:
+            df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+        for col in self.bools:
+            df[col] = _flag(df[col]).astype(bool)
+        for col in self.key:
+            if col in self.text:
+                df[col] = df[col].astype(str)
+        return df[self.columns + [c for c in df.columns if c not in self.columns]]
+
+    def load(self, p=None) -> pd.DataFrame:
+        """The table (empty, with its columns, where nothing is recorded yet)."""
+        p = Path(p) if p is not None else self.path()
+        if not p.exists() or p.stat().st_size == 0:
+            return self.normalise(pd.DataFrame(columns=self.columns))
+        return self.normalise(pd.read_csv(p, dtype={c: str for c in self.text}))
+
+    @contextmanager
+    def locked(self, p=None):
+        """Hold the table's lock; yields its path."""
+        p = Path(p) if p is not None else self.path()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(p) + ".lock", timeout=120):
+            yield p
+
+    def upsert(self, rows, p=None, replace=None) -> pd.DataFrame:
+        """Insert rows, replacing any with the same key; returns the whole new table.
+
+        replace: {column: value or list of values}; old rows matching all of them are dropped
+        first, for a writer that re-records a whole slice (rows it no longer produces must not
+        linger)."""
+        new = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+        with self.locked(p) as p:
+            old = self.load(p)
+            if new.empty and not replace:
+                return old
+            if replace and len(old):
+                hit = pd.Series(True, index=old.index)
+                for col, val in replace.items():
+                    vals = val if isinstance(val, (list, tuple, set)) else [val]
+                    hit &= old[col].astype(str).isin([str(v) for v in vals])
+                old = old[~hit]
+            parts = [df for df in (old, self.normalise(new) if len(new) else None)
+                     if df is not None and len(df)]
+            table = pd.concat(parts, ignore_index=True) if parts else old
+            table = table.drop_duplicates(self.key, keep="last", ignore_index=True)
+            if self.derive is not None:
+                table = self.derive(table)
+            if self.sort:
+                table = table.sort_values(self.sort, kind="stable", ignore_index=True)
+            _atomic_write(table, p)
+            return table
+
+
+def _atomic_write(df: pd.DataFrame, p: Path):
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            df.to_csv(f, index=False, float_format="%.6g")
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the tables are meant to be shared
+        os.replace(tmp, p)  # atomic: readers see the old table or the new one, never half of one
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+# --- the tables ----------------------------------------------------------------------------------
+
+def _with_percentages(df: pd.DataFrame) -> pd.DataFrame:
+    """pct_sdpa_flash and pct_sdpa_best: a row's TFLOP/s against SDPA's at the same key."""
+    cfg = [k for k in RESULTS.key if k != "stage"]
+    good = ok(df)
+    sdpa = good[good["stage"].str.startswith("sdpa_")]
+    flash = sdpa[sdpa["stage"] == "sdpa_flash"].set_index(cfg)["tflops"]
+    best = sdpa.groupby(cfg)["tflops"].max()
+    idx = pd.MultiIndex.from_frame(df[cfg])
+    rate = pd.to_numeric(df["tflops"], errors="coerce").to_numpy(dtype=float)
+    for col, ref in (("pct_sdpa_flash", flash), ("pct_sdpa_best", best)):
+        ref = pd.to_numeric(ref.reindex(idx), errors="coerce").to_numpy(dtype=float)
+        df[col] = 100 * rate / ref
+    return df
+
+
+_CONTRACT = ["stage", "dtype", "B", "H", "N", "D", "causal", "median_ms", "tflops", "rel_err", "gpu"]
+RESULTS = Table(
+    "results.csv", key=["stage", "dtype", "B", "H", "N", "D", "causal", "gpu"],
+    columns=_CONTRACT + [
+        "kind",                # "stage" or "baseline"
+        "status",              # "ok", "failed check", "error", "unsupported"
+        "p20_ms", "p80_ms", "tflops_p20", "tflops_p80",
+        "pct_sdpa_flash",      # 100 * tflops / sdpa_flash's at the same key (same dtype)
+        "pct_sdpa_best",       # 100 * tflops / the fastest SDPA backend at the same key
+        "runs", "timer",
+        "warmup_runs",         # calls before timing began (flashlab.bench.time_fn)
+        "retimes",             # timings discarded because they disagreed (see bench.time_fn)
+        "registers", "smem_static_bytes", "spill_bytes",   # ptxas: the kernel that runs there
+        *SOFTWARE, "note"],
+    ints=["B", "H", "N", "D"], bools=["causal"], contract=_CONTRACT,
+    floats=["median_ms", "tflops", "rel_err", "p20_ms", "p80_ms", "tflops_p20", "tflops_p80",
+            "pct_sdpa_flash", "pct_sdpa_best", "runs", "warmup_runs", "retimes", "registers",
+            "smem_static_bytes", "spill_bytes"],
+    sort=["gpu", "dtype", "D", "causal", "N", "B", "H", "stage"], derive=_with_percentages)
+CHECKS = Table(
+    "checks.csv", key=["stage", "dtype", "B", "H", "N", "D", "causal", "gpu"],
+    columns=["stage", "B", "H", "N", "D", "causal", "dtype", "rel_err", "tol", "passed", "gpu",
+             *SOFTWARE],
+    ints=["B", "H", "N", "D"], floats=["rel_err", "tol"], bools=["causal", "passed"])
+PEAKS = Table("peaks.csv", key=["gpu", "metric"],
+              columns=["metric", "value", "unit", "gpu", *SOFTWARE], floats=["value"])
+PROFILE = Table("profile.csv", key=PROFILE_KEY, columns=PROFILE_COLUMNS,
+                ints=["B", "H", "N", "D"], floats=["value"], bools=["causal"])
+SASS = Table("sass.csv", key=["stage", "arch", "kernel", "category"],
+             columns=["stage", "arch", "kernel", "category", "count", "source_hash", "nvcc",
+                      "cuobjdump", "commit"], ints=["count"])
+TUNE_FIELDS = ("BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS")  # a stage 08 candidate
+TUNE08 = Table(
+    "tune08.csv", key=["gpu", "D", "causal", "variant", *TUNE_FIELDS, "N"],
+    columns=[*TUNE_FIELDS, "D", "causal", "N", "B", "H", "variant", "tflops", "check_passed",
+             "gpu", *SOFTWARE, "score", "chosen"],
+    ints=[*TUNE_FIELDS, "D", "N", "B", "H"], floats=["tflops", "score"],
+    bools=["causal", "check_passed", "chosen"])
+ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08)
+
+results = RESULTS  # `fl.results.load()`: the shared results table
+
+
+def profile_raw_path(slug, cfg, gpu) -> Path:
+    """Where ncu's raw CSV for one profiled launch is kept (data/profiles/<gpu>/...)."""
+    import re
+    label = f"{slug}_{cfg.dtype}_B{cfg.B}_H{cfg.H}_N{cfg.N}_D{cfg.D}" + ("_causal" if cfg.causal else "")
+    return paths.data_dir() / "profiles" / re.sub(r"\W+", "-", gpu) / f"{label}.csv"
+
+
+def profile_source_path(slug, cfg, gpu) -> Path:
+    """Where ncu's per-instruction source view of one launch is kept, beside its raw metrics."""
+    raw = profile_raw_path(slug, cfg, gpu)
+    return raw.with_name(raw.stem + "_source.csv")
+
+
+# --- which rows ------------------------------------------------------------------------------------
+
+def ok(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that ran (status ok; tables without a status column pass whole)."""
+    if "status" not in df:
+        return df
+    return df[df["status"].fillna("ok") == "ok"]
+
+
+def at_config(df: pd.DataFrame, cfg: Config) -> pd.DataFrame:
+    """The rows of df measured at config cfg."""
+    return df[(df["B"] == cfg.B) & (df["H"] == cfg.H) & (df["N"] == cfg.N) & (df["D"] == cfg.D)
+              & (df["causal"].astype(bool) == cfg.causal) & (df["dtype"] == cfg.dtype)]
+
+
+def on_gpu(df: pd.DataFrame, gpu) -> pd.DataFrame:
+    return df[df["gpu"] == gpu]
+
+
+def live(stage=None) -> bool:
+    """Whether a view runs live here: a GPU is present and, for one stage's view, this GPU and
+    toolkit can build and run that stage (its registry entry says what it needs)."""
+    if stage is None:
+        return gpu_available()
+    from .stages import stage as _stage
+    return _stage(stage).unavailable() is None
+
+
+def gpu_shown(stage=None, df=None):
+    """The one GPU whose numbers a view shows — every notebook, figure and table asks here:
+
+    1. this GPU, when the view runs live (see live());
+    2. else the GPU named by the environment variable FLASHLAB_GPU, when set;
+    3. else the GPU that recorded most recently (for one stage's view: that recorded the stage).
+
+    None while nothing is recorded. df: the results rows to choose from (default: results.csv)."""
+    if live(stage):
+        return environment()["gpu"]
+    if os.environ.get("FLASHLAB_GPU"):
+        return os.environ["FLASHLAB_GPU"]
+    rows = ok(RESULTS.load() if df is None else df)
+    if stage is not None:
+        mine = rows[rows["stage"] == getattr(stage, "slug", stage)]
+        rows = mine if len(mine) else rows
+    return rows.sort_values("time")["gpu"].iloc[-1] if len(rows) else None
+
+
+def recorded(name=None, gpu=None, table=RESULTS) -> pd.DataFrame:
+    """Recorded rows of `table` (default results.csv): all, or one stage's / baseline's, and of
+    one GPU if given."""
+    df = table.load()
+    if name is not None:
+        df = df[df["stage"] == getattr(name, "slug", name)]
+    if gpu is not None:
+        df = on_gpu(df, gpu)
+    return df.reset_index(drop=True)
+
+
+def recorded_checks(name=None, gpu=None) -> pd.DataFrame:
+    """The recorded correctness cases (all, or one stage's, of one GPU if given)."""
+    return recorded(name, gpu, CHECKS)
+
+
+TEACHING_DTYPES = ("fp32", "fp16", "bf16")
+
+
+def teaching_rows(df, gpu) -> pd.DataFrame:
+    """Every row of `gpu` at the teaching config, in each dtype (whatever its status)."""
+    df = on_gpu(df, gpu)
+    return pd.concat([at_config(df, teaching(d)) for d in TEACHING_DTYPES])
+
+
+def stage_at_teaching(df, st) -> pd.DataFrame:
+    """A stage's rows at the teaching config, in the first of its dtypes that has any (stages
+    01-03 are fp32 only, the tensor-core stages fp16 and bf16)."""
+    mine = df[df["stage"] == st.slug]
+    for d in st.dtypes:
+        here = at_config(mine, teaching(d))
+        if len(here):
+            return here
+    return mine.iloc[:0]
+
+
+def is_sweep(df) -> pd.Series:
+    """Which rows belong to the FlashAttention sweep (B·N = 16k tokens, H·D = 2048)."""
+    return (df["B"] * df["N"] == SWEEP.tokens) & (df["H"] * df["D"] == SWEEP.width)
+
+
+def sweep_rows(df, gpu, dtype="fp16") -> pd.DataFrame:
+    """The sweep's rows of `gpu` in `dtype` that ran."""
+    df = ok(on_gpu(df, gpu))
+    return df[(df["dtype"] == dtype) & is_sweep(df)]
+
+
+def versus(df=None, stage="08_tuned", others=("sdpa_flash", "sdpa_cudnn"), gpu=None,
+           dtype="fp16") -> pd.DataFrame:
+    """`stage` against `others` over the sweep: TFLOP/s of each and the stage's ratio to each
+    ("÷ other"), rows (D, causal, N); others not recorded are left out. NotRecorded if the
+    stage has no sweep rows on the GPU shown."""
+    df = RESULTS.load() if df is None else df
+    gpu = gpu or gpu_shown(df=df)
+    wide = sweep_rows(df, gpu, dtype).pivot_table(index=["D", "causal", "N"], columns="stage",
+                                                  values="tflops")
+    if stage not in wide:
+        raise not_recorded(stage, f" over the {dtype} FlashAttention sweep", gpu=gpu)
+    out = wide[[stage, *[o for o in others if o in wide]]].copy()
+    for o in others:
+        if o in wide:
+            out[f"÷ {o}"] = wide[stage] / wide[o]
+    return out
+
+
+def sweep_ratio(new, old, dtype="fp16", df=None, gpu=None) -> pd.DataFrame:
+    """new's TFLOP/s over old's at every point of the sweep: rows (D, causal), columns N."""
+    vs = versus(df, new, (old,), gpu, dtype)
+    if f"÷ {old}" not in vs:
+        raise not_recorded(old, f" over the {dtype} FlashAttention sweep", gpu=gpu)
+    return vs[f"÷ {old}"].unstack("N")
+
+
+def peak_rows(gpu=None) -> pd.DataFrame:
+    """The measured ceilings of `gpu` (default: the GPU shown): metric, value, unit and the
+    software they were measured with. Empty where that GPU has none: never another GPU's."""
+    gpu = gpu or gpu_shown()
+    return on_gpu(PEAKS.load(), gpu).reset_index(drop=True)
+
+
+def peaks(gpu=None) -> dict:
+    """{metric: value} of peak_rows(gpu); {} if none recorded."""
+    rows = peak_rows(gpu)
+    return dict(zip(rows["metric"], rows["value"]))
+
+
+def profile_rows(gpu=None, df=None):
+    """The Nsight Compute rows of `gpu` (default: the GPU shown), or None if it has none.
+    df: profile rows to use instead of profile.csv (a synthetic table, say)."""
+    gpu = gpu or gpu_shown()
+    prof = PROFILE.load() if df is None else PROFILE.normalise(df)
+    prof = on_gpu(prof, gpu)
+    return prof if len(prof) else None
+
+
+def tune_log(gpu=None) -> pd.DataFrame:
+    """Stage 08's tuning log on `gpu` (default: the GPU shown); NotRecorded if it has none."""
+    from .stages import stages
+    gpu = gpu or gpu_shown(next(st for st in stages() if st.picks))
+    df = TUNE08.load()
+    if df.empty:
+        raise NotRecorded(f"stage 08's tuning log: not recorded yet ({TUNE08.name} does not "
+                          "exist): run `flashlab tune` on a GPU, then `flashlab tune --apply`")
+    mine = on_gpu(df, gpu)
+    if mine.empty:
+        raise NotRecorded(f"stage 08's tuning log: nothing recorded on {gpu}: run `flashlab tune` "
+                          "there")
+    return mine.reset_index(drop=True)
+
+
+def run_command(name, flags="") -> str:
+    """The command that records `name`: `flashlab run --stage 05` for a stage, `flashlab run`
+    for a baseline (it times them all)."""
+    from .stages import stage as _stage
+    try:
+        return f"flashlab run --stage {_stage(name).number:02d}{flags}"
+    except ValueError:
+        return f"flashlab run{flags}"
+
+
+def not_recorded(name, what="", flags="", gpu=None) -> NotRecorded:
+    """The error for numbers not recorded yet: "05_mma: not recorded yet on <gpu>: run
+    `flashlab run --stage 05`"."""
+    slug = getattr(name, "slug", name)
+    gpu = gpu or gpu_shown(name if _is_stage(name) else None) or "any GPU"
+    return NotRecorded(f"{slug}{what}: not recorded yet on {gpu}: run `{run_command(name, flags)}`")
+
+
+def _is_stage(name):
+    from .stages import stage as _stage
+    try:
+        _stage(name)
+        return True
+    except ValueError:
+        return False
+
+
+def provenance(df=None, gpu=None) -> str:
+    """Where the rows of `gpu` (default: the GPU shown) come from: "NVIDIA H100 ... (compute
+    capability 9.0), torch ..., CUDA ..., commit ..., <time>" (of its newest row)."""
+    df = RESULTS.load() if df is None else df
+    gpu = gpu or gpu_shown(df=df)
+    rows = on_gpu(df, gpu).sort_values("time")
+    if gpu is None or rows.empty:
+        return "nothing recorded yet"
+    last = rows.iloc[-1]
+    return (f"{gpu} (compute capability {last.compute_capability}), torch {last.torch}, "
+            f"CUDA {last.cuda}, commit {last.commit}, {last.time}")
+
+
+def profile_wide(df=None, config=None) -> pd.DataFrame:
+    """Profile rows at `config` (default: the fp32 teaching config) as a stages x metrics table."""
+    df = PROFILE.load() if df is None else df
+    df = at_config(df, config or teaching())
+    return df.pivot_table(index="stage", columns="metric", values="value", aggfunc="last")
+
+
+def profile_by_stage(prof) -> pd.DataFrame:
+    """Each stage's profile at the teaching config in its own dtype (stage_at_teaching), as a
+    stages x metrics table in stage order; empty for None."""
+    from .stages import stages
+    if prof is None:
+        return pd.DataFrame()
+    rows = {}
+    for st in stages():
+        here = stage_at_teaching(prof, st).sort_values("time").drop_duplicates("metric", keep="last")
+        if len(here):
+            rows[st.slug] = here.set_index("metric")["value"]
+    return pd.DataFrame(rows).T

@@ -1,0 +1,123 @@
+"""The package's layers, read from the source with ast (imports inside functions count too):
+
+  core     inputs, reference, build, the stage registry, check, bench, the recorded tables —
+           imports nothing above it
+  tools    runner, profile, ptxas, sass, plots, report, readme, cli, the autotune, ... — on the core
+  lessons  the notebooks' helpers and their per-notebook diagrams and models — on top
+
+No module imports a layer above its own, and no chain of imports comes back to where it began.
+A new module must be given a layer here.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+from flashlab import paths
+
+PACKAGE = paths.ROOT / "flashlab"
+LAYERS = {
+    "core": ["paths", "env", "inputs", "reference", "build", "stages", "check", "bench",
+             "baselines", "profile_schema", "tables"],
+    "tools": ["__main__", "ptxas", "sass", "picks", "measure", "peaks", "profile",
+              "profile_target", "worker", "runner", "plots", "report", "readme", "cli",
+              "autotune"],
+    "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning"],
+}
+RANK = {name: i for i, name in enumerate(LAYERS)}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict:
+    """{dotted module name: its file} for every module of the package."""
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(importer: str, is_package: bool, node) -> list:
+    """The flashlab modules one import statement names."""
+    known = modules()
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name.split(".")[0] == "flashlab"]
+    base = importer.split(".") if is_package else importer.split(".")[:-1]
+    if node.level:
+        base = base[:len(base) - (node.level - 1)]
+        mod = ".".join(base + ([node.module] if node.module else []))
+    else:
+        mod = node.module or ""
+    if mod.split(".")[0] != "flashlab":
+        return []
+    found = [f"{mod}.{a.name}" for a in node.names if f"{mod}.{a.name}" in known]
+    if len(found) < len(node.names):  # a name imported from a module, not a submodule
+        found.append(mod)
+    return found
+
+
+def edges() -> dict:
+    """{module: the flashlab modules it imports}, a package's own __init__ standing for it."""
+    out = {}
+    for name, path in modules().items():
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(), str(path))
+        targets = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                targets.update(_resolve(name, is_package, node))
+        out[name] = targets - {name}
+    return out
+
+
+def layer(module: str) -> str:
+    parts = module.split(".")
+    if module == "flashlab":
+        return "tools"  # the package's facade: `import flashlab as fl`
+    for name, members in LAYERS.items():
+        if parts[1] in members:
+            return name
+    raise KeyError(module)
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in modules() if m != "flashlab" and m.split(".")[1] not in
+               {x for members in LAYERS.values() for x in members}]
+    assert not missing, f"give these modules a layer in tests/test_layers.py: {missing}"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    bad = [f"{m} ({layer(m)}) imports {t} ({layer(t)})" for m, targets in edges().items()
+           for t in sorted(targets) if RANK[layer(t)] > RANK[layer(m)]]
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph = edges()
+    for start in graph:  # a path back to start through the import graph is a cycle
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph.get(node, ()):
+                if nxt == start:
+                    pytest.fail("import cycle: " + " -> ".join(path + [start]))
+                if nxt not in seen and nxt in graph:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+
+
+def test_the_rule_would_catch_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
+    """The checks above can fail: on a toy package with both faults, they do."""
+    pkg = tmp_path / "flashlab"
+    (pkg / "notebook").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "tables.py").write_text("def f():\n    from .plots import g\n")  # core -> tools
+    (pkg / "plots.py").write_text("from . import tables\n")
+    (pkg / "notebook" / "__init__.py").write_text("from .view import x\n")
+    (pkg / "notebook" / "view.py").write_text("from .. import plots\nx = 1\n")
+    monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg)
+    with pytest.raises(AssertionError, match="tables .core. imports flashlab.plots .tools."):
+        test_no_module_imports_a_layer_above_its_own()
+    with pytest.raises(pytest.fail.Exception, match="import cycle"):
+        test_no_import_cycles()

@@ -1,0 +1,151 @@
+"""Which GPU's numbers a view shows, and whether it runs live: one rule (flashlab.tables.gpu_shown,
+tables.live), checked on a small synthetic data/ with two GPUs, CPU only.
+
+GPU A recorded everything (stages 01 and 03, peaks, checks); GPU B recorded later, stage 01 only,
+and no ceilings. Nothing a view shows may mix them.
+"""
+import pandas as pd
+import pytest
+import torch
+
+import flashlab as fl
+from flashlab import build, cli, plots, readme, runner, tables
+from flashlab import notebook as nb
+
+A, B = "GPU A", "GPU B"
+
+
+def result(stage, gpu, ms, time, dtype="fp32", **kw):
+    cfg = fl.teaching(dtype)
+    return dict(stage=stage, kind="baseline" if stage.startswith("sdpa") else "stage",
+                dtype=dtype, B=cfg.B, H=cfg.H, N=cfg.N, D=cfg.D, causal=False, gpu=gpu,
+                status="ok", median_ms=ms, tflops=cfg.flops / ms / 1e9, rel_err=1e-7,
+                p20_ms=ms, p80_ms=ms, compute_capability="9.0" if gpu == A else "8.0",
+                torch="2.11", cuda="13.0", commit="abc", time=time, **kw)
+
+
+@pytest.fixture
+def two_gpus(empty_data_dir, monkeypatch):
+    monkeypatch.delenv("FLASHLAB_GPU", raising=False)
+    tables.RESULTS.upsert([
+        result("01_naive", A, 97.0, "2026-01-01T00:00:00Z"),
+        result("03_coarsened", A, 0.56, "2026-01-01T00:00:01Z"),
+        result("sdpa_efficient", A, 0.54, "2026-01-01T00:00:02Z"),
+        result("01_naive", B, 167.0, "2026-02-01T00:00:00Z"),
+    ])
+    tables.PEAKS.upsert([dict(metric="matmul_fp32_tflops", value=51.0, unit="TFLOP/s", gpu=A,
+                              compute_capability="9.0", torch="2.11", cuda="13.0", commit="abc",
+                              time="2026-01-01T00:00:00Z")])
+    tables.CHECKS.upsert([dict(stage="01_naive", B=1, H=1, N=17, D=64, causal=False, dtype="fp32",
+                               rel_err=1e-7, tol=1e-4, passed=True, gpu=g, time="t")
+                          for g in (A, B)])
+    nb.banner(None)  # no notebook stage set by an earlier test
+    return empty_data_dir
+
+
+def test_the_gpu_shown_follows_one_rule(two_gpus, monkeypatch):
+    assert tables.gpu_shown() == B                   # recorded most recently
+    assert tables.gpu_shown("01_naive") == B
+    assert tables.gpu_shown("03_coarsened") == A     # B never recorded stage 03
+    monkeypatch.setenv("FLASHLAB_GPU", A)
+    assert tables.gpu_shown() == tables.gpu_shown("01_naive") == A
+
+
+def test_no_ceiling_of_another_gpu(two_gpus):
+    """Notebook 03 divided an H200 time by the H100's ceiling: a GPU without recorded
+    ceilings has none, it does not borrow the latest GPU's."""
+    assert tables.peaks(B) == {} and tables.peaks() == {}
+    assert tables.peaks(A) == {"matmul_fp32_tflops": 51.0}
+    nb.banner("01_naive")
+    assert nb.the_gpu().name == B and nb.the_gpu().roof == {}
+    nb.banner("03_coarsened")
+    assert nb.the_gpu() == (A, "9.0", 132, {"matmul_fp32_tflops": 51.0})
+
+
+def test_a_notebook_shows_one_gpu(two_gpus, capsys):
+    """Notebook 01 printed a time measured on one GPU under a banner naming another."""
+    nb.banner("01_naive")
+    assert f"measured on {B}" in capsys.readouterr().out
+    ev = nb.evaluate("01_naive")
+    assert not ev.live and set(ev.rows["gpu"]) == {B} and set(ev.check["gpu"]) == {B}
+    assert ev.timing()["median_ms"] == 167.0
+    assert set(nb.compare()["gpu"]) == {B}
+    with pytest.raises(nb.NotRecorded, match=f"03_coarsened.*not recorded yet on {B}"):
+        nb.speedup("01_naive", "03_coarsened")
+    nb.banner("03_coarsened")
+    assert f"measured on {A}" in capsys.readouterr().out
+    assert set(nb.compare()["gpu"]) == {A}
+    assert nb.speedup("01_naive", "03_coarsened") == pytest.approx(97.0 / 0.56)
+
+
+def test_figures_and_tables_show_one_gpu(two_gpus, monkeypatch):
+    monkeypatch.setenv("FLASHLAB_GPU", A)
+    fig = plots.ladder()
+    assert A in fig.axes[0].get_title()
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert any("03" in t for t in labels)
+    text = runner.table()
+    assert text.splitlines()[0] == A and B not in text
+    md = readme.stage_table()
+    assert f"**{A}**" in md and B not in md
+
+
+# --- live or replay, per stage ----------------------------------------------------------------------
+
+@pytest.fixture
+def a_t4(monkeypatch):
+    """A GPU of compute capability 7.5 (a T4), with nvcc."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(build, "nvcc", lambda: "/usr/local/cuda/bin/nvcc")
+
+
+def test_a_stage_the_gpu_cannot_run_replays_and_says_why(two_gpus, a_t4, monkeypatch, capsys):
+    mma = fl.stage("05_mma")
+    why = mma.unavailable()
+    assert why == "05_mma needs compute capability 8.0 or newer; this GPU is 7.5"
+    assert tables.live(None) and not tables.live(mma)
+    monkeypatch.setattr(type(mma), "build", lambda self, verbose=False: pytest.fail("built"))
+    nb.banner("05_mma")
+    out = capsys.readouterr().out
+    assert out.startswith(f"REPLAY ({why})")
+    assert not nb.evaluate("05_mma").live
+    naive = fl.stage("01_naive")
+    assert naive.unavailable() is None and tables.live(naive)
+    nb.banner("01_naive")
+    assert capsys.readouterr().out.startswith("LIVE on Tesla T4")
+    assert tables.gpu_shown(naive) == "Tesla T4"
+
+
+def test_without_nvcc_nothing_builds(a_t4, monkeypatch):
+    monkeypatch.setattr(build, "nvcc", lambda: None)
+    assert "needs nvcc" in fl.stage(1).unavailable()
+
+
+def test_run_replays_the_stages_this_gpu_cannot_run(two_gpus, a_t4, monkeypatch):
+    jobs, lines = [], []
+    monkeypatch.setattr(runner, "_job", lambda args, log, out: jobs.append(args[0]) or 0)
+    monkeypatch.setattr(runner.plots, "save_all", lambda df: [])
+    df = runner.run(["05", "03"], with_baselines=False, progress=False, out=lines.append)
+    assert jobs == ["03_coarsened"]
+    assert df.attrs["replayed"] == {"05_mma": fl.stage(5).unavailable()}
+    assert any(line.startswith("05_mma: replayed from") for line in lines)
+
+
+@pytest.mark.parametrize("command", [["run", "--stage", "99"], ["check", "99"], ["bench", "99"],
+                                     ["run", "--stage", "03", "--stage", "99"]])
+def test_an_unknown_stage_fails_as_fl_stage_does(command, capsys, empty_data_dir):
+    with pytest.raises(ValueError) as err:
+        fl.stage(99)
+    assert cli.main(command) == 2
+    assert capsys.readouterr().err.strip() == f"flashlab: {err.value}"
+
+
+def test_the_views_helpers_agree_on_rows(two_gpus):
+    """tables' queries return one GPU's rows, and the recorded table round-trips its types."""
+    df = tables.RESULTS.load()
+    assert df["causal"].dtype == bool and df["B"].dtype == "int64"
+    assert set(tables.teaching_rows(df, A)["gpu"]) == {A}
+    assert tables.stage_at_teaching(df[df["gpu"] == A], fl.stage(1))["median_ms"].tolist() == [97.0]
+    assert isinstance(tables.recorded_checks("01_naive", A), pd.DataFrame)
