@@ -4,6 +4,7 @@ added to a copy of the repository in exactly those three files; the copy then li
 it and finds its machine code, tabulates and plots it, builds its notebook and passes the
 registry's own tests — and, on a GPU, builds, checks, times and records it."""
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -71,17 +72,12 @@ print("the toy stage went everywhere")
 
 
 def _copy_with_a_toy_stage(tmp_path) -> Path:
-    files = subprocess.run(["git", "ls-files", "flashlab", "kernels", "notebooks/src", "tools",
-                            "tests", "README.md", "pyproject.toml"], cwd=paths.ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
-    files += [str(p.relative_to(paths.ROOT)) for d in ("flashlab", "tests")
-              for p in (paths.ROOT / d).rglob("*.py")]
     repo = tmp_path / "repo"
-    for f in set(files):
-        src = paths.ROOT / f
-        if src.is_file():
-            (repo / f).parent.mkdir(parents=True, exist_ok=True)
-            (repo / f).write_bytes(src.read_bytes())
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
+    for d in ("flashlab", "kernels", "notebooks/src", "tools", "tests"):
+        shutil.copytree(paths.ROOT / d, repo / d, ignore=skip)
+    for f in ("README.md", "pyproject.toml"):
+        shutil.copy(paths.ROOT / f, repo / f)
     # 1. the kernel
     cu = (repo / "kernels" / "03_coarsened.cu").read_text()
     (repo / "kernels" / "09_toy.cu").write_text(cu.replace("coarsened_kernel", "toy_kernel")
