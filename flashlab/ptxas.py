@@ -64,8 +64,11 @@ def _demangle(names):
 
 def kernel_names(mangled):
     """Demangled names, one spelling whichever demangler is installed."""
-    # cu++filt writes template arguments as "(int)64"; c++filt as "64". Keep one spelling.
-    return [re.sub(r"\((?:unsigned )?(?:int|long|bool)\)", "", n) for n in _demangle(mangled)]
+    # cu++filt writes template arguments as "(int)64" and "(bool)0"; c++filt as "64" and
+    # "false". Keep one spelling: c++filt's.
+    names = [re.sub(r"\(bool\)([01])\b", lambda m: "true" if m.group(1) == "1" else "false", n)
+             for n in _demangle(mangled)]
+    return [re.sub(r"\((?:unsigned )?(?:int|long|bool)\)", "", n) for n in names]
 
 
 def parse(report: str, arch: str):

@@ -40,18 +40,24 @@ from flashlab import build, plots, ptxas, readme, runner, sass, tables
 assert Path(fl.__file__).parent == Path.cwd() / "flashlab", fl.__file__
 st = fl.stage(9)
 assert fl.stages()[-1] is st and st.source == Path.cwd() / "kernels" / "09_toy.cu"
-rows = []
-for i, s in enumerate(fl.stages()):
-    cfg = fl.teaching(s.dtypes[0])
-    rows.append(dict(stage=s.slug, kind="stage", dtype=cfg.dtype, B=cfg.B, H=cfg.H, N=cfg.N,
-                     D=cfg.D, causal=False, gpu="Toy GPU", status="ok", median_ms=1.0 / (i + 1),
-                     tflops=float(i + 1), rel_err=1e-7, compute_capability="9.0",
-                     time="2030-01-01T00:00:00Z"))
-tables.RESULTS.upsert(rows)
-assert "09_toy" in runner.table(), runner.table()
-assert "09_toy" in readme.stage_table()
-labels = [t.get_text() for t in plots.ladder().axes[0].get_xticklabels()]
-assert any(label.startswith("09") for label in labels), labels
+if "--gpu" in sys.argv:  # live: build, check, time and record it, then see it in the table
+    chk, df = fl.measure_stage(st, [fl.teaching()], log=print)
+    assert chk.passed and df["status"].tolist() == ["ok"], df
+    assert len(fl.recorded("09_toy", gpu=tables.gpu_shown(st))) == 1
+    assert "09_toy" in runner.table() and "09_toy" in readme.stage_table()
+else:  # replay: synthetic rows for every stage, the toy's among them
+    rows = []
+    for i, s in enumerate(fl.stages()):
+        cfg = fl.teaching(s.dtypes[0])
+        rows.append(dict(stage=s.slug, kind="stage", dtype=cfg.dtype, B=cfg.B, H=cfg.H, N=cfg.N,
+                         D=cfg.D, causal=False, gpu="Toy GPU", status="ok", median_ms=1.0 / (i + 1),
+                         tflops=float(i + 1), rel_err=1e-7, compute_capability="9.0",
+                         time="2030-01-01T00:00:00Z"))
+    tables.RESULTS.upsert(rows)
+    assert "09_toy" in runner.table(), runner.table()
+    assert "09_toy" in readme.stage_table()
+    labels = [t.get_text() for t in plots.ladder().axes[0].get_xticklabels()]
+    assert any(label.startswith("09") for label in labels), labels
 if build.nvcc():
     cfg = fl.teaching()
     k = ptxas.kernel_at(st, ptxas.resources(st.source, "sm_80"), cfg)
@@ -63,10 +69,6 @@ if build.nvcc():
     if ev is not None:
         for cat, wanted in st.sass_evidence.items():
             assert bool(ev[cat].all()) == wanted if wanted else not ev[cat].any(), cat
-    if "--gpu" in sys.argv:
-        chk, df = fl.measure_stage(st, [fl.teaching()], log=print)
-        assert chk.passed and df["status"].tolist() == ["ok"], df
-        assert len(fl.recorded("09_toy", gpu=tables.gpu_shown(st))) == 1
 print("the toy stage went everywhere")
 '''
 

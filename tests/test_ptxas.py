@@ -262,6 +262,14 @@ def test_template_arguments_of_a_kernel_name():
     assert template_args("naive_kernel(const float*, int)") == []
 
 
+def test_kernel_names_spell_bools_as_cxxfilt_does(monkeypatch):
+    monkeypatch.setattr(ptxas, "_demangle", lambda names: [
+        "void tuned_kernel<__half, (int)64, (int)128, (bool)0, (int)29>(const __half *)",
+        "void tuned_kernel<__half, (int)64, (int)64, (bool)1, (int)27>(const __half *)"])
+    assert [ptxas.template_args(n) for n in ptxas.kernel_names(["a", "b"])] == [
+        ["__half", "64", "128", "false", "29"], ["__half", "64", "64", "true", "27"]]
+
+
 def test_parse_normalises_cuxxfilt_template_spelling(monkeypatch):
     from flashlab import ptxas
     monkeypatch.setattr(ptxas, "_demangle", lambda names: [
