@@ -45,7 +45,8 @@ def measure_stage(st: Stage, configs=None, record=True, log=print, attn=None):
     configs = configs_for(st) if configs is None else configs
     def res_at(cfg):
         try:
-            return ptxas.summary(st, st.arch(map(int, env["compute_capability"].split("."))), cfg)
+            cc = tuple(int(x) for x in env["compute_capability"].split("."))
+            return ptxas.summary(st, st.arch(cc), cfg)
         except (OSError, RuntimeError, LookupError) as err:
             log(f"{st.slug}: no ptxas report ({err})")
             return {}

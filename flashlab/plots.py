@@ -3,7 +3,6 @@ results.csv (ladder, scaling, roofline) and, once something is profiled, profile
 stage's idea changed, stall reasons, one "what changed" panel per stage)."""
 import textwrap
 from functools import partial
-from pathlib import Path
 
 import matplotlib
 from matplotlib.figure import Figure

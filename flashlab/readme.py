@@ -125,7 +125,7 @@ def sweep_table(df=None, stage=None, baseline="sdpa_flash", by=BY) -> str:
     """`stage` (default: the last) ÷ `baseline` TFLOP/s over the FlashAttention sweep (fp16),
     a row per head dim and mask, a column per N, as Markdown; says what to run where unrecorded."""
     df = RESULTS.load() if df is None else df
-    stage = stage or stages()[-1].slug
+    stage = stage or stages()[-1].slug  # the last stage
     gpu = tables.gpu_shown(df=df)
     try:
         vs = tables.versus(df, stage, (baseline,), gpu)

@@ -19,6 +19,7 @@ Which GPU's numbers are shown is decided in one place, gpu_shown(): every number
 notebook, a figure, a table, the README) shows comes from that one GPU, and the view says which.
 """
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,13 +28,14 @@ import pandas as pd
 from filelock import FileLock
 
 from . import paths
-from .bench import SWEEP, Config, sweep, teaching
+from .bench import SWEEP, Config, teaching
 from .env import environment, gpu_available
 from .profile_schema import COLUMNS as PROFILE_COLUMNS
 from .profile_schema import KEY as PROFILE_KEY
+from .stages import stage as _stage
+from .stages import stages as _stages
 
 SOFTWARE = ["compute_capability", "torch", "cuda", "commit", "time"]  # beside every recorded row
-CONFIG = ["dtype", "B", "H", "N", "D", "causal"]
 
 
 class NotRecorded(LookupError):
@@ -202,7 +204,6 @@ results = RESULTS  # `fl.results.load()`: the shared results table
 
 def profile_raw_path(slug, cfg, gpu) -> Path:
     """Where ncu's raw CSV for one profiled launch is kept (data/profiles/<gpu>/...)."""
-    import re
     label = f"{slug}_{cfg.dtype}_B{cfg.B}_H{cfg.H}_N{cfg.N}_D{cfg.D}" + ("_causal" if cfg.causal else "")
     return paths.data_dir() / "profiles" / re.sub(r"\W+", "-", gpu) / f"{label}.csv"
 
@@ -237,7 +238,6 @@ def live(stage=None) -> bool:
     toolkit can build and run that stage (its registry entry says what it needs)."""
     if stage is None:
         return gpu_available()
-    from .stages import stage as _stage
     return _stage(stage).unavailable() is None
 
 
@@ -307,12 +307,13 @@ def sweep_rows(df, gpu, dtype="fp16") -> pd.DataFrame:
     return df[(df["dtype"] == dtype) & is_sweep(df)]
 
 
-def versus(df=None, stage="08_tuned", others=("sdpa_flash", "sdpa_cudnn"), gpu=None,
+def versus(df=None, stage=None, others=("sdpa_flash", "sdpa_cudnn"), gpu=None,
            dtype="fp16") -> pd.DataFrame:
-    """`stage` against `others` over the sweep: TFLOP/s of each and the stage's ratio to each
-    ("÷ other"), rows (D, causal, N); others not recorded are left out. NotRecorded if the
-    stage has no sweep rows on the GPU shown."""
+    """`stage` (default: the last) against `others` over the sweep: TFLOP/s of each and the
+    stage's ratio to each ("÷ other"), rows (D, causal, N); others not recorded are left out.
+    NotRecorded if the stage has no sweep rows on the GPU shown."""
     df = RESULTS.load() if df is None else df
+    stage = getattr(stage, "slug", stage) or _stages()[-1].slug
     gpu = gpu or gpu_shown(df=df)
     wide = sweep_rows(df, gpu, dtype).pivot_table(index=["D", "causal", "N"], columns="stage",
                                                   values="tflops")
@@ -357,8 +358,7 @@ def profile_rows(gpu=None, df=None):
 
 def tune_log(gpu=None) -> pd.DataFrame:
     """Stage 08's tuning log on `gpu` (default: the GPU shown); NotRecorded if it has none."""
-    from .stages import stages
-    gpu = gpu or gpu_shown(next(st for st in stages() if st.picks))
+    gpu = gpu or gpu_shown(next(st for st in _stages() if st.picks))
     df = TUNE08.load()
     if df.empty:
         raise NotRecorded(f"stage 08's tuning log: not recorded yet ({TUNE08.name} does not "
@@ -373,7 +373,6 @@ def tune_log(gpu=None) -> pd.DataFrame:
 def run_command(name, flags="") -> str:
     """The command that records `name`: `flashlab run --stage 05` for a stage, `flashlab run`
     for a baseline (it times them all)."""
-    from .stages import stage as _stage
     try:
         return f"flashlab run --stage {_stage(name).number:02d}{flags}"
     except ValueError:
@@ -389,7 +388,6 @@ def not_recorded(name, what="", flags="", gpu=None) -> NotRecorded:
 
 
 def _is_stage(name):
-    from .stages import stage as _stage
     try:
         _stage(name)
         return True
@@ -420,11 +418,10 @@ def profile_wide(df=None, config=None) -> pd.DataFrame:
 def profile_by_stage(prof) -> pd.DataFrame:
     """Each stage's profile at the teaching config in its own dtype (stage_at_teaching), as a
     stages x metrics table in stage order; empty for None."""
-    from .stages import stages
     if prof is None:
         return pd.DataFrame()
     rows = {}
-    for st in stages():
+    for st in _stages():
         here = stage_at_teaching(prof, st).sort_values("time").drop_duplicates("metric", keep="last")
         if len(here):
             rows[st.slug] = here.set_index("metric")["value"]

@@ -673,7 +673,7 @@ plots.scaling()
 # %%
 vs = None
 with nb.unless_missing():
-    vs = fl.tables.versus(gpu=gpu)
+    vs = fl.tables.versus(stage="08_tuned", gpu=gpu)
     display(vs.round(2))
     ratio = vs["÷ sdpa_flash"]
     losses = ratio[ratio < 1]
