@@ -147,7 +147,8 @@ def _cmd_profile(args):
         print(f"cannot profile here ({why}); showing the recorded metrics", file=sys.stderr)
     with pd.option_context("display.width", 200, "display.max_columns", 50):
         gpu = tables.gpu_shown()
-        table = tables.profile_wide(tables.profile_rows(gpu))
+        rows = tables.profile_rows(gpu)  # None: nothing profiled on this GPU
+        table = tables.profile_wide(rows) if rows is not None else pd.DataFrame()
         print(f"{gpu}:\n{table.T.to_string()}" if len(table) else
               f"no profiles recorded yet on {gpu}")
     return 0

@@ -370,29 +370,27 @@ def tune_log(gpu=None) -> pd.DataFrame:
     return mine.reset_index(drop=True)
 
 
+def _stage_or_none(name):
+    """The stage `name` names, or None for a baseline."""
+    try:
+        return _stage(name)
+    except ValueError:
+        return None
+
+
 def run_command(name, flags="") -> str:
     """The command that records `name`: `flashlab run --stage 05` for a stage, `flashlab run`
     for a baseline (it times them all)."""
-    try:
-        return f"flashlab run --stage {_stage(name).number:02d}{flags}"
-    except ValueError:
-        return f"flashlab run{flags}"
+    st = _stage_or_none(name)
+    return f"flashlab run{f' --stage {st.number:02d}' if st else ''}{flags}"
 
 
 def not_recorded(name, what="", flags="", gpu=None) -> NotRecorded:
     """The error for numbers not recorded yet: "05_mma: not recorded yet on <gpu>: run
     `flashlab run --stage 05`"."""
     slug = getattr(name, "slug", name)
-    gpu = gpu or gpu_shown(name if _is_stage(name) else None) or "any GPU"
+    gpu = gpu or gpu_shown(_stage_or_none(name)) or "any GPU"
     return NotRecorded(f"{slug}{what}: not recorded yet on {gpu}: run `{run_command(name, flags)}`")
-
-
-def _is_stage(name):
-    try:
-        _stage(name)
-        return True
-    except ValueError:
-        return False
 
 
 def provenance(df=None, gpu=None) -> str:

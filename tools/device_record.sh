@@ -42,12 +42,14 @@ for phase in "${@:-tests run again notebooks}"; do for p in $phase; do case $p i
     FLASHLAB_DATA=/tmp/again python3 -m flashlab bench sdpa_cudnn --dtype fp16 2>&1 | tee "data/runs/retime-$stamp.log"
     python3 - "$stamp" <<'PY'
 import sys
-import pandas as pd
-stamp = sys.argv[1]
-pick = lambda df: df[(df.stage == "sdpa_cudnn") & (df.dtype == "fp16") & (df.N == 1024) & (df.B == 4) & ~df.causal.astype(str).str.lower().eq("true")]
-first = pick(pd.read_csv("data/results.csv")); second = pick(pd.read_csv(f"data/runs/again-{stamp}-results.csv"))
-print("sdpa_cudnn fp16 teaching, TFLOP/s: run 1", first.tflops.round(1).tolist(), first.retimes.tolist(),
-      "| run 2", second.tflops.round(1).tolist(), second.retimes.tolist())
+import flashlab as fl
+from flashlab import tables
+cudnn = lambda df: tables.at_config(df[df.stage == "sdpa_cudnn"], fl.teaching("fp16"))
+gpu = fl.gpu_shown()
+first = cudnn(tables.recorded(gpu=gpu))
+second = cudnn(tables.RESULTS.load(f"data/runs/again-{sys.argv[1]}-results.csv"))
+print(f"sdpa_cudnn fp16 teaching on {gpu}, TFLOP/s: run 1 {first.tflops.round(1).tolist()}, "
+      f"run 2 {second.tflops.round(1).tolist()} (re-timed {first.retimes.tolist()}, {second.retimes.tolist()})")
 PY
     ;;
   notebooks)
