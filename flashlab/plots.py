@@ -30,22 +30,32 @@ def _axes(figsize, *grid, **kw):
     return fig, fig.subplots(*grid, **kw)
 
 
-def _shown(df, gpu):
-    """(the results table, the GPU its figures show, that GPU's rows that ran)."""
+def _shown(df, gpu, last=None):
+    """(the results table, the GPU its figures show, that GPU's rows that ran); with `last` (a
+    stage), the stages after it are left out, so notebook N shows stages up to N and the
+    baselines (no spoilers)."""
     df = RESULTS.load() if df is None else df
     gpu = gpu or tables.gpu_shown(df=df)
-    return df, gpu, tables.ok(tables.on_gpu(df, gpu))
+    return df, gpu, _up_to(tables.ok(tables.on_gpu(df, gpu)), last)
+
+
+def _up_to(rows, last):
+    """`rows` without the stages after `last` (None: every stage); baselines stay."""
+    if last is None:
+        return rows
+    later = {st.slug for st in stages() if st.number > _stage(last).number}
+    return rows[~((rows["kind"] == "stage") & rows["stage"].isin(later))]
 
 
 def _stage_color(i, n):
     return STAGE_COLORS(0.15 + 0.7 * i / max(1, n - 1))
 
 
-def ladder(df=None, gpu=None, dtype="fp32", ax=None):
+def ladder(df=None, gpu=None, dtype="fp32", ax=None, last=None):
     """TFLOP/s of every stage at the teaching config, the PyTorch baselines as lines. A stage
     that does not take `dtype` (the fp16 tensor-core stages on the fp32 ladder) stands at its
-    own first dtype, named under its bar."""
-    df, gpu, ok = _shown(df, gpu)
+    own first dtype, named under its bar. last: the last stage to show (None: all)."""
+    df, gpu, ok = _shown(df, gpu, last)
     cfg = teaching(dtype)
     here = at_config(ok, cfg)
     own = [stage_at_teaching(ok, s) for s in stages() if dtype not in s.dtypes]
@@ -81,10 +91,11 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None):
     return ax.figure
 
 
-def scaling(df=None, gpu=None, dtype="fp16"):
-    """TFLOP/s against N over the FlashAttention sweep, one panel per head dim and mask."""
+def scaling(df=None, gpu=None, dtype="fp16", last=None):
+    """TFLOP/s against N over the FlashAttention sweep, one panel per head dim and mask;
+    last: the last stage to show (None: all)."""
     df, gpu, _ = _shown(df, gpu)
-    ok = tables.sweep_rows(df, gpu, dtype)
+    ok = _up_to(tables.sweep_rows(df, gpu, dtype), last)
     fig, axes = _axes((10, 7), 2, 2, sharex=True)
     stage_names = sorted(ok[ok["kind"] == "stage"]["stage"].unique())
     for ax, (d, causal) in zip(axes.flat, [(64, False), (64, True), (128, False), (128, True)]):
@@ -121,10 +132,10 @@ def _intensity(r):
     return flops / min_bytes
 
 
-def roofline(df=None, gpu=None, ceilings=None, ax=None):
-    """Every stage and baseline at the teaching configs on the GPU's measured roofline."""
-    import numpy as np
-    df, gpu, ok = _shown(df, gpu)
+def roofline(df=None, gpu=None, ceilings=None, ax=None, last=None):
+    """Every stage and baseline at the teaching configs on the GPU's measured roofline;
+    last: the last stage to show (None: all)."""
+    df, gpu, ok = _shown(df, gpu, last)
     ceilings = tables.peaks(gpu) if ceilings is None else ceilings
     if ax is None:
         _, ax = _axes((8, 5))

@@ -140,3 +140,29 @@ def profile(stage, config=None, missing_ok=False) -> pd.DataFrame:
     if not rows:
         return pd.DataFrame()
     return pd.concat([found[r] for r in rows]).T
+
+
+def reached(stage, missing_ok=True) -> None:
+    """Prints one line for a notebook's summary: the number `stage` reached at the teaching config on
+    the notebook's GPU (each of its dtypes), against the stage before it and PyTorch's fastest
+    attention in the same dtype, all from the recorded rows."""
+    st = _stage(stage)
+    earlier = [s for s in stages() if s.number < st.number]
+    parts = []
+    for dtype in st.dtypes:
+        rows = compare(dtype).set_index("stage")
+        if st.slug not in rows.index:
+            return _missing(not_recorded(st, f" at the {dtype} teaching config"), missing_ok, "")
+        r = rows.loc[st.slug]
+        line = f"{st.slug} reached {r.tflops:.3g} TFLOP/s ({r.median_ms:.3g} ms) in {dtype}"
+        prev = [s.slug for s in earlier if s.slug in rows.index]
+        if prev:
+            line += f", {rows.loc[prev[-1], 'median_ms'] / r.median_ms:.2f}× the speed of {prev[-1]}"
+        base = rows[rows["kind"] == "baseline"]
+        if len(base):
+            best = base.sort_values("median_ms").iloc[0]
+            line += f" and {best.median_ms / r.median_ms:.2f}× that of {best.name}, PyTorch's fastest"
+        parts.append(line)
+    text = f"On {view.gpu()}, at the teaching config: " + "; ".join(parts) + "."
+    print(text)
+    return None
