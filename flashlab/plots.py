@@ -40,10 +40,11 @@ def _shown(df, gpu, last=None):
 
 
 def _up_to(rows, last):
-    """`rows` without the stages after `last` (None: every stage); baselines stay."""
+    """`rows` without the stages after `last` (None: every stage; "00": none); baselines stay."""
     if last is None:
         return rows
-    later = {st.slug for st in stages() if st.number > _stage(last).number}
+    upto = 0 if last in (0, "0", "00") else _stage(last).number  # 0: the baselines alone
+    later = {st.slug for st in stages() if st.number > upto}
     return rows[~((rows["kind"] == "stage") & rows["stage"].isin(later))]
 
 

@@ -197,9 +197,26 @@ TUNE08 = Table(
              "gpu", *SOFTWARE, "score", "chosen"],
     ints=[*TUNE_FIELDS, "D", "N", "B", "H"], floats=["tflops", "score"],
     bools=["causal", "check_passed", "chosen"])
-ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08)
+# Stage 01 beside the published flash-attention-minimal kernel and variants of it, timed in one
+# process by tools/compare_minimal.py (the published code is never part of this repository).
+MINIMAL = Table(
+    "minimal.csv", key=["gpu", "variant", "B", "H", "N", "D"],
+    columns=["order", "variant", "description", "B", "H", "N", "D", "dtype", "median_ms", "p20_ms",
+             "p80_ms", "tflops", "rel_err", "runs", "retimes", "published_source", "gpu",
+             *SOFTWARE, "note"],
+    ints=["order", "B", "H", "N", "D"],
+    floats=["median_ms", "p20_ms", "p80_ms", "tflops", "rel_err", "runs", "retimes"])
+ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL)
 
 results = RESULTS  # `fl.results.load()`: the shared results table
+
+
+def minimal_rows(gpu=None) -> pd.DataFrame:
+    """The published flash-attention-minimal kernel, its variants and stage 01, as recorded on
+    `gpu` (default: the GPU shown), in the order they were timed; empty if none."""
+    df = MINIMAL.load()
+    gpu = gpu or gpu_shown(df=RESULTS.load())
+    return df[df["gpu"] == gpu].sort_values("order").reset_index(drop=True)
 
 
 def profile_raw_path(slug, cfg, gpu) -> Path:
