@@ -36,7 +36,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from flashlab import build, env, stages, tables  # noqa: E402
+from flashlab import build, env, tables  # noqa: E402
+from flashlab.stages import stage  # noqa: E402
 from flashlab.bench import TEACHING, time_fn  # noqa: E402
 from flashlab.reference import reference, rel_err  # noqa: E402
 
@@ -159,7 +160,7 @@ def main(argv=None):
                 return O
             timed.append((name, desc, call, "O, l, m reset before each call (three memsets)"))
 
-        st = stages.stage("01_naive")
+        st = stage("01_naive")
         attn = st.build()
         timed.append((st.slug, "stage 01 as flashlab builds it", lambda: attn(q, k, v), ""))
 
