@@ -15,7 +15,7 @@ all on again beside them (the winner of several noisy runs is biased high); a bi
 where switching it off lost, over the N the shape serves. If that drops any bit, the final choice
 is timed once more ("chosen"). Stage 07's shape with every bit off is timed too, as the log's
 starting point. Shapes are not excluded for spilling registers: ptxas's spill report is a
-prediction of a cost, and the timing says what it is (notebook 08, section 3.4).
+prediction of a cost, and the timing says what it is (notebook 08, section 3, and its appendix 08a).
 """
 import math
 import os

@@ -3,9 +3,9 @@
 Every function here models a line of kernels/01_naive.cu, kernels/02_coalesced.cu or
 kernels/04_wmma.cu; the `source` fragments quoted below are copied from those files, and
 tests/test_diagrams.py checks that they are still there. The last section models the K/V loop of
-stages 06 and 07 in time: loads and math per tile, one after the other or overlapped. Figures are
-matplotlib Figures made without pyplot: a notebook cell that ends with one
-shows it once, and nothing is left open.
+stages 06 and 07 in time: loads (a latency, then the bytes at a bandwidth) and math per tile, one
+after the other or overlapped. Figures are matplotlib Figures made without pyplot: a notebook cell
+that ends with one shows it once, and nothing is left open.
 """
 import math
 from typing import NamedTuple
@@ -411,23 +411,28 @@ def wmma_dataflow(D=64, BC=64):
 
 # ---------------------------------------------------------------- stages 06 and 07: loads against math
 
-def pipeline_schedule(load, compute, tiles=6, stages=2) -> pd.DataFrame:
-    """When one block's K/V tiles load and are computed, in a bandwidth model: a tile takes `load`
-    to arrive (loads are served one at a time, in the order issued, no latency term) and
-    `compute` to be used. stages=1 is stage 06: at the top of iteration j a barrier (everyone is
-    done with tile j - 1), the load of tile j into the one buffer, a barrier, the math. stages=2
-    (or more) is stage 07: tiles 0 .. stages-2 are issued before the loop; at the top of
-    iteration j the block waits for tile j (cp.async.wait_group + one barrier), issues tile
-    j + stages - 1 into the buffer tile j - 1 used, and computes tile j while it loads.
-    Returns a row per tile: load_issue, load_start, load_end, compute_start, compute_end."""
+def pipeline_schedule(load, compute, tiles=6, stages=2, latency=0.0) -> pd.DataFrame:
+    """When one block's K/V tiles load and are computed: a tile issued at time t starts arriving
+    `latency` later (the round trip to L2 or DRAM; copies in flight overlap their latencies) and
+    then streams in for `load` (its bytes at the block's bandwidth; transfers share one link, in
+    the order issued); it takes `compute` to be used. With latency=0 this is a pure bandwidth
+    model. stages=1 is stage 06: at the top of iteration j a barrier (everyone is done with tile
+    j - 1), the load of tile j into the one buffer, a barrier, the math. stages=2 (or more) is
+    stage 07: tiles 0 .. stages-2 are issued before the loop; at the top of iteration j the block
+    waits for tile j (cp.async.wait_group + one barrier), issues tile j + stages - 1 into the
+    buffer tile j - 1 used, and computes tile j while it loads.
+    Returns a row per tile: load_issue, load_start (first byte arrives), load_end, compute_start,
+    compute_end."""
     if stages < 1 or tiles < 1:
         raise ValueError("stages and tiles are at least 1")
+    if latency < 0:
+        raise ValueError("latency is not negative")
     issue = {k: 0.0 for k in range(min(stages - 1, tiles))}
     rows, load_free, done = [], 0.0, 0.0
     for j in range(tiles):
         if stages == 1:
             issue[j] = done                     # the buffer is free once tile j - 1 is computed
-        start_load = max(issue[j], load_free)
+        start_load = max(issue[j] + latency, load_free)
         load_free = start_load + load
         start = max(done, load_free)            # wait for tile j (and, in 06, its barrier)
         if stages > 1 and j + stages - 1 < tiles:
@@ -438,41 +443,72 @@ def pipeline_schedule(load, compute, tiles=6, stages=2) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("tile")
 
 
-def pipeline_speedup_bound(load, compute) -> float:
-    """(load + compute) / max(load, compute): per tile, serial (06) over overlapped (07), once
-    the pipeline is full. At most 2, reached when the two are equal."""
-    return (load + compute) / max(load, compute)
+def pipeline_period(load, compute, stages=2, latency=0.0) -> float:
+    """Time per tile once pipeline_schedule's loop is full. Serial (stages=1): latency + load +
+    compute. With `stages` buffers the slowest of three limits: the math (compute), the link
+    (load), and the latency: a tile issued `stages - 1` tiles ahead must arrive in time, so
+    (stages - 1) x period >= latency + load. That last one is Little's law: the tiles in flight
+    must cover the bandwidth x latency product."""
+    if stages == 1:
+        return latency + load + compute
+    return max(compute, load, (latency + load) / (stages - 1))
 
 
-def pipeline_timeline(load, compute, tiles=6, stages=2, unit="ns"):
-    """pipeline_schedule of stage 06 (serial) above stage 07 (`stages` buffers), on one time
-    axis: per K/V tile a bar on the copy row (global -> shared) and one on the math row (tensor
-    cores, softmax); dashed lines are the barriers. The titles give the total and the time per
-    tile; the figure's title the speedup and its bound for many tiles."""
-    plans = {"06_swizzle: load, barrier, compute": pipeline_schedule(load, compute, tiles, 1),
-             f"07_cp_async: {stages} buffers, tile j + 1 loads during tile j": pipeline_schedule(
-                 load, compute, tiles, stages)}
-    fig = Figure(figsize=(12, 4.6), layout="constrained")
+def pipeline_stages_needed(load, compute, latency=0.0) -> int:
+    """The fewest buffers that hide the latency: (stages - 1) x max(load, compute) >= latency +
+    load. Two whenever latency <= max(load, compute) - load."""
+    return 1 + math.ceil((latency + load) / max(load, compute) - 1e-9)
+
+
+def pipeline_speedup_bound(load, compute, latency=0.0, stages=2) -> float:
+    """Per tile, serial (06) over `stages` buffers (07), once the pipeline is full
+    (pipeline_period). Without latency (load + compute) / max(load, compute): at most 2, reached
+    when the two are equal."""
+    return (pipeline_period(load, compute, 1, latency)
+            / pipeline_period(load, compute, stages, latency))
+
+
+def pipeline_timeline(load, compute, tiles=6, stages=2, unit="ns", latency=0.0, versus=1):
+    """pipeline_schedule with `versus` buffers (1: stage 06, serial) above `stages` buffers
+    (stage 07), on one time axis: per K/V tile a bar on the copy row (global -> shared) and one
+    on the math row (tensor cores, softmax); with a latency, a thin bar on a third row from each
+    tile's issue to its first byte. Dashed lines are the barriers. The titles give the total and
+    the time per tile; the figure's title the speedup and its bound for many tiles."""
+    def name(n):
+        return ("06_swizzle: load, barrier, compute" if n == 1 else
+                f"{n} buffers, tile j + {n - 1} issued during tile j")
+    if not 1 <= versus < stages:
+        raise ValueError("versus is at least 1 and fewer buffers than stages")
+    plans = {name(n): pipeline_schedule(load, compute, tiles, n, latency) for n in (versus, stages)}
+    fig = Figure(figsize=(12, 5.4 if latency else 4.6), layout="constrained")
     axes = fig.subplots(2, 1, sharex=True)
     colors = matplotlib.colormaps["tab10"]
-    for ax, (name, plan) in zip(axes, plans.items()):
+    for ax, (title, plan) in zip(axes, plans.items()):
         for j, r in plan.iterrows():
             for y, (a, b) in ((1, (r.load_start, r.load_end)), (0, (r.compute_start, r.compute_end))):
                 ax.broken_barh([(a, b - a)], (y - 0.35, 0.7), color=colors(j % 10),
                                alpha=0.55 if y else 0.9, ec="k", lw=0.6)
                 ax.text((a + b) / 2, y, f"K/V {j}", ha="center", va="center", fontsize=8)
-            barriers = [r.compute_start] if "07" in name else [r.load_issue, r.compute_start]
+            if latency:
+                y = 2 + (0.18 if j % 2 else -0.18)   # alternate, so overlapping latencies show
+                ax.broken_barh([(r.load_issue, r.load_start - r.load_issue)], (y - 0.12, 0.24),
+                               color=colors(j % 10), alpha=0.5, lw=0)
+            barriers = [r.compute_start] if "buffers" in title else [r.load_issue, r.compute_start]
             for x in barriers:
                 ax.axvline(x, color="0.4", ls="--", lw=0.7)
         total = plan["compute_end"].iloc[-1]
-        ax.set_yticks([0, 1], ["math", "copy"])
-        ax.set_ylim(-0.6, 1.6)
-        ax.set_title(f"{name}: {total:.0f} {unit} for {tiles} tiles "
+        rows = ["math", "copy"] + (["latency"] if latency else [])
+        ax.set_yticks(range(len(rows)), rows)
+        ax.set_ylim(-0.6, len(rows) - 0.4)
+        ax.set_title(f"{title}: {total:.0f} {unit} for {tiles} tiles "
                      f"({total / tiles:.0f} {unit} a tile)", fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel(f"time ({unit}); dashed: __syncthreads")
     serial, piped = (p["compute_end"].iloc[-1] for p in plans.values())
+    lat = f", latency {latency:.0f} {unit}" if latency else ""
+    bound = (pipeline_period(load, compute, versus, latency)
+             / pipeline_period(load, compute, stages, latency))
     fig.suptitle(f"A model of one block's K/V loop: load {load:.0f} {unit}, compute {compute:.0f} "
-                 f"{unit} a tile — {serial / piped:.2f}x faster overlapped over {tiles} tiles, at "
-                 f"most {pipeline_speedup_bound(load, compute):.2f}x over many", fontsize=10)
+                 f"{unit} a tile{lat} — {serial / piped:.2f}x faster over {tiles} tiles, at most "
+                 f"{bound:.2f}x over many", fontsize=10)
     return fig

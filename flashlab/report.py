@@ -1,11 +1,13 @@
 """`flashlab report`: one page for a class handout — what flashlab is, where the numbers come
 from, the stage table and every figure, all drawn fresh from data/ so the page always agrees
-with the tables. HTML embeds the figures (one file that opens offline); Markdown writes them as
-PNGs beside the page and links them."""
+with the tables, then each notebook's questions for discussion. HTML embeds the figures (one
+file that opens offline); Markdown writes them as PNGs beside the page and links them."""
 import base64
 import html
 import io
+import json
 import os
+import re
 from pathlib import Path
 
 from . import paths, plots, readme, tables
@@ -24,7 +26,8 @@ CAPTIONS = {
     "roofline": "Every stage and baseline against the GPU's measured ceilings: below the slanted "
                 "line a kernel is limited by memory traffic, below the flat ones by arithmetic.",
     "idea_metrics": "The hardware counter each stage's idea is meant to move, measured by Nsight "
-                    "Compute in the stage before and in the stage itself.",
+                    "Compute in the stage before and in the stage itself; bank conflicts as a "
+                    "share of all shared-memory wavefronts, the traffic they add to.",
     "stalls": "What the warps of each stage are waiting on, as a share of their active time.",
 }
 STYLE = """body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;max-width:64rem;
@@ -34,6 +37,91 @@ padding:.25rem .5rem;vertical-align:top}th{background:#f4f4f4}.num{text-align:ri
 dl{display:grid;grid-template-columns:max-content auto;gap:.2rem 1rem}dt{font-weight:600}dd{margin:0}
 figure{margin:1.5rem 0;break-inside:avoid}img{max-width:100%}figcaption{color:#444;font-size:.9rem}
 code{font-size:.9em}"""
+
+
+NOTEBOOKS = paths.NOTEBOOKS  # where the notebooks' discussion questions are read from
+QUESTIONS = "## Questions for discussion"
+
+
+def _read_notebook(path):
+    """A notebook's cells as (cell type, source text)."""
+    try:
+        import nbformat  # installed with the notebooks' and the tests' extras
+    except ImportError:
+        cells = json.loads(Path(path).read_text(encoding="utf-8")).get("cells", [])
+        join = lambda src: src if isinstance(src, str) else "".join(src)
+        return [(c.get("cell_type"), join(c.get("source", ""))) for c in cells]
+    return [(c.cell_type, c.source) for c in nbformat.read(str(path), as_version=4).cells]
+
+
+def questions(notebooks=None):
+    """[(title, the questions as Markdown)] of every notebook NN*.ipynb in `notebooks` (default
+    NOTEBOOKS) with a markdown cell whose first line is "## Questions for discussion", in order;
+    the title is the notebook's first heading, without its #s."""
+    out = []
+    for path in sorted(Path(NOTEBOOKS if notebooks is None else notebooks).glob("[0-9][0-9]*.ipynb")):
+        cells = [src for kind, src in _read_notebook(path) if kind == "markdown"]
+        lines = [line.strip() for src in cells for line in src.splitlines()]
+        title = next((line.lstrip("#").strip() for line in lines if line.startswith("#")), path.stem)
+        for src in cells:
+            first, _, rest = src.strip().partition("\n")
+            if first.strip() == QUESTIONS and rest.strip():
+                out.append((title, rest.strip("\n")))
+                break
+    return out
+
+
+_CODE = re.compile(r"(`[^`]+`)")
+_INLINE = [(re.compile(r"\[([^\]]+)\]\([^)\s]+\)"), r"\1"),  # a link's words: the page fetches nothing
+           (re.compile(r"\*\*([^*]+)\*\*"), r"<b>\1</b>"),
+           (re.compile(r"(?<![\w*])\*([^*\s][^*]*)\*(?![\w*])"), r"<i>\1</i>"),
+           # simple maths ($PV$) in italics; TeX ($B \cdot H$) and lone dollars stay as written
+           (re.compile(r"(?<![\w$])\$(?=[^\s$])([^$\\{}]+?)(?<=\S)\$(?![\w$])"), r"<i>\1</i>")]
+_ITEM = re.compile(r"^\s*(\d+)[.)]\s+(.*)")
+
+
+def _inline_html(text):
+    """One line of Markdown as HTML: code spans verbatim, then the rest of _INLINE outside them."""
+    out = []
+    for i, part in enumerate(_CODE.split(text)):
+        if i % 2:
+            out.append(f"<code>{html.escape(part[1:-1], quote=False)}</code>")
+            continue
+        part = html.escape(part, quote=False)
+        for pattern, repl in _INLINE:
+            part = pattern.sub(repl, part)
+        out.append(part)
+    return "".join(out)
+
+
+def _questions_html(markdown):
+    """A numbered list (with continuation lines, and paragraphs around it) as HTML, with the
+    inline Markdown the notebooks use: `code`, **bold**, *italic*, $PV$, [links](...) as their words."""
+    blocks = []  # ("ol", [item lines, ...]) or ("p", [lines])
+    for line in markdown.splitlines():
+        item = _ITEM.match(line)
+        if item:
+            if not blocks or blocks[-1][0] != "ol":
+                blocks.append(("ol", []))
+            blocks[-1][1].append([item.group(1), item.group(2).strip()])
+        elif not line.strip():
+            if blocks and blocks[-1][0] == "p":
+                blocks.append(("ol", []))  # a blank line ends a paragraph
+        elif blocks and blocks[-1][0] == "ol" and blocks[-1][1] and line[:1].isspace():
+            blocks[-1][1][-1].append(line.strip())  # an item's continuation line
+        else:
+            if not blocks or blocks[-1][0] != "p":
+                blocks.append(("p", []))
+            blocks[-1][1].append(line.strip())
+    html_ = []
+    for kind, lines in blocks:
+        if kind == "p":
+            html_.append(f"<p>{_inline_html(' '.join(lines))}</p>")
+        elif lines:
+            start = "" if lines[0][0] == "1" else f' start="{int(lines[0][0])}"'
+            html_.append(f"<ol{start}>" + "".join(f"<li>{_inline_html(' '.join(i[1:]))}</li>"
+                                                  for i in lines) + "</ol>")
+    return "\n".join(html_)
 
 
 def caption(name):
@@ -89,15 +177,16 @@ def render(fmt="html", out=None, df=None, profile=None) -> str:
     gpu = tables.gpu_shown(df=df)
     drawings = plots.drawings(df, profile, gpu)
     prov = provenance(df, gpu, profile)
+    asked = questions()
     if fmt == "html":
         table = readme.stage_table(df, fmt="html", notebooks=None, by="flashlab report")
-        return _html(prov, table, drawings)
+        return _html(prov, table, drawings, asked)
     notebooks = Path(os.path.relpath(paths.NOTEBOOKS, out.parent)).as_posix() + "/"
     table = readme.stage_table(df, fmt="md", notebooks=notebooks, by="flashlab report")
-    return _markdown(prov, table, drawings, out)
+    return _markdown(prov, table, drawings, out, asked)
 
 
-def _html(prov, table, drawings):
+def _html(prov, table, drawings, asked=()):
     e = html.escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{e(TITLE)}</title><style>{STYLE}</style></head><body>",
@@ -111,11 +200,15 @@ def _html(prov, table, drawings):
             data = base64.b64encode(_png(drawings[name]())).decode("ascii")
             parts.append(f'<figure id="{e(name)}"><img src="data:image/png;base64,{data}" '
                          f'alt="{e(name)}"><figcaption>{e(caption(name))}</figcaption></figure>')
+    if asked:
+        parts.append(f"<h2>{e(QUESTIONS.lstrip('# '))}</h2>")
+        for title, text in asked:
+            parts += [f"<h3>{e(title)}</h3>", _questions_html(text)]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
 
-def _markdown(prov, table, drawings, out):
+def _markdown(prov, table, drawings, out, asked=()):
     figdir = out.parent / f"{out.stem}_figures"
     parts = [f"# {TITLE}", "", ABOUT, "", "## Where these numbers come from", ""]
     parts += [f"- **{k}**: {v}" for k, v in prov]
@@ -127,6 +220,10 @@ def _markdown(prov, table, drawings, out):
         for name in names:
             (figdir / f"{name}.png").write_bytes(_png(drawings[name]()))
             parts += ["", f"![{name}]({figdir.name}/{name}.png)", "", f"_{caption(name)}_"]
+    if asked:
+        parts += ["", QUESTIONS]
+        for title, text in asked:
+            parts += ["", f"### {title}", "", text]
     return "\n".join(parts) + "\n"
 
 

@@ -218,6 +218,30 @@ def inner_loop_bound(stage, D=64, pad=True, ffma_rate=4) -> float:
             total[k] = total.get(k, 0) + steps * v
     return total["FFMA pipe"] / max(total.values())
 
+
+def launch_wavefronts(B=4, H=16, N=1024, D=64, returned=False) -> int:
+    """Shared-memory wavefronts of a whole non-causal launch of stage 03 (what Nsight Compute's
+    smem_wavefronts counts): the inner loops' loads of every warp and tile (flashlab.banks), plus
+    the minimum for the K and V copies, the 2-way conflicted P stores and the Q copy.
+    returned: also count the path back to the registers, which delivers 128 bytes a clock (one
+    4-byte register to each of 32 lanes): a float4 load then needs 4 wavefronts whatever the
+    broadcast, 2 when neighbouring lanes (l and l ^ 1, or l and l ^ 2) share their address."""
+    BR, BC = (64, 64) if D == 64 else (64, 32)  # as launched by 03_coarsened.cu
+
+    def cost(addr, vec):
+        n = wavefronts(addr, vec)[0]
+        if not returned:
+            return n
+        lane = np.arange(32)
+        paired = any((addr == addr[lane ^ m]).all() for m in (1, 2))
+        return max(n, vec // (2 if paired else 1))
+
+    loops = sum(steps * sum(cost(np.asarray(addr), vec) for _, vec, addr in loads)
+                for _, steps, loads in _steps("03_coarsened", D).values())
+    per_tile = THREADS // 32 * loops + (2 * BC * D * 4 + 2 * BR * BC * 4) // WAVEFRONT_BYTES
+    blocks, tiles = B * H * math.ceil(N / BR), math.ceil(N / BC)
+    return blocks * (tiles * per_tile + BR * D * 4 // WAVEFRONT_BYTES)
+
 # ---------------------------------------------------------------- resources and occupancy
 
 # Per-SM limits by compute capability (CUDA programming guide, "Technical Specifications"):
@@ -265,6 +289,21 @@ def sm_count(gpu=None):
         if gpu and name in gpu:
             return n
     return None
+
+
+def issue_share(occupancy_pct, selected_pct, cc="9.0", schedulers=4) -> float:
+    """Share of its clocks on which a warp scheduler issued, from two profile metrics: the warps
+    it holds (achieved occupancy x the SM's warp slots / `schedulers`) times the share of its
+    active time each warp spends issuing (the stall reason `selected`)."""
+    threads_sm = SM_LIMITS.get(str(cc), SM_LIMITS["9.0"])[1]
+    return occupancy_pct / 100 * threads_sm / 32 / schedulers * selected_pct / 100
+
+
+def busy_share(count, duration_ms, sms, per_clock=1.0, clock_ghz=1.98) -> float:
+    """Share of the SM clocks a unit serving `per_clock` of `count` per clock per SM (shared
+    memory: 1 wavefront) was busy over a profiled `duration_ms`, counted at `clock_ghz`. At the
+    boost clock this is a lower bound: a GPU under load may run slower."""
+    return count / per_clock / (sms * duration_ms * 1e-3 * clock_ghz * 1e9)
 
 # ---------------------------------------------------------------- loop order
 
@@ -354,3 +393,15 @@ def loop_orders(n=5, config=None):
              ha="center", fontsize=9)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
+
+
+def conflict_shares(profile) -> pd.DataFrame:
+    """Bank conflicts as a share of shared-memory wavefronts, one row per stage, from a profile
+    table with metrics as rows and stages as columns (what nb.profile returns): a count that
+    doubles from 0.01 % to 0.02 % of the traffic is noise, not a regression."""
+    import pandas as pd
+    wf = profile.loc["smem_wavefronts"]
+    ld, st = profile.loc["smem_load_bank_conflicts"], profile.loc["smem_store_bank_conflicts"]
+    return pd.DataFrame({"wavefronts": wf, "load conflicts": ld,
+                         "% of wavefronts (loads)": 100 * ld / wf, "store conflicts": st,
+                         "% of wavefronts (stores)": 100 * st / wf}).rename_axis("stage")

@@ -1,6 +1,6 @@
-"""Notebook 08's lesson helpers: the autotune's log (flashlab.autotune wrote it to
-data/tune08.csv) as tables and figures, and the arithmetic that predicts each change before it is
-timed (no GPU needed for that part).
+"""The lesson helpers of notebook 08 and its appendix 08a: the autotune's log (flashlab.autotune
+wrote it to data/tune08.csv) as tables and figures, and the arithmetic that predicts each change
+before it is timed (no GPU needed for that part).
 
     from flashlab import tuning
     log = fl.tables.tune_log()        # the GPU shown's tuning log (NotRecorded while none)

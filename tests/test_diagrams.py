@@ -126,8 +126,10 @@ def test_titles_carry_the_counts():
 
 @pytest.mark.parametrize("load, compute", [(700, 300), (300, 700), (400, 400), (1, 0.5)])
 @pytest.mark.parametrize("stages", [1, 2, 3])
-def test_pipeline_schedule(load, compute, stages, tiles=7):
-    plan = dg.pipeline_schedule(load, compute, tiles, stages)
+@pytest.mark.parametrize("latency", [0, 500])
+def test_pipeline_schedule(load, compute, stages, latency, tiles=7):
+    plan = dg.pipeline_schedule(load, compute, tiles, stages, latency=latency)
+    assert (plan["load_start"] >= plan["load_issue"] + latency).all()   # the round trip first
     assert (plan["compute_start"] >= plan["load_end"]).all()            # never computes early
     assert (plan["compute_start"].diff().dropna() >= compute).all()     # one tile at a time
     assert (plan["load_start"].diff().dropna() >= load).all()           # one load at a time
@@ -136,9 +138,37 @@ def test_pipeline_schedule(load, compute, stages, tiles=7):
         assert plan.at[k, "load_start"] >= plan.at[k - stages, "compute_end"]
     total = plan["compute_end"].iloc[-1]
     if stages == 1:
-        assert total == pytest.approx(tiles * (load + compute))
-    if stages == 2:
+        assert total == pytest.approx(tiles * (latency + load + compute))
+    if stages == 2 and latency == 0:
         assert total == pytest.approx(load + (tiles - 1) * max(load, compute) + compute)
+    # once the loop is full, a tile every pipeline_period on average (latency-bound, the tiles
+    # come in bursts of stages - 1)
+    m = max(stages - 1, 1)
+    period = (plan["compute_start"].iloc[-1] - plan["compute_start"].iloc[-1 - m]) / m
+    assert period == pytest.approx(dg.pipeline_period(load, compute, stages, latency))
+
+
+def test_pipeline_latency():
+    """Deeper pipelines cover latency (Little's law): with compute 300 and load 100 a tile, two
+    buffers hide the load when it has no latency; with a 500 round trip, a tile issued one tile
+    ahead arrives 600 after its issue, so two buffers stall (a tile every 600) and three do not
+    (two tiles in flight, 2 x 300 >= 600)."""
+    load, compute, tiles = 100, 300, 40
+    period = {(lat, s): dg.pipeline_schedule(load, compute, tiles, s, latency=lat)[
+        "compute_start"].diff().iloc[-1] for lat in (0, 500) for s in (2, 3)}
+    assert period[(0, 2)] == period[(0, 3)] == compute
+    assert period[(500, 2)] == load + 500        # stalls: latency + transfer per tile
+    assert period[(500, 3)] == compute           # hidden
+    assert dg.pipeline_stages_needed(load, compute, 0) == 2
+    assert dg.pipeline_stages_needed(load, compute, 500) == 3
+    assert dg.pipeline_stages_needed(load, compute, 1200) == 6   # 5 x 300 >= 1300
+    # bandwidth-bound (load > compute): no number of buffers beats the link, latency or not
+    assert dg.pipeline_period(700, 300, 8, 500) == 700
+    # the serial loop pays the latency every tile; the bound counts it
+    assert dg.pipeline_speedup_bound(load, compute, 500, 2) == pytest.approx(900 / 600)
+    assert dg.pipeline_speedup_bound(load, compute, 500, 3) == pytest.approx(900 / 300)
+    with pytest.raises(ValueError):
+        dg.pipeline_schedule(1, 1, latency=-1)
 
 
 def test_pipeline_bound():
@@ -156,3 +186,14 @@ def test_pipeline_timeline():
     assert _renders(fig)
     assert "at most 1.43x" in fig._suptitle.get_text()
     assert "5000 ns for 5 tiles" in fig.axes[0].get_title(loc="left")
+    fig = dg.pipeline_timeline(100, 300, tiles=5, stages=3, latency=500)
+    assert _renders(fig)
+    title = fig._suptitle.get_text()
+    assert "latency 500 ns" in title and "at most 3.00x" in title
+    assert "4500 ns for 5 tiles" in fig.axes[0].get_title(loc="left")
+    fig = dg.pipeline_timeline(100, 300, tiles=8, stages=3, latency=500, versus=2)
+    assert _renders(fig)
+    assert "at most 2.00x" in fig._suptitle.get_text()       # 600 a tile against 300
+    assert fig.axes[0].get_title(loc="left").startswith("2 buffers")
+    with pytest.raises(ValueError):
+        dg.pipeline_timeline(1, 1, stages=2, versus=2)

@@ -234,3 +234,67 @@ def test_profile_figures_for_some_stages(profiled):
 def test_profile_figures_for_stages_not_profiled(unprofiled):
     for fig in (plots.idea_metrics(only=["06_swizzle"]), plots.stalls(only=["06_swizzle"])):
         assert any("06_swizzle" in w and plots.NO_PROFILE in w for w in words(fig))
+
+
+# --- each notebook's questions for discussion ---
+
+def notebook(path, *cells):
+    """A notebook of markdown cells (and one code cell between them), written with nbformat."""
+    import nbformat
+    from nbformat import v4
+    nb = v4.new_notebook()
+    nb.cells = [v4.new_markdown_cell(cells[0]), v4.new_code_cell("x = 1")]
+    nb.cells += [v4.new_markdown_cell(c) for c in cells[1:]]
+    nbformat.write(nb, str(path))
+
+
+@pytest.fixture
+def notebooks(tmp_path, monkeypatch):
+    """Two notebooks that end with questions (one with `code` and a continued item), one
+    without any: report.NOTEBOOKS points at them."""
+    d = tmp_path / "notebooks"
+    d.mkdir()
+    notebook(d / "01_first.ipynb", "# Stage 01 — the first idea\n\nIntro.",
+             "## Summary\n\n- learned",
+             "## Questions for discussion\n\n1. Why is `k` read N times?\n"
+             "2. What would **halve** the traffic,\n   and what would it cost?\n")
+    notebook(d / "02_second.ipynb", "# 02 · The second idea", "### Discussion\n\nMeasured.",
+             "## Questions for discussion\n1. Is 3 < 4 & 5 > 2 here?")
+    notebook(d / "03_silent.ipynb", "# 03 · No questions", "## Summary\n\n- nothing to ask")
+    (d / "scratch.ipynb").write_text("not a stage notebook")  # not NN_*.ipynb: never read
+    monkeypatch.setattr(report, "NOTEBOOKS", d)
+    return d
+
+
+def test_questions_read_from_the_notebooks(notebooks):
+    asked = report.questions()
+    assert [title for title, _ in asked] == ["Stage 01 — the first idea", "02 · The second idea"]
+    assert asked[0][1] == ("1. Why is `k` read N times?\n"
+                           "2. What would **halve** the traffic,\n   and what would it cost?")
+    assert report.questions(notebooks / "nowhere") == []
+
+
+def test_html_report_has_the_questions(unprofiled, notebooks, tmp_path):
+    text = report.write(tmp_path / "handout.html").read_text(encoding="utf-8")
+    section = text[text.index("<h2>Questions for discussion</h2>"):]
+    assert section.index("<h3>Stage 01 — the first idea</h3>") < section.index("<h3>02 · The second idea</h3>")
+    assert "<li>Why is <code>k</code> read N times?</li>" in section
+    assert "<li>What would <b>halve</b> the traffic, and what would it cost?</li>" in section
+    assert "<li>Is 3 &lt; 4 &amp; 5 &gt; 2 here?</li>" in section
+    assert "No questions" not in text and "nothing to ask" not in text
+    check_html(text, n_figures(with_profile=False))  # still one self-contained page
+
+
+def test_markdown_report_has_the_questions(unprofiled, notebooks, tmp_path):
+    text = report.write(tmp_path / "handout.md").read_text(encoding="utf-8")
+    section = text[text.index("\n## Questions for discussion\n"):]
+    assert "### Stage 01 — the first idea\n\n1. Why is `k` read N times?\n" in section
+    assert "2. What would **halve** the traffic,\n   and what would it cost?" in section
+    assert "### 02 · The second idea\n\n1. Is 3 < 4 & 5 > 2 here?" in section
+    assert "No questions" not in text
+
+
+def test_no_questions_no_section(unprofiled, tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "NOTEBOOKS", tmp_path / "empty")
+    assert "Questions for discussion" not in report.write(tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "Questions for discussion" not in report.write(tmp_path / "r.md").read_text(encoding="utf-8")

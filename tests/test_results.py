@@ -335,3 +335,14 @@ def test_no_module_but_tables_opens_a_recorded_csv():
         for name in names:
             for quote in ('"', "'"):
                 assert f"{quote}{name}{quote}" not in code, f"{py.name} names {name}"
+
+
+def test_nothing_recorded_comes_from_a_dirty_tree():
+    """Recorded numbers name the commit that made them; a '-dirty' one names no code anyone can
+    check out."""
+    from flashlab import tables
+    for table in tables.ALL:
+        df = table.load()
+        if "commit" in df:
+            dirty = df[df["commit"].astype(str).str.endswith("-dirty")]
+            assert dirty.empty, f"{table.name}: {len(dirty)} rows from a dirty tree"

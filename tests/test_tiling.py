@@ -99,3 +99,30 @@ def test_figures_render(draw):
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     assert len(fig.axes) == 2 and buf.getvalue()[:4] == b"\x89PNG"
+
+
+def test_issue_and_busy_shares():
+    # 64 warp slots per SM (H100: 2048 threads) on 4 schedulers: 16 warps each, each issuing a
+    # sixteenth of its time, keep every scheduler issuing every clock.
+    assert tiling.issue_share(100, 6.25, cc="9.0") == pytest.approx(1.0)
+    assert tiling.issue_share(50, 6.25, cc="9.0") == pytest.approx(0.5)
+    # 132 SMs, one wavefront per clock at 2 GHz for 1 ms: 2.64e8 wavefronts fill it.
+    assert tiling.busy_share(2.64e8, 1.0, 132, clock_ghz=2.0) == pytest.approx(1.0)
+    assert tiling.busy_share(2.64e8, 2.0, 132, clock_ghz=2.0) == pytest.approx(0.5)
+
+
+def test_launch_wavefronts_counts_the_return_path():
+    plain = tiling.launch_wavefronts()
+    returned = tiling.launch_wavefronts(returned=True)
+    assert 0 < plain < returned  # float4 loads cost at least 4 passes on the way back
+    # Twice the batch, twice the wavefronts.
+    assert tiling.launch_wavefronts(B=8) == 2 * plain
+
+
+def test_conflict_shares():
+    import pandas as pd
+    p = pd.DataFrame({"a": [1.1e7, 1205, 10], "b": [1.1e7, 3091, 0]},
+                     index=["smem_wavefronts", "smem_load_bank_conflicts", "smem_store_bank_conflicts"])
+    t = tiling.conflict_shares(p)
+    assert t.loc["b", "% of wavefronts (loads)"] == pytest.approx(100 * 3091 / 1.1e7)
+    assert t.loc["a", "store conflicts"] == 10

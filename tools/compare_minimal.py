@@ -119,12 +119,14 @@ def main(argv=None):
     ap.add_argument("--no-record", action="store_true", help="print only")
     args = ap.parse_args(argv)
     flash_cu = (args.checkout / "flash.cu").read_text()
-    source = hashlib.sha256(flash_cu.encode()).hexdigest()[:12]
-    try:
-        source = subprocess.run(["git", "-C", str(args.checkout), "rev-parse", "--short=12", "HEAD"],
-                                capture_output=True, text=True, check=True).stdout.strip() or source
+    source = f"flash.cu sha256 {hashlib.sha256(flash_cu.encode()).hexdigest()[:12]}"
+    try:  # the checkout's own commit, if it is a git checkout of its own
+        git = lambda *a: subprocess.run(["git", "-C", str(args.checkout), *a], capture_output=True,
+                                        text=True, check=True).stdout.strip()
+        if Path(git("rev-parse", "--show-toplevel")).resolve() == args.checkout.resolve():
+            source = git("rev-parse", "--short=12", "HEAD")
     except (OSError, subprocess.CalledProcessError):
-        source = f"flash.cu sha256 {source}"
+        pass
     cfg = TEACHING
     B, H, N, D = cfg.B, cfg.H, cfg.N, cfg.D
     q, k, v = cfg.inputs("cuda", seed=0)

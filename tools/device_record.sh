@@ -7,6 +7,8 @@
 #   again      a second, separate flashlab run --no-sweep into a scratch data/ (its log and table
 #              go to data/runs/), then `flashlab bench sdpa_cudnn --dtype fp16` on its own: three
 #              timings of the same baseline to compare
+#   minimal    stage 01 beside the published flash-attention-minimal kernel (tools/compare_minimal.py;
+#              MINIMAL_CHECKOUT: a checkout of it, carried, never committed), data/minimal.csv
 #   notebooks  every notebook executed live, outputs saved; figures and README regenerated
 # data/, the notebooks and README go back packed in $OUT/bundle.tar.gz. Needs the notebook wheels
 # in .whl/ (../shared/tools/device-kit.sh) and FLASHLAB_COMMIT=<sha>, since the tree travels
@@ -52,6 +54,10 @@ print(f"sdpa_cudnn fp16 teaching on {gpu}, TFLOP/s: run 1 {first.tflops.round(1)
       f"run 2 {second.tflops.round(1).tolist()} (re-timed {first.retimes.tolist()}, {second.retimes.tolist()})")
 PY
     ;;
+  minimal)
+    echo "== stage 01 beside the published kernel"
+    python3 tools/compare_minimal.py "${MINIMAL_CHECKOUT:?set MINIMAL_CHECKOUT}" 2>&1 \
+      | tee "data/runs/minimal-$stamp.log" | tail -8 ;;
   notebooks)
     echo "== notebooks (live)"
     # NB_ARGS, e.g. "00 01 02 03 04", splits the notebooks over several device calls

@@ -2,6 +2,7 @@
 
   python tools/notebooks.py build             notebooks/src/NN_x.py  ->  notebooks/NN_x.ipynb
   python tools/notebooks.py execute [NAMES]   run notebooks top to bottom, saving their outputs
+                                              (NAMES: stems or prefixes: 08 = 08_* and 08a_*)
                                               (--no-save: just check that they run)
   python tools/notebooks.py check             exit 1 if any .ipynb's cells differ from its source
 
@@ -63,7 +64,7 @@ def notebook_for(src: Path, old=None):
         else:
             nb.cells.append(nbformat.v4.new_code_cell(body))
     for i, c in enumerate(nb.cells):  # stable ids keep diffs small
-        c["id"] = f"{src.stem[:2]}-{i:03d}"
+        c["id"] = f"{prefix(src)}-{i:03d}"
     return nb
 
 
@@ -71,9 +72,20 @@ def target(src: Path) -> Path:
     return OUT / (src.stem + ".ipynb")
 
 
+def prefix(src: Path) -> str:
+    """What precedes the first '_' of a source's name: '08' for 08_tuned, '08a' for an appendix."""
+    return src.stem.split("_")[0]
+
+
+def wanted(src: Path, names) -> bool:
+    """Whether NAMES select this source: its stem, its prefix, or its number (so '08' selects
+    08_tuned and its appendix 08a_tuning_log; '08a' the appendix alone)."""
+    return not names or src.stem in names or prefix(src) in names or src.stem[:2] in names
+
+
 def build(names=None):
     for src in sorted(SRC.glob("*.py")):
-        if names and src.stem not in names and src.stem[:2] not in names:
+        if not wanted(src, names):
             continue
         dst = target(src)
         old = nbformat.read(dst, as_version=4) if dst.exists() else None
@@ -99,7 +111,7 @@ def differences():
 def execute(names=None, timeout=1200, save=True):
     from nbclient import NotebookClient
     for src in sorted(SRC.glob("*.py")):
-        if names and src.stem not in names and src.stem[:2] not in names:
+        if not wanted(src, names):
             continue
         path = target(src)
         nb = nbformat.read(path, as_version=4)

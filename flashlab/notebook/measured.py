@@ -142,6 +142,13 @@ def profile(stage, config=None, missing_ok=False) -> pd.DataFrame:
     return pd.concat([found[r] for r in rows]).T
 
 
+def _times(ratio, other):
+    """'1.53× faster than x' or '180× slower than x' (never '0.01× x')."""
+    if ratio >= 1:
+        return f"{ratio:.2f}× faster than {other}"
+    return f"{1 / ratio:.3g}× slower than {other}"
+
+
 def reached(stage, missing_ok=True) -> None:
     """Prints one line for a notebook's summary: the number `stage` reached at the teaching config on
     the notebook's GPU (each of its dtypes), against the stage before it and PyTorch's fastest
@@ -156,13 +163,31 @@ def reached(stage, missing_ok=True) -> None:
         r = rows.loc[st.slug]
         line = f"{st.slug} reached {r.tflops:.3g} TFLOP/s ({r.median_ms:.3g} ms) in {dtype}"
         prev = [s.slug for s in earlier if s.slug in rows.index]
+        versus = []
         if prev:
-            line += f", {rows.loc[prev[-1], 'median_ms'] / r.median_ms:.2f}× the speed of {prev[-1]}"
+            versus.append(_times(rows.loc[prev[-1], "median_ms"] / r.median_ms, prev[-1]))
         base = rows[rows["kind"] == "baseline"]
         if len(base):
             best = base.sort_values("median_ms").iloc[0]
-            line += f" and {best.median_ms / r.median_ms:.2f}× that of {best.name}, PyTorch's fastest"
+            versus.append(f"{_times(best.median_ms / r.median_ms, best.name)} (PyTorch's fastest "
+                          f"{dtype} attention)")
+        if versus:
+            line += ": " + " and ".join(versus)
         parts.append(line)
     text = f"On {view.gpu()}, at the teaching config: " + "; ".join(parts) + "."
     print(text)
     return None
+
+
+def published_minimal(missing_ok=True) -> pd.DataFrame:
+    """The published flash-attention-minimal kernel, variants of it and stage 01, timed in one
+    process on the notebook's GPU (tools/compare_minimal.py), with each one's speed-up over the
+    published extension. Not recorded: the command that records it."""
+    rows = tables.minimal_rows(view.gpu())
+    if rows.empty:
+        return _missing(tables.NotRecorded(
+            f"not recorded on {view.gpu()} yet: python tools/compare_minimal.py "
+            "PATH_TO_A_CHECKOUT_OF_flash-attention-minimal"), missing_ok, rows)
+    out = rows[["variant", "description", "median_ms", "tflops", "rel_err"]].copy()
+    out["speedup"] = rows["median_ms"].iloc[0] / rows["median_ms"]
+    return out.round({"median_ms": 1, "tflops": 3, "speedup": 2})

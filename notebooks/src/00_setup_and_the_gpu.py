@@ -1,29 +1,32 @@
 # %% [markdown]
 # # 00 — Setup, the GPU, and the problem
 #
-# **flashlab** builds a FlashAttention forward kernel in CUDA one optimisation at a time. Each
-# stage is one `.cu` file in `kernels/` and one notebook, and differs from the stage before by a
-# single idea. Every stage is checked against a float64 reference and timed next to PyTorch's own
-# attention on the same GPU, in the same run. Every number goes into one table,
-# `data/results.csv`, which all the notebooks and figures read.
+# This workbook builds a FlashAttention forward kernel in CUDA, one optimisation per stage. Each
+# stage is one `.cu` file in `kernels/` and one notebook; it is checked against a float64
+# reference and timed next to PyTorch's attention on the same GPU. This notebook measures the
+# GPU, works out what attention costs, and draws the two figures every stage is placed on.
 #
-# This notebook sets up the rest of the workbook:
+# ## Objectives
+# After this notebook you can:
+# - name the GPU's three measured ceilings and compute a ridge point from them;
+# - count the FLOPs and the least HBM traffic of attention, and explain why it is compute bound
+#   only when the N×N scores stay on chip;
+# - run the online softmax by hand and say why its result is exact;
+# - read a roofline and the stage ladder;
+# - say how a stage is built, checked and timed (appendix).
 #
-# 1. **the GPU**: its measured ceilings, which say what "fast" can mean on this chip;
-# 2. **the problem**: the FLOPs and bytes of attention, and the *online softmax*, which lets a
-#    kernel work without ever storing the N×N score matrix;
-# 3. **the references** every stage is checked against;
-# 4. **the machinery**: how a stage is built, checked, timed and recorded, and a demonstration
-#    that the check can fail;
-# 5. **the roofline and the ladder**: the two figures on which every later stage is placed.
+# **Prerequisites:** Python and PyTorch; matrix products and the softmax. Reading C helps from
+# notebook 01 on.
+#
+# **Time:** about 30 min to read, 60 min to work through.
 #
 # ### The ladder ahead
 #
-# The first three stages compute in fp32 on the CUDA cores:
-# **01 naive** is the published *flash-attention-minimal* kernel, **02 coalesced** fixes its
-# memory access pattern, and **03 coarsened** changes the loop order and gives each thread a
-# small block of outputs, so that every value it loads feeds several FMAs. The stages after those move to fp16 on the tensor cores: WMMA, then `mma.sync` with
-# `ldmatrix`, swizzled shared memory, and `cp.async` pipelining. The stages that exist now:
+# Stages 01–03 compute in fp32 on the CUDA cores: **01 naive** is the published
+# *flash-attention-minimal* kernel, **02 coalesced** fixes its memory access pattern, and
+# **03 coarsened** changes the loop order and gives each thread a small block of outputs. The
+# stages after those move to fp16 on the tensor cores: WMMA, then `mma.sync` with `ldmatrix`,
+# swizzled shared memory, and `cp.async` pipelining.
 
 # %%
 %matplotlib inline
@@ -43,46 +46,40 @@ pd.DataFrame([dict(stage=s.slug, adds=s.idea, dtypes="/".join(s.dtypes)) for s i
 # %% [markdown]
 # ### Live or replay
 #
-# The notebooks run in one of two modes, and `nb.banner()` says which:
-#
-# - **live**: a CUDA GPU and `nvcc` are present, and the GPU can run the notebook's stage (each
-#   stage names the compute capability it needs: `fl.stage(k).min_cc`). Cells compile the
-#   kernels, check them, time them now and write the results to `data/`.
-# - **replay**: no GPU, or one the stage cannot run on. The same cells show the numbers recorded
-#   in `data/` on a real GPU, and the banner says why and names that GPU and its software.
-#
-# Either way, everything one notebook shows comes from **one GPU**: this one when it runs live,
-# otherwise the GPU that recorded most recently (or the one you name in the environment variable
-# `FLASHLAB_GPU`). Times from two different GPUs are never set side by side.
-#
-# Run the cells top to bottom. The prose never states a measured number; every number you see
-# comes from a cell's output, so the text stays true on whichever GPU produced the data.
+# `nb.banner()` says which mode a notebook runs in. **Live**: a CUDA GPU and `nvcc` are here,
+# and the GPU can run the stage (`fl.stage(k).min_cc`); cells build, check and time kernels now
+# and write the results to `data/`. **Replay**: the same cells show what a real GPU recorded in
+# `data/`, and the banner names it. Either way one notebook shows **one GPU** (this one when
+# live, else the one that recorded last, or the one named in `FLASHLAB_GPU`): times from two GPUs
+# are never set side by side.
 
 # %%
 nb.banner()
 
 # %% [markdown]
-# ## 1. The GPU's ceilings
+# ## 1. The GPU
 #
-# Three numbers bound every kernel in this workbook. We measure them instead of copying them from
-# a datasheet. A datasheet peak assumes clocks and conditions that a real kernel rarely gets; a
-# measured ceiling is what a well-tuned library actually reaches on this machine.
+# An H100 SXM has **132 streaming multiprocessors (SMs)**, which share a 50 MB L2 cache and
+# 80 GB of HBM3. Each SM has 65 536 32-bit registers, up to 228 KB of **shared memory** (32
+# banks, 4 bytes wide), 128 fp32 FMA units and 4 tensor cores. Threads run in **warps** of 32
+# that execute one instruction together. An SM holds up to 64 warps, and each clock its 4
+# schedulers each issue one instruction from a warp that is ready. A warp waiting for memory
+# (about thirty clocks for shared memory, several hundred for HBM) is skipped, so an SM hides
+# latency only when it has other warps to run.
 #
-# - **`matmul_fp32_tflops`**: an 8192 × 8192 × 8192 fp32 matrix product (`a @ b`) with TF32
-#   switched off. cuBLAS then has to use the CUDA cores' fp32 fused multiply-add (FMA) units, and
-#   each FMA counts as 2 FLOPs. This is the ceiling for stages 01–03, which compute in fp32 on
-#   those same units.
-# - **`matmul_fp16_tflops`**: the same product in fp16, which cuBLAS runs on the **tensor
-#   cores**, units that each do a small matrix product per instruction. This is the ceiling for
-#   the tensor-core stages to come and for PyTorch's fp16 attention kernels.
-# - **`copy_tbps`**: `dst.copy_(src)` on 1 GiB, counting the bytes read plus the bytes written.
-#   This is the **HBM bandwidth**, the fastest the memory can feed the chip, and the ceiling
-#   for any kernel that does little arithmetic per byte.
+# Three numbers bound every kernel here, and we measure them:
 #
-# Each one is timed the same way as the stages: the median of repeated runs, with the L2 cache
-# flushed between them. In live mode the next cell measures this GPU (a few seconds) and records
-# the result in `data/peaks.csv`. In both modes it then shows the recorded ceilings and the
-# machine they were measured on.
+# - **`matmul_fp32_tflops`**: an 8192³ fp32 matrix product with TF32 off, so cuBLAS uses the
+#   CUDA cores' fp32 fused multiply-adds (FMA, 2 FLOPs each). The ceiling for stages 01–03.
+# - **`matmul_fp16_tflops`**: the same product in fp16, on the **tensor cores**, which do a small
+#   matrix product per instruction. The ceiling for the later stages and PyTorch's fp16 kernels.
+#   The datasheet's dense fp16 peak, 989 TFLOP/s, is 132 SMs × 4 096 FLOP per clock × 1.83 GHz;
+#   a measured ceiling is what a tuned library actually reaches.
+# - **`copy_tbps`**: `dst.copy_(src)` on 1 GiB, bytes read plus bytes written: the **HBM
+#   bandwidth**, the ceiling for a kernel that does little arithmetic per byte.
+#
+# Each is timed like the stages (median of repeated runs, L2 flushed between them). Live, the
+# next cell measures this GPU (a few seconds) and records it in `data/peaks.csv`.
 
 # %%
 if fl.gpu_available():
@@ -95,12 +92,10 @@ print(f"{r.gpu}: compute capability {r.compute_capability}, torch {r.torch}, CUD
 rows[["metric", "value", "unit"]]
 
 # %% [markdown]
-# A kernel that performs *I* FLOPs for every byte it moves to or from HBM can run no faster than
-# **min(peak FLOP/s, I × bandwidth)**. The intensity at which the two limits are equal,
-# *peak / bandwidth*, is the **ridge point**. Below the ridge a kernel is *memory bound*: faster
-# arithmetic would not help it. Above the ridge it is *compute bound*: only faster arithmetic
-# helps. The tensor cores raise the peak but not the bandwidth, so they push the ridge to the
-# right, and an fp16 kernel has to do much more work per byte before it can use them fully.
+# A kernel that performs *I* FLOPs per byte of HBM traffic runs no faster than
+# **min(peak FLOP/s, I × bandwidth)**. The intensity where the two are equal, *peak / bandwidth*,
+# is the **ridge point**. Below it a kernel is *memory bound*; above it, *compute bound*. The
+# tensor cores raise the peak but not the bandwidth, so they move the ridge to the right.
 
 # %%
 fp32, fp16, bw = (ceilings[k] for k in ("matmul_fp32_tflops", "matmul_fp16_tflops", "copy_tbps"))
@@ -116,23 +111,18 @@ print(f"Ridge points: fp32 {fp32 / bw:.0f} FLOP/byte, fp16 {fp16 / bw:.0f} FLOP/
 # $$S = Q K^\top \cdot \tfrac{1}{\sqrt D} \quad (N \times N), \qquad
 #   P = \operatorname{softmax}_{\text{row}}(S), \qquad O = P V \quad (N \times D).$$
 #
-# flashlab's tensors are contiguous `(B, H, N, D)` arrays, which hold B·H independent problems.
-# With **causal** masking, query *i* may attend only to keys *j ≤ i*: S<sub>ij</sub> is set to
-# −∞ above the diagonal before the softmax. This is the mask used when a language model is
-# trained to predict the next token.
+# The tensors are contiguous `(B, H, N, D)` arrays: B·H independent problems. With **causal**
+# masking, query *i* attends only to keys *j ≤ i* (S<sub>ij</sub> = −∞ above the diagonal), as
+# when a language model learns to predict the next token.
 #
 # ### Counting FLOPs: 4·B·H·N²·D
 #
-# Q Kᵀ is N² dot products of length D: N²·D multiply-adds, or **2·N²·D FLOPs**. P V costs the
-# same. Per problem that makes 4·N²·D, and `fl.flops` returns 4·B·H·N²·D. The softmax (N²
-# exponentials, maxima and sums) is O(N²) against the matmuls' O(N²·D), and by the convention
-# of the FlashAttention papers it is not counted. It is not free, though: once tensor cores make
-# the matmuls cheap, the exponentials start to cost real time. With a causal mask only the
-# N(N+1)/2 entries on or below the diagonal are useful, and flashlab counts **exactly half**. A
-# causal kernel that computes the masked half anyway does the work without getting credit for it.
-#
-# PyTorch's own FLOP counter agrees. `fl.naive_attention` computes the masked entries and then
-# throws them away, so the counter sees the full count even when the mask is on:
+# Q Kᵀ is N² dot products of length D: **2·N²·D FLOPs**. P V costs the same, so `fl.flops`
+# returns 4·B·H·N²·D. The softmax (O(N²) exponentials, maxima and sums) is not counted, by the
+# FlashAttention papers' convention, though once tensor cores make the matmuls cheap the
+# exponentials cost real time. Causal counts **exactly half**: a kernel that computes the masked
+# half anyway does that work without credit. PyTorch's FLOP counter agrees; `fl.naive_attention`
+# computes the masked entries and discards them, so the counter sees the full count either way:
 
 # %%
 from torch.utils.flop_counter import FlopCounterMode
@@ -150,26 +140,24 @@ for n in (17, 1024, 16384):
 # %% [markdown]
 # ### Counting bytes: attention should be compute bound
 #
-# The least any implementation has to move is: read Q, K and V once, and write O once. That is
-# **4·B·H·N·D·elem** bytes, where *elem* is 4 for fp32 and 2 for fp16. Divide the FLOPs by it:
+# The least any implementation moves is Q, K, V read once and O written once:
+# **4·B·H·N·D·elem** bytes (*elem* = 4 for fp32, 2 for fp16). So
 #
 # $$I = \frac{4 B H N^2 D}{4 B H N D \cdot \text{elem}} = \frac{N}{\text{elem}}
 #   \ \text{FLOP/byte} \quad (\text{half that when causal}).$$
 #
-# The intensity grows with N and does not depend on D, B or H. For N in the thousands it is
-# hundreds of FLOPs per byte, well above both ridge points, so **attention is compute bound**,
-# *provided that S and P never go to HBM*. The textbook implementation writes S, reads it back for
-# the softmax, writes P and reads P again for P V. That adds 4·N² elements of traffic for each
-# problem, and the intensity falls to below D / elem whatever N is: about 16 FLOP/byte in fp32 and
-# 32 in fp16 at D = 64, far below the fp16 ridge. **This is the whole argument for
-# FlashAttention**: keep S and P on chip, and attention changes from memory bound to compute bound.
+# For N in the thousands that is hundreds of FLOPs per byte, above both ridge points: **attention
+# is compute bound**, *provided S and P never go to HBM*. The textbook implementation writes S,
+# reads it for the softmax, writes P and reads it for P V: 4·N² more elements per problem, and the
+# intensity falls below D / elem whatever N is (16 FLOP/byte in fp32 at D = 64). **This is the
+# whole argument for FlashAttention**: keep S and P on chip.
 
 # %%
 intro.intensity_figure(ceilings);
 
 # %% [markdown]
-# What do these ceilings imply at the **teaching config** `fl.TEACHING`, the size at which every
-# stage is compared? The cell below works out the lower bounds on time, one from each ceiling:
+# The lower bounds on time at the **teaching config** `fl.TEACHING`, where every stage is
+# compared, one from each ceiling:
 
 # %%
 cfg = fl.TEACHING
@@ -183,40 +171,45 @@ print(f"  writing and reading S and P (fp32) would move another {intro.fmt_bytes
       f"{s_bytes / (bw * 1e12) * 1e3:.3f} ms at full bandwidth")
 
 # %% [markdown]
+# Materialising S costs memory as well as time. The largest problem of the FlashAttention sweep
+# (`fl.sweep()`) that later notebooks time:
+
+# %%
+big = max(fl.sweep("fp16"), key=lambda c: c.N)
+scores = big.B * big.H * big.N**2 * 2
+print(f"{big.label}: q, k, v, o take {intro.fmt_bytes(intro.min_bytes(big.N, big.D, 'fp16', big.B, big.H))}; "
+      f"the fp16 score matrix alone would take {intro.fmt_bytes(scores)}")
+print("so the baselines that materialise it (torch_naive, sdpa_math) are not timed past N = 8192")
+
+# %% [markdown]
 # ### The online softmax
 #
-# How can a kernel compute a softmax over a row of S without ever holding the whole row? Take one
-# query row with scores s<sub>1</sub> … s<sub>N</sub> and value rows v<sub>1</sub> … v<sub>N</sub>.
+# How can a kernel take the softmax of a row of S without holding the whole row? Take one query
+# row with scores s<sub>1</sub> … s<sub>N</sub> and value rows v<sub>1</sub> … v<sub>N</sub>.
 # For **any** constant m,
 #
 # $$o = \frac{\sum_j e^{s_j - m}\, v_j}{\sum_j e^{s_j - m}} .$$
 #
-# Choosing m = max<sub>j</sub> s<sub>j</sub> keeps every exponent ≤ 0, so nothing overflows.
-# This matters in practice: e<sup>x</sup> overflows fp32 once x > 88.7. The catch is that the
-# maximum is not known until every score has been seen. The **online softmax** removes the catch.
-# After the first few tiles of keys it keeps three things:
+# m = max<sub>j</sub> s<sub>j</sub> keeps every exponent ≤ 0, so nothing overflows (e<sup>x</sup>
+# overflows fp32 past x ≈ 88.7), but the maximum is known only after every score. The **online
+# softmax** keeps, over the keys seen so far:
 #
-# - **m**: the largest score seen so far;
-# - **l** = Σ e<sup>s<sub>j</sub> − m</sup>, summed over the keys seen so far;
+# - **m**: the largest score;
+# - **l** = Σ e<sup>s<sub>j</sub> − m</sup>;
 # - **õ** = Σ e<sup>s<sub>j</sub> − m</sup> v<sub>j</sub>, an unnormalised output (a D-vector).
 #
-# When the next tile of scores arrives, the maximum may go up: m′ = max(m, max of the tile). Every
-# term summed so far carries a factor e<sup>−m</sup>. Multiplying by **α = e<sup>m − m′</sup>**
-# (which is ≤ 1) changes that factor to e<sup>−m′</sup>, so
+# When a tile of scores raises the maximum to m′, every term so far carries e<sup>−m</sup>, and
+# multiplying by **α = e<sup>m − m′</sup>** (≤ 1) turns it into e<sup>−m′</sup>:
 #
 # $$l' = \alpha\, l + \sum_{j \in \text{tile}} e^{s_j - m'}, \qquad
 #   \tilde o' = \alpha\, \tilde o + \sum_{j \in \text{tile}} e^{s_j - m'}\, v_j .$$
 #
-# After the last tile, m is the true maximum and l the true denominator, so **O = õ / l**. The
-# result is exact: only the rounding differs from a direct softmax. Each key and value is read
-# once, and each row needs only m, l and one D-vector of state. Stages 01 and 02 follow
-# FlashAttention-1 and normalise O after every tile; stage 03 follows FlashAttention-2 and
-# divides by l once, at the end.
+# After the last tile, **O = õ / l**, exact up to rounding, with each key and value read once.
+# Stages 01 and 02 follow FlashAttention-1 and normalise O after every tile; stage 03 follows
+# FlashAttention-2 and divides by l once, at the end.
 #
-# Here is the loop for one row, on the CPU, with tiles of 128 keys over N = 1000 (the last tile is
-# ragged). The table traces m, α and l from tile to tile. On the first tile α = 0, because nothing
-# has been summed yet. α = 1 wherever a tile does not raise the maximum, and α < 1 wherever one
-# does, which shrinks the earlier terms to match the new maximum:
+# One row on the CPU, tiles of 128 keys over N = 1000 (the last tile ragged). On the first tile
+# α = 0 (nothing summed yet); α = 1 where a tile does not raise the maximum, α < 1 where it does:
 
 # %%
 def online_softmax_row(s, v, tile=128):
@@ -242,9 +235,9 @@ print(f"relative error against a float64 softmax: {fl.rel_err(o, exact):.1e}")
 trace
 
 # %% [markdown]
-# The maximum matters as well as the tiling. Multiply the same scores by 40, as a sharply
-# peaked attention head might produce. Without the maximum subtracted, e<sup>s</sup> overflows to
-# `inf` and the softmax becomes `nan`. The online version is unaffected:
+# Multiply the same scores by 40, as a sharply peaked head might produce. Without the maximum
+# subtracted, e<sup>s</sup> overflows and the softmax becomes `nan`; the online version is
+# unaffected:
 
 # %%
 sharp = 40 * s
@@ -255,27 +248,25 @@ o_sharp, _ = online_softmax_row(sharp, v[0, 0])
 print(f"online softmax: relative error {fl.rel_err(o_sharp, torch.softmax(sharp.double(), 0) @ v[0, 0].double()):.1e}")
 
 # %% [markdown]
-# A kernel does the same for a whole **tile of query rows** at once. Each step takes a Q tile
+# A kernel does the same for a **tile of query rows** at once. Each step takes a Q tile
 # (B<sub>r</sub> rows) and a K/V tile (B<sub>c</sub> rows), computes the B<sub>r</sub>×B<sub>c</sub>
-# block S<sub>ij</sub> on chip, and folds it into each row's m, l and O. The figure shows one step
-# and where each piece lives. Only Q, K, V and O are in HBM. The current tiles sit in **shared
-# memory**, where every thread of the block can reuse them. S<sub>ij</sub> and P<sub>ij</sub>
-# exist only on chip, one tile at a time. Under the causal mask, tiles entirely above the diagonal
-# are skipped, and only the diagonal tiles need masking inside.
+# block S<sub>ij</sub> on chip and folds it into each row's m, l and O. Only Q, K, V and O live in
+# HBM; the current tiles sit in **shared memory**, where the whole thread block can reuse them;
+# S<sub>ij</sub> and P<sub>ij</sub> exist only on chip. Under the causal mask, tiles above the
+# diagonal are skipped and only diagonal tiles need masking.
 #
-# The stages differ in the **loop order**. Stages 01 and 02 use the FlashAttention-1 order: the
-# outer loop runs over K/V tiles and the inner loop over Q tiles, so each row's m, l and O return
-# to HBM after every K/V tile. Stage 03 uses the FlashAttention-2 order shown here: one block
-# owns Q<sub>i</sub> and sweeps j, so m, l and O<sub>i</sub> stay in registers from start to
-# finish.
+# The stages differ in **loop order**. Stages 01 and 02 use FlashAttention-1's: K/V tiles outside,
+# Q tiles inside, so each row's m, l and O return to HBM after every K/V tile. Stage 03 uses
+# FlashAttention-2's, drawn here: one block owns Q<sub>i</sub> and sweeps j, keeping m, l and
+# O<sub>i</sub> in registers throughout.
 
 # %%
 intro.tiling_figure();
 
 # %% [markdown]
-# The same loop in PyTorch, for every row of every head at once. It has the signature that
-# flashlab expects of an attention function, `fn(q, k, v, causal=False, out=None)`, which writes
-# into `out`, so section 4 can check it like a kernel:
+# The same loop in PyTorch, for every row of every head at once, with the signature of an
+# attention function here, `fn(q, k, v, causal=False, out=None)`, so the appendix can check it
+# like a kernel:
 
 # %%
 def flash_torch(q, k, v, causal=False, out=None, tile=64):
@@ -303,20 +294,56 @@ for causal in (False, True):
     print(f"causal={causal!s:5} relative error of flash_torch against float64: {err:.1e}")
 
 # %% [markdown]
-# ## 3. The references
+# ## 3. The roofline and the ladder
 #
-# - **`fl.reference(q, k, v, causal)`** is the truth every stage is checked against. It runs in
-#   **float64**, a few heads at a time, so that the N×N scores of an N = 16k problem fit in
-#   memory (at most 2 GiB of scores per chunk).
-# - **`fl.naive_attention(q, k, v, causal)`** is the textbook version in the inputs' own dtype:
-#   a matmul, a softmax (in fp32) and a matmul, with the whole N×N matrix materialised. The
-#   baseline called `torch_naive` is this function.
-# - **`fl.rel_err(out, ref)`** = ‖out − ref‖ / ‖ref‖ over the whole tensor, computed in float64.
-#   It is `inf` when `out` contains any NaN or inf.
+# The **roofline** places PyTorch's attention at the teaching config under the measured
+# ceilings. The x-axis is the intensity of section 2 (N / elem: fp16 points sit at twice the fp32
+# intensity), the y-axis the achieved TFLOP/s, both logarithmic. Both intensities lie right of
+# their ridge points, under the flat part of the roof; the vertical gap between a point and its
+# roof is performance left unused. Each stage notebook adds its own point.
+
+# %%
+plots.roofline(last="00")
+
+# %%
+base32, base16 = (nb.compare(d).query("kind == 'baseline'").reset_index(drop=True)
+                  for d in ("fp32", "fp16"))
+for dtype, rows_d in (("fp32", base32), ("fp16", base16)):
+    best = rows_d.sort_values("tflops").iloc[-1]
+    print(f"Fastest {dtype} attention: {best.stage}, {best.tflops:.1f} TFLOP/s, "
+          f"{100 * best.tflops / ceilings[f'matmul_{dtype}_tflops']:.0f}% of the {dtype} matmul ceiling.")
+
+# %% [markdown]
+# The **ladder** shows TFLOP/s at the teaching config on a log scale: PyTorch's fp32 attention
+# as lines, its fp16 flash and cuDNN kernels faint above them. Every stage notebook adds a bar.
+
+# %%
+plots.ladder(last="00")
+
+# %% [markdown]
+# The same baselines as tables, slowest first. `pct_sdpa_best` is the rate as a percentage of the
+# fastest SDPA backend *in the same dtype*. SDPA's flash and cuDNN backends take only fp16 and
+# bf16, so in fp32 the fastest is usually `sdpa_efficient`.
+
+# %%
+base32
+
+# %%
+base16
+
+# %% [markdown]
+# ## Appendix: how a stage is built and checked
 #
-# How far from float64 does an honest computation land in each dtype? That error sets the
-# tolerances. fp32 must come within 1e-4. For fp16 and bf16 the rule comes from FlashAttention's
-# own tests: the error may be at most twice that of PyTorch's attention in the same dtype.
+# ### The references
+#
+# - **`fl.reference(q, k, v, causal)`**: the truth every stage is checked against, in
+#   **float64**, a few heads at a time (at most 2 GiB of scores per chunk).
+# - **`fl.naive_attention(q, k, v, causal)`**: the textbook version in the inputs' dtype (matmul,
+#   fp32 softmax, matmul), N×N matrix materialised; the baseline `torch_naive`.
+# - **`fl.rel_err(out, ref)`** = ‖out − ref‖ / ‖ref‖ in float64; `inf` if `out` holds a NaN or inf.
+#
+# The tolerance: 1e-4 in fp32; in fp16 and bf16 FlashAttention's own rule, at most twice the
+# error of PyTorch's attention in the same dtype:
 
 # %%
 from flashlab.check import tolerance
@@ -329,27 +356,13 @@ for dt in (torch.float32, torch.float16, torch.bfloat16):
           f"{tolerance(qd, kd, vd, True, ref):.1e}")
 
 # %% [markdown]
-# Materialising S costs memory as well as time. The largest problem in the FlashAttention sweep
-# that later notebooks time (`fl.sweep()`) shows how much:
-
-# %%
-big = max(fl.sweep("fp16"), key=lambda c: c.N)
-scores = big.B * big.H * big.N**2 * 2
-print(f"{big.label}: q, k, v, o take {intro.fmt_bytes(intro.min_bytes(big.N, big.D, 'fp16', big.B, big.H))}; "
-      f"the fp16 score matrix alone would take {intro.fmt_bytes(scores)}")
-print("so the baselines that materialise it (torch_naive, sdpa_math) are not timed past N = 8192")
-
-# %% [markdown]
-# ## 4. Build, check, bench, record
-#
 # ### A stage, and what `build()` returns
 #
-# `fl.stage(k)` describes stage *k*: its `.cu` file, the dtypes and head dims it supports, and
-# the single idea it adds. `stage.build()` compiles the file with `nvcc` (a few seconds the first
-# time; after that the build is cached under a hash of everything that went into it) and returns
-# **`attn(q, k, v, causal=False, out=None)`**, which takes `(B, H, N, D)` CUDA tensors. The
-# `.cu` files contain no PyTorch code. Each one implements the three C functions of
-# `kernels/flashlab.h`, and flashlab generates the small Python binding that calls them:
+# `fl.stage(k)` describes stage *k*: its `.cu` file, dtypes, head dims and the idea it adds.
+# `stage.build()` compiles the file with `nvcc` (cached under a hash of its inputs) and returns
+# **`attn(q, k, v, causal=False, out=None)`** for `(B, H, N, D)` CUDA tensors. The `.cu` files
+# contain no PyTorch code: each implements the three C functions of `kernels/flashlab.h`, and a
+# small generated binding calls them:
 
 # %%
 st = fl.stage(3)
@@ -359,9 +372,8 @@ abi = (paths.KERNELS / "flashlab.h").read_text()
 Code(abi[abi.index('extern "C"'):], language="c")
 
 # %% [markdown]
-# Bad input is caught in Python before any kernel runs. A wrong call raises a `ValueError` that
-# names the problem, so it never turns into a wrong answer, a hang or a CUDA fault. These checks
-# need no GPU; the device is checked last:
+# Bad input raises a `ValueError` in Python, before any kernel runs, instead of becoming a wrong
+# answer, a hang or a CUDA fault:
 
 # %%
 from flashlab.inputs import validate
@@ -377,33 +389,23 @@ for what, args in bad_calls.items():
         print(f"{what:22} ValueError: {err}")
 
 # %% [markdown]
-# ### `fl.check`: a test designed to catch the usual kernel bugs
+# ### `fl.check`
 #
-# `fl.check(attn)` compares `attn` with `fl.reference` on **fresh random inputs** each time it is
-# called, so a kernel cannot pass by accident on one fixed input. Before every call it fills the
-# output with **NaN**, so a single element the kernel never writes makes the error infinite.
-# Without the poison, that element might hold zeros or a previous call's result and pass by
-# luck. It runs each shape in `(B, H, N)` = (1, 1, **1**), (2, 3, **17**), (1, 2, **1000**) and
-# (1, 1, **4096**): no tile size divides the first three, and the last is long enough for errors
-# that grow with N to show. Each shape runs at every head dim the stage supports, with and
-# without the causal mask. The tolerance is a relative error of 1e-4 in fp32; in fp16 and bf16
-# it is FlashAttention's own rule, at most twice the error of PyTorch's attention computed in the
-# same dtype.
-#
-# It works on any function with the attention signature, including `flash_torch` on the CPU:
+# `fl.check(attn)` compares `attn` with `fl.reference` on **fresh random inputs** each call, and
+# first fills the output with **NaN**, so an element the kernel never writes makes the error
+# infinite instead of passing on stale zeros. It runs `(B, H, N)` = (1, 1, **1**), (2, 3, **17**),
+# (1, 2, **1000**) and (1, 1, **4096**): no tile size divides the first three, and the last is
+# long enough for errors that grow with N. Each runs at every supported head dim, causal and not. It takes any function
+# with the attention signature, `flash_torch` on the CPU included:
 
 # %%
 fl.check(flash_torch, device="cpu", dtype="fp32")
 
 # %% [markdown]
-# A check that cannot fail is worthless. Here are three plausible bugs, each of which `fl.check`
-# has to catch:
-#
-# - `forgets_mask` ignores `causal`. It is right in every unmasked case.
-# - `whole_tiles_only` drops the ragged last K/V tile, a common bug when N is assumed to be a
-#   multiple of the tile size. It would pass at N = 1024.
-# - `misses_last_row` never writes the last query row, an off-by-one in the row loop. Only the
-#   NaN poison exposes it reliably.
+# A check that cannot fail is worthless. Three plausible bugs it has to catch: `forgets_mask`
+# ignores `causal`; `whole_tiles_only` drops the ragged last K/V tile (it would pass at
+# N = 1024); `misses_last_row` never writes the last query row, which only the NaN poison exposes
+# reliably.
 
 # %%
 def forgets_mask(q, k, v, causal=False, out=None):
@@ -421,13 +423,10 @@ fns = [flash_torch, forgets_mask, whole_tiles_only, misses_last_row]
 intro.check_matrix({f.__name__: fl.check(f, device="cpu", dtype="fp32") for f in fns})
 
 # %% [markdown]
-# Each bug is caught, and on the cases you would expect. `forgets_mask` fails only the causal
-# cases with more than one key: a single key needs no mask. `whole_tiles_only` fails wherever N
-# is not a multiple of 64, which is every N in the check. `misses_last_row` fails every case
-# with an infinite error, because the NaN poison is still in the row it never wrote.
-#
-# On a GPU the next cell runs the real check on stage 03. In replay mode it shows the cases
-# recorded when stage 03 was last checked:
+# `forgets_mask` fails only causal cases with more than one key; `whole_tiles_only` fails wherever
+# N is not a multiple of 64; `misses_last_row` fails everywhere with an infinite error, the NaN
+# still in its last row. On a GPU the next cell checks stage 03; in replay it shows the recorded
+# cases:
 
 # %%
 if fl.gpu_available():
@@ -438,30 +437,22 @@ else:
                                                 "tol", "passed", "gpu"]])
 
 # %% [markdown]
-# ### `fl.bench`: timing that can be trusted
+# ### `fl.bench`
 #
-# `fl.bench(attn, config)` generates seeded inputs for the config and first records the relative
-# error *at that config*. It then times the kernel with `triton.testing.do_bench` (or, without
-# triton, CUDA events by hand):
+# `fl.bench(attn, config)` records the relative error at that config, then times the kernel with
+# `triton.testing.do_bench` (or CUDA events):
 #
-# - **warm-up** runs first, at every config, for at least 10 calls and 100 ms, so compilation,
-#   module loading, allocation, a library's per-shape planning (cuDNN builds an execution plan
-#   the first time it sees a shape) and the clocks ramping up are never timed;
-# - **the L2 cache is flushed** before every run by overwriting a 256 MB buffer, because a problem
-#   small enough to stay in L2 would otherwise be timed reading from cache instead of HBM, which
-#   no real workload gets;
-# - it reports the **median of at least 20 runs**, with the 20th and 80th percentiles as the
-#   spread. The median is robust to the odd run that gets interrupted;
-# - **it times twice**: the timing above, then a quick second one. Where the p20–p80 spread is
-#   wider than 10% of the median, or the two medians differ by more than 10%, the timing is
-#   thrown away and taken again (at most twice more). The row records how many warm-up calls
-#   ran (`warmup_runs`), how many timings were thrown away (`retimes`) and what they saw
-#   (`note`), so a number that needed re-timing says so;
-# - **TFLOP/s** = `fl.flops(config)` / median time. Every stage and baseline is counted with the
-#   same formula, so their rates can be compared directly.
+# - **warm-up** of at least 10 calls and 100 ms, so compilation, allocation, a library's per-shape
+#   planning and the clock ramp are never timed;
+# - **L2 flushed** before every run (a 256 MB buffer overwritten), so a small problem is not timed
+#   from cache;
+# - the **median of at least 20 runs**, with the 20th and 80th percentiles;
+# - **timed twice**: where the p20–p80 spread exceeds 10% of the median, or the two medians differ
+#   by more than 10%, it times again (at most twice more), and the row says so (`retimes`,
+#   `note`);
+# - **TFLOP/s** = `fl.flops(config)` / median, the same formula for every stage and baseline.
 #
-# The timed row of stage 03 at the teaching config (in live mode, a fresh measurement is shown
-# above it):
+# Stage 03's row at the teaching config (live, a fresh measurement above it):
 
 # %%
 cols = ["median_ms", "p20_ms", "p80_ms", "tflops", "rel_err", "runs", "warmup_runs", "retimes", "timer"]
@@ -476,13 +467,10 @@ table.set_index("source")
 # %% [markdown]
 # ### The results table
 #
-# Every timed row goes into `data/results.csv`: one tidy row per (stage or baseline, config,
-# dtype, causal, GPU). **`fl.results.key`** identifies a row; writing a row with the same key
-# replaces the old one. The table is written under a file lock and replaced by an atomic rename,
-# so two notebooks writing at once, or a run killed halfway, can never corrupt it.
-# **`fl.results.contract`** lists the columns that outside tools may rely on. The other columns
-# (p20/p80, percentages of SDPA, registers and spills from `ptxas`, versions, commit, time) sit
-# beside them.
+# Every timed row goes into `data/results.csv`, one row per (stage or baseline, config, dtype,
+# causal, GPU). **`fl.results.key`** identifies a row, and a new row with the same key replaces
+# the old. Writes take a file lock and an atomic rename, so concurrent writers or a killed run
+# cannot corrupt it. **`fl.results.contract`** lists the columns outside tools may rely on.
 
 # %%
 df = fl.results.load()
@@ -493,63 +481,33 @@ print(f"{len(df)} rows: {(df.kind == 'stage').sum()} stage rows and {(df.kind ==
 df[fl.results.contract].head(3)
 
 # %% [markdown]
-# ## 5. The roofline, and the road ahead
+# ## Next: stage 01
 #
-# The **roofline** places every stage and baseline at the teaching config against the measured
-# ceilings. The x-axis is the intensity from section 2 (N / elem: fp32 points sit at one
-# intensity, fp16 points at twice it), and the y-axis is the achieved TFLOP/s. Both are log
-# scales. Circles are stages; squares are PyTorch's baselines. Compare the intensities with the ridge points printed in section 1: a point to the
-# right of its ridge sits under the flat part of its roof, the matmul peak of its dtype. The
-# vertical gap between a point and the roof above it is performance left unused.
-#
-# - **Stages 01 and 02** sit far below even the fp32 roof. The total traffic is not what limits
-#   them. They are limited by how they use memory and threads: 01's loads are uncoalesced, and
-#   both send m, l and O back through HBM after every K/V tile and do little arithmetic per load.
-# - **Stage 03** shows how far CUDA-core techniques go: the cell below the figure prints how close
-#   it gets to the fp32 roof and to PyTorch's fp32 attention.
-# - **PyTorch's fp16 kernels** (`sdpa_flash`, `sdpa_cudnn`) sit far higher, under the tensor-core
-#   roof. That gap is what the rest of the workbook closes, with fp16, tensor cores, and the memory
-#   pipeline that keeps them fed.
-#
-# The figures and tables below show the notebook's one GPU (the banner names it). In a live
-# session that is yours: until the stage notebooks or `flashlab run` have recorded rows for it,
-# they say what to run instead.
-
-# %%
-plots.roofline()
-
-# %%
-fp32_rows, fp16_rows = nb.compare("fp32"), nb.compare("fp16")
-roof = fl.tables.peaks(fp32_rows["gpu"].iloc[0])
-best = fp32_rows[fp32_rows["kind"] == "stage"].sort_values("tflops").iloc[-1]
-sdpa16 = fp16_rows[fp16_rows["stage"].str.startswith("sdpa_")].sort_values("tflops").iloc[-1]
-print(f"Best stage so far: {best.stage} at {best.tflops:.1f} TFLOP/s, "
-      f"{100 * best.tflops / roof['matmul_fp32_tflops']:.0f}% of the fp32 roof and "
-      f"{best.pct_sdpa_best:.0f}% of the fastest fp32 SDPA backend.")
-print(f"Fastest fp16 attention: {sdpa16.stage} at {sdpa16.tflops:.0f} TFLOP/s, "
-      f"{sdpa16.tflops / best.tflops:.0f}x the best stage and "
-      f"{100 * sdpa16.tflops / roof['matmul_fp16_tflops']:.0f}% of the tensor-core roof.")
+# **[01 — naive](01_naive.ipynb)** starts from the published flash-attention-minimal kernel: the
+# FlashAttention-1 loop order, one thread per query row.
 
 # %% [markdown]
-# The **ladder** is the map of the journey: each stage's TFLOP/s at the teaching config on a log
-# scale, with PyTorch's fp32 baselines drawn as lines and its fp16 flash and cuDNN kernels shown
-# faintly as the targets. Every stage notebook adds one bar.
-
-# %%
-plots.ladder()
-
-# %% [markdown]
-# The same numbers as tables, slowest first. `pct_sdpa_best` is the rate as a percentage of the
-# fastest SDPA backend *in the same dtype*. fp32 stages are compared with fp32 baselines, and
-# fp16 with fp16. SDPA's flash and cuDNN backends accept only fp16 and bf16, so in fp32 the
-# fastest backend is usually `sdpa_efficient`.
-
-# %%
-nb.compare()
-
-# %%
-nb.compare("fp16")
+# ## Questions for discussion
+#
+# 1. The measured fp16 matmul ceiling is well below the datasheet's 989 TFLOP/s. Which of the
+#    datasheet's assumptions would you test first, and how?
+# 2. Causal attention is credited with half the FLOPs. Should a causal kernel that computes the
+#    masked half anyway be credited with the full count? What does each convention reward?
+# 3. The intensity N / elem does not depend on D. What would make D = 128 behave differently from
+#    D = 64 on a real kernel, and where would that show on the roofline?
+# 4. `fl.check` poisons the output and draws fresh inputs every call. Describe a kernel bug that
+#    could still pass it.
 
 # %% [markdown]
-# **Next: [01 — naive](01_naive.ipynb).** The starting point is the published
-# flash-attention-minimal kernel: the FlashAttention-1 loop order, with one thread per query row.
+# ## Summary
+#
+# - Three measured ceilings bound every kernel: the fp32 CUDA-core matmul, the fp16 tensor-core
+#   matmul (over ten times faster) and the HBM bandwidth; peak over bandwidth is the ridge point.
+# - Attention does 4·B·H·N²·D FLOPs (half when causal) on at least 4·B·H·N·D·elem bytes:
+#   N / elem FLOP per byte, compute bound only if S and P never reach HBM.
+# - The online softmax keeps a running maximum m and sum l and rescales by α = e<sup>m − m′</sup>;
+#   it is exact up to rounding and reads each key and value once.
+# - PyTorch's attention sits below its roofs on the roofline and the ladder; every stage
+#   notebook adds its own point and bar.
+# - A stage is a plain `.cu` behind three C functions, checked against float64 on fresh
+#   NaN-poisoned outputs, and timed as the median of at least 20 runs with L2 flushed.
