@@ -268,13 +268,13 @@ print(f"{t.pct_sdpa_best:.0f}% of the fastest fp32 PyTorch attention")
 # %% [markdown]
 # ### Discussion
 #
-# The model predicted 18–36 TFLOP/s; stage 03 ran at about 30 TFLOP/s, 58 % of the fp32 matmul
+# The model predicted 18–36 TFLOP/s; stage 03 ran at about 30 TFLOP/s, 59 % of the fp32 matmul
 # ceiling, in the upper half of the band. Stage 02 landed within a few percent of its
 # shared-memory bound (about 0.44 against 0.46 TFLOP/s), so the speedup, about 68×, is inside
 # its 39–78× band too. Two counts carried the prediction across two orders of magnitude before
 # any timing: FMAs per wavefront, 1/33 → 5.3, and a grid 16 times larger.
 #
-# Stage 03 reaches about 93 % of `sdpa_efficient`, a fused fp32 CUDA-core kernel like this one.
+# Stage 03 reaches about 94 % of `sdpa_efficient`, a fused fp32 CUDA-core kernel like this one.
 # `sdpa_math` and `torch_naive` run cuBLAS's SGEMM, yet fall behind: they write the N × N scores
 # to memory and read them back. The band could only bracket latency; the profile says where in
 # it the kernel sits, and why.

@@ -270,11 +270,11 @@ if t is not None:
 # %% [markdown]
 # ### Discussion
 #
-# The model predicted 87–173 TFLOP/s; stage 04 ran at about 111 TFLOP/s in fp16, inside the band
-# at 62 % of its shared-memory bound, and about 3.7× stage 03 (predicted 2.9–5.8×). A far higher
+# The model predicted 87–173 TFLOP/s; stage 04 ran at about 112 TFLOP/s in fp16, inside the band
+# at 63 % of its shared-memory bound, and about 3.7× stage 03 (predicted 2.9–5.7×). A far higher
 # roof bought less than 4×, as predicted: the bytes around the tensor cores set the pace.
 #
-# bf16 runs at about 0.83× fp16. The instruction counts (`nb.instructions("04_wmma")`) point at
+# bf16 runs at about 0.82× fp16. The instruction counts (`nb.instructions("04_wmma")`) point at
 # the fragment loads: 40 `LDSM` (`ldmatrix`) in the fp16 kernel, none in the bf16 one — nvcc
 # loads bf16 WMMA fragments without `ldmatrix`.
 #
@@ -312,8 +312,8 @@ if "04_wmma" in p04.columns:
 #
 # The tensor pipe went from 0.4 % to about 18 % active, against at most 16 % predicted at the top
 # of the band: the tensor cores idle four clocks in five. Shared memory is the busiest unit, as
-# predicted: its wavefronts come within 15 % of section 3's count, and keep it busy at least
-# 72 % of the clocks, while the schedulers use about 37 % of their issue slots.
+# predicted: its wavefronts come within 16 % of section 3's count, and keep it busy at least
+# 73 % of the clocks, while the schedulers use about 37 % of their issue slots.
 #
 # Padding held. Load conflicts are 0.7 % of the wavefronts and store conflicts 2.4 % — next to
 # stage 03's, the raw load count rose slightly and the store count fell, but as shares of the
@@ -321,7 +321,7 @@ if "04_wmma" in p04.columns:
 #
 # The top stall, `short_scoreboard` at about 42 %, is a warp waiting for a shared-memory result:
 # each step is a round trip that waits for the one before (store S, load S, store P, load P, load
-# O). That latency, with two barriers per tile, keeps the kernel at 62 % of its bound.
+# O). That latency, with two barriers per tile, keeps the kernel at 63 % of its bound.
 #
 # ## 11 · Against every stage and baseline
 #
@@ -365,7 +365,7 @@ plots.roofline(last="04_wmma")
 # - WMMA fragments hide which lane holds which element, so the row-wise softmax and the rescaling
 #   of O need S, P and O in shared memory: round trips that are over half of the traffic.
 # - Counting shared-memory clocks predicted a shared-memory-bound kernel at 87–173 TFLOP/s; it ran
-#   at about 111, with the tensor pipe about 18 % active.
+#   at about 112, with the tensor pipe about 18 % active.
 # - Bank conflicts are judged as a share of wavefronts: here under 3 %, conflict-free in practice.
 
 # %%

@@ -393,7 +393,7 @@ with nb.unless_missing():
 # ### Discussion
 #
 # The model predicted 185–369 TFLOP/s; stage 05 ran at about 170 TFLOP/s in fp16 (bf16 the
-# same), **below the band**: 40 % of its shared-memory bound, about 69 % of `sdpa_flash` against
+# same), **below the band**: 40 % of its shared-memory bound, about 70 % of `sdpa_flash` against
 # the 75–151 % predicted. It is still about 1.5× stage 04. Either the traffic was miscounted, or
 # shared memory was not kept busy; the sweep and the profile below decide which.
 
@@ -450,8 +450,8 @@ with nb.unless_missing():
 # **The count was right; the unit was idle.** The wavefronts match section 7 within 3 %, and the
 # idea worked: 2.9·10⁷ wavefronts in stage 04, 1.1·10⁷ here. Conflicts fell from 2.1·10⁵ to
 # 1.4·10³ loads, but both are under 1 % of the wavefronts — noise either way. Yet that traffic
-# kept shared memory busy at most 44 % of the clocks, the tensor pipe 32 %, the issue slots
-# about 36 %. **No unit is even half busy**: the kernel is bound by no throughput but by
+# kept shared memory busy at most 44 % of the clocks, the tensor pipe 31 %, the issue slots
+# about 34 %. **No unit is even half busy**: the kernel is bound by no throughput but by
 # **latency**, warps with nothing ready to issue. The band's lower edge assumed the binding unit
 # busy at least half the time — the assumption that failed.
 #
@@ -527,7 +527,7 @@ print(f"stage 06's layout: {fr.tile_cost(D, BR, BC, pad_bytes=0, swizzle=True).w
 #    what does each cost?
 # 2. The model counted the wavefronts within 3 % and still missed the speed. What is a throughput
 #    model good for when a kernel is latency-bound?
-# 3. Stage 05 is about 69 % of `sdpa_flash` at the teaching config and about three quarters over
+# 3. Stage 05 is about 70 % of `sdpa_flash` at the teaching config and about three quarters over
 #    the sweep. At which configs should a speedup be quoted?
 # 4. Hopper's `wgmma` reads its operands straight from shared memory. Which of this stage's tricks
 #    would it make unnecessary, and which would it not?

@@ -261,12 +261,12 @@ nb.compare("fp16", names=["sdpa_efficient", "04_wmma", "05_mma", "06_swizzle", "
 # %% [markdown]
 # ### Discussion
 #
-# Predicted: stage 05's time (0.97–1.03×). Measured: 1.026× at the teaching config (about 174
-# against 170 TFLOP/s), 0.98–1.02× over the sweep: about 1 % faster at D = 64, up to 2 % slower
-# at D = 128 for long sequences. It held, the teaching number at the edge of the band. Nsight
-# Compute times the two kernels 0.4 % apart (section 7), so most of the 2.6 % is the difference
-# between two timing runs. The extra integer instructions in the loop (+0.8 % a trip at D = 64,
-# +1.1 % at D = 128) are too few to stand out of that noise.
+# Predicted: stage 05's time (0.97–1.03×). Measured: 1.00× at the teaching config (about
+# 173 TFLOP/s both), 0.98–1.03× over the sweep, up to 2 % slower at D = 128 for long sequences.
+# It held. Differences this small are the size of run-to-run noise: the single launch Nsight
+# Compute profiles (section 7) has stage 06 2 % shorter, the timing above has them equal. The
+# extra integer instructions in the loop (+0.8 % a trip at D = 64, +1.1 % at D = 128) are too
+# few to stand out of that noise.
 
 # %% [markdown]
 # ## 7 · The profile: bank conflicts
@@ -309,9 +309,9 @@ for s in ("05_mma", "06_swizzle"):
 # %% [markdown]
 # ### Discussion
 #
-# Predicted: about zero conflicts, and stage 05's wavefronts. Measured: stage 06 has about 7 300
-# conflicts (3 100 on loads, 4 300 on stores) in 1.1·10⁷ wavefronts, 0.07 %; stage 05 about
-# 39 000, 0.35 %. Load conflicts doubled, 1 400 → 3 100, but that is 0.013 % → 0.028 % of the
+# Predicted: about zero conflicts, and stage 05's wavefronts. Measured: stage 06 has about 7 200
+# conflicts (3 000 on loads, 4 200 on stores) in 1.1·10⁷ wavefronts, 0.07 %; stage 05 about
+# 49 000, 0.44 %. Load conflicts doubled, 1 500 → 3 000, but that is 0.013 % → 0.027 % of the
 # wavefronts: noise, not a regression. A real conflict costs whole multiples (dense rows: 6.6×
 # the wavefronts). Both predictions held.
 #

@@ -305,13 +305,13 @@ plots.roofline(last="08_tuned")
 # %% [markdown]
 # ### Discussion
 #
-# Stage 08 runs 1.03–1.29× stage 07 over the sweep (geometric means 1.16–1.23×), less than
+# Stage 08 runs 1.02–1.26× stage 07 over the sweep (geometric means 1.14–1.21×), less than
 # predicted. The log's starting point is not stage 07 itself: the same shape, compiled without
 # stage 07's register cap and timed in another session, scored about 235 TFLOP/s at D = 64 where
 # stage 07's own sweep gives about 264. Ratios within one session are fair; across sessions they are
 # not. The smallest gains are at causal N = 512, where blocks have few tiles. Stage 08 beats
-# FlashAttention-2 (`sdpa_flash`, also `mma.sync`) everywhere, by 1.05–1.34×, and reaches
-# 0.58–0.81× of cuDNN, furthest behind at D = 128. Every shape here still feeds the tensor cores
+# FlashAttention-2 (`sdpa_flash`, also `mma.sync`) everywhere, by 1.05–1.33×, and reaches
+# 0.57–0.80× of cuDNN, furthest behind at D = 128. Every shape here still feeds the tensor cores
 # Ampere's way; Hopper's `wgmma` and TMA, on which FlashAttention-3 is built, are what the
 # roofline's remaining gap calls for.
 
