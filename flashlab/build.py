@@ -10,6 +10,7 @@ import hashlib
 import os
 import re
 import shutil
+from pathlib import Path
 
 import torch
 
@@ -71,8 +72,9 @@ def arch_flags(arch):
     return [f"-gencode=arch=compute_{cc},code=sm_{cc}"]
 
 
-def _headers():
-    return {p.name: p.read_text() for p in sorted(KERNELS.glob("*.h")) + sorted(KERNELS.glob("*.cuh"))}
+def _headers(folder=KERNELS):
+    folder = Path(folder)
+    return {p.name: p.read_text() for p in sorted(folder.glob("*.h")) + sorted(folder.glob("*.cuh"))}
 
 
 def _compiler_lines(message: str) -> str:
@@ -94,9 +96,10 @@ def _load_cached(name, verbose):
     return None
 
 
-def build_module(source, verbose=False, arch=None):
+def build_module(source, verbose=False, arch=None, include_dir=None):
     """Compile `source` (a kernels/*.cu path) for `arch` (default: the GPU here, e.g. "sm_90")
-    and return the loaded module."""
+    and return the loaded module. include_dir: where its headers (common.cuh, ...) are, default
+    kernels/; another edition's kernels folder builds that edition's stage with its own headers."""
     from torch.utils.cpp_extension import load_inline
 
     source = os.fspath(source)
@@ -107,7 +110,8 @@ def build_module(source, verbose=False, arch=None):
         arch = "sm_{}{}".format(*torch.cuda.get_device_capability())
     flags = NVCC_FLAGS + arch_flags(arch)
     digest = hashlib.sha256()
-    for part in [text, BINDING, repr(flags), torch.__version__, *_headers().values()]:
+    include_dir = Path(include_dir) if include_dir is not None else KERNELS
+    for part in [text, BINDING, repr(flags), torch.__version__, *_headers(include_dir).values()]:
         digest.update(part.encode())
     stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(source))[0])
     name = f"flashlab_{stem}_{digest.hexdigest()[:12]}"
@@ -123,7 +127,7 @@ def build_module(source, verbose=False, arch=None):
             cuda_sources=[cuda_source],
             extra_cflags=["-O2"],
             extra_cuda_cflags=flags,
-            extra_include_paths=[str(KERNELS)],
+            extra_include_paths=[str(include_dir)],
             extra_ldflags=["-Wl,-Bsymbolic"],  # each stage calls its own flashlab_launch
             with_cuda=True,
             no_implicit_headers=True,

@@ -78,10 +78,18 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
           device="cuda", name=None) -> CheckResult:
     """Run `attn` on fresh random inputs over `shapes` x head dims x causal; see CheckResult.
 
-    For a built stage, dtype / head dims / causal default to what the stage supports."""
+    For a built stage, dtype / head dims / causal default to what the stage supports (its dtypes
+    this GPU runs: stage 04 on a T4 is checked in fp16 only, since its bf16 needs 8.0)."""
     st = getattr(attn, "stage", None)
     name = name or (st.slug if st else getattr(attn, "__name__", repr(attn)))
-    dtypes = [dtype] if dtype is not None else list(st.dtypes if st else ["fp32"])
+    if dtype is not None:
+        dtypes = [dtype]
+    elif st is not None and torch.device(device).type == "cuda":
+        dtypes = list(st.dtypes_on(torch.cuda.get_device_capability(device)))
+    elif st is not None:
+        dtypes = list(st.dtypes)
+    else:
+        dtypes = ["fp32"]
     head_dims = head_dims or (st.head_dims if st else (64,))
     if st is not None and not st.causal:
         causal = (False,)

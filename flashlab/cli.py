@@ -21,7 +21,14 @@ COMMANDS = [
     ("flashlab table", "print the recorded results (--all: every config)"),
     ("flashlab report", "one self-contained page (table + every figure) for a class handout"),
     ("flashlab readme", "regenerate README.md's tables and this list (--check: is it up to date?)"),
+    ("flashlab student DIR", "write the student edition to DIR: kernel exercises stubbed, notebook "
+                             "solutions, outputs and answer keys out"),
+    ("flashlab grade [DIR]", "grade an edition: CPU labs anywhere, kernel exercises on a GPU; a "
+                             "score table and a JSON submission (--exercise ID, --name NAME)"),
+    ("flashlab leaderboard DIR", "rank submissions per GPU model (same-model runs only) and draw a "
+                                 "figure per exercise (--out DIR)"),
 ]
+COURSE = ("student", "grade", "leaderboard")  # run by flashlab.course.cli, via flashlab.__main__
 
 
 def command_list(width=30) -> str:
@@ -51,6 +58,7 @@ def _cmd_list(args):
         dims = "any D that fits" if st.any_head_dim else "D=" + "/".join(map(str, st.head_dims))
         print(f"{st.slug:16} {st.title:32} {'/'.join(st.dtypes):10} {dims}")
         print(f"{'':16} {st.idea}")
+        print(f"{'':16} here: {st.availability()}")
     return 0
 
 
@@ -198,6 +206,14 @@ TUNE_HELP = ("On a GPU: time every candidate shape of the tuned stage over the F
              "--apply (anywhere): write the recorded choice into the kernel's pick() table.")
 
 
+def _cmd_course(args):
+    """The course commands live a layer above this module: flashlab.__main__ runs them."""
+    print(f"flashlab {args.command}: a course command; run it as `flashlab {args.command}` or "
+          f"`python -m flashlab {args.command}` (flashlab.__main__ hands it to flashlab.course)",
+          file=sys.stderr)
+    return 2
+
+
 def parser():
     ap = argparse.ArgumentParser(prog="flashlab", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -309,6 +325,16 @@ def parser():
                    help="rewrite pick() in the tuned stage's .cu from data/tune08.csv (no GPU)")
     p.add_argument("--gpu", help="--apply: which GPU's tuning log (default: " + GPU_DEFAULT + ")")
     p.set_defaults(fn=_cmd_tune)
+
+    # Listed here for the help and README; flashlab.__main__ hands them to flashlab.course.cli
+    for usage, what in COMMANDS:
+        name = usage.split()[1]
+        if name in COURSE:
+            p = sub.add_parser(name, help=what, description=f"{what[0].upper()}{what[1:]}. A "
+                               f"course command: run it as `flashlab {name}` or `python -m "
+                               f"flashlab {name}`, whose --help lists its options.")
+            p.add_argument("args", nargs=argparse.REMAINDER, metavar="...", help="its arguments")
+            p.set_defaults(fn=_cmd_course)
     return ap
 
 

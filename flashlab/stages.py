@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import build as _build
-from .inputs import DTYPE_CODES, validate
+from .inputs import DTYPE_CODES, DTYPE_NAMES, validate
 from .paths import KERNELS
 
 
@@ -14,6 +14,11 @@ CTYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 # Machine-code facts every stage shares (flashlab.sass categories: True = present in every kernel
 # of the stage, False = absent from all): exp through MUFU.EX2, fp32 FMAs, nothing spilled.
 COMMON_SASS = {"MUFU.EX2": True, "FFMA": True, "LDL": False, "STL": False}
+
+
+def _cc(capability) -> str:
+    """(7, 5) -> "7.5"."""
+    return ".".join(map(str, capability))
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,9 @@ class Stage:
     causal: bool = True    # supports causal masking
     fast: bool = False     # worth timing over the FlashAttention paper's sweep
     min_cc: tuple = (8, 0)  # the lowest compute capability it builds for
+    dtype_min_cc: dict = field(default_factory=dict, compare=False)  # {dtype: compute capability}
+    #                        for a dtype that needs more than min_cc (04: fp16 WMMA runs on 7.5,
+    #                        bf16 WMMA needs 8.0); min_cc_of(dtype) says what one dtype needs
     arch_specific: bool = False  # needs sm_XXa (wgmma, setmaxnreg): exactly min_cc's architecture
     idea_metrics: tuple = ()  # Nsight Compute metrics (flashlab.profile_schema) its idea moves
     sass: dict = field(default_factory=dict, compare=False)  # machine-code evidence beyond COMMON_SASS
@@ -58,22 +66,65 @@ class Stage:
         major, minor = capability
         return f"sm_{major}{minor}" + ("a" if self.arch_specific else "")
 
-    def unavailable(self, capability=None, toolkit=True):
-        """None when this stage can be built and run here, else why not, in one sentence: no
-        GPU, a GPU below min_cc (or, for an arch-specific stage, not exactly min_cc), no nvcc."""
+    def min_cc_of(self, dtype) -> tuple:
+        """The lowest compute capability this stage runs `dtype` on: min_cc, or more where
+        dtype_min_cc says so (stage 04: (7, 5) for fp16, (8, 0) for bf16)."""
+        return max(tuple(self.min_cc), tuple(self.dtype_min_cc.get(dtype, self.min_cc)))
+
+    def dtypes_on(self, capability) -> tuple:
+        """The dtypes it runs on a GPU of `capability`, in the registry's order."""
+        return tuple(dt for dt in self.dtypes if tuple(capability) >= self.min_cc_of(dt))
+
+    def unavailable(self, capability=None, toolkit=True, dtype=None):
+        """None when this stage (in `dtype`, if given) can be built and run here, else why not,
+        in one sentence: no GPU, a GPU below min_cc (or, for an arch-specific stage, not exactly
+        min_cc), a GPU below what `dtype` needs ("04_wmma bf16 needs compute capability 8.0 or
+        newer; this GPU is 7.5"), no nvcc. Without `dtype` a stage is available where any of its
+        dtypes runs; unavailable_dtypes() names the ones that do not."""
         if capability is None:
             if not torch.cuda.is_available():
                 return "no CUDA GPU here"
             capability = torch.cuda.get_device_capability()
-        need = ".".join(map(str, self.min_cc))
-        have = ".".join(map(str, capability))
+        need = _cc(self.min_cc)
+        have = _cc(capability)
         if self.arch_specific and tuple(capability) != tuple(self.min_cc):
             return f"{self.slug} uses instructions of compute capability {need} only; this GPU is {have}"
         if tuple(capability) < tuple(self.min_cc):
             return f"{self.slug} needs compute capability {need} or newer; this GPU is {have}"
+        if dtype is not None and dtype not in self.dtypes:
+            return f"{self.slug} takes {' or '.join(self.dtypes)}, not {dtype}"
+        if dtype is not None and tuple(capability) < self.min_cc_of(dtype):
+            return (f"{self.slug} {dtype} needs compute capability {_cc(self.min_cc_of(dtype))} or "
+                    f"newer; this GPU is {have}")
         if toolkit and _build.nvcc() is None:
             return f"building {self.slug} needs nvcc (the CUDA toolkit), which is not installed here"
         return None
+
+    def unavailable_dtypes(self, capability=None) -> dict:
+        """{dtype: why} for each dtype this stage cannot run on a GPU where it runs otherwise
+        (stage 04 on a T4: {"bf16": "04_wmma bf16 needs compute capability 8.0 or newer; this GPU
+        is 7.5"}); {} where it runs in every dtype, or does not run at all (unavailable() says
+        why)."""
+        if capability is None:
+            if not torch.cuda.is_available():
+                return {}
+            capability = torch.cuda.get_device_capability()
+        if self.unavailable(capability, toolkit=False) is not None:
+            return {}
+        return {dt: why for dt in self.dtypes
+                if (why := self.unavailable(capability, toolkit=False, dtype=dt)) is not None}
+
+    def availability(self, capability=None) -> str:
+        """One line for a listing: "runs live", "runs live in fp16; <why not bf16>" or
+        "replayed: <why>"."""
+        why = self.unavailable(capability)
+        if why is not None:
+            return f"replayed: {why}"
+        missing = self.unavailable_dtypes(capability)
+        if not missing:
+            return "runs live"
+        runs = [dt for dt in self.dtypes if dt not in missing]
+        return f"runs live in {'/'.join(runs)}; " + "; ".join(missing.values())
 
     def build(self, verbose=False) -> "Attention":
         """Compile (or load from cache) and return attn(q, k, v, causal=False, out=None)."""
@@ -100,6 +151,11 @@ class Attention:
     def __call__(self, q, k, v, causal=False, out=None, scale=None):
         st = self.stage
         validate(st.slug, q, k, v, st.dtypes, out)
+        if DTYPE_NAMES[q.dtype] in st.dtype_min_cc:  # bf16 on a T4, say: refused, never run
+            why = st.unavailable(torch.cuda.get_device_capability(q.device), toolkit=False,
+                                 dtype=DTYPE_NAMES[q.dtype])
+            if why is not None:
+                raise ValueError(why)
         if causal and not st.causal:
             raise ValueError(f"{st.slug}: causal attention is not supported by this stage")
         B, H, N, D = q.shape
@@ -147,6 +203,8 @@ _STAGES = (
           "shared memory",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="wmma_kernel",
           template=("D", "BR", "BC", "T"), idea_metrics=("tensor_pipe_pct",),
+          # fp16 WMMA exists since 7.0, bf16 since 8.0: on a T4 the sm_75 build has no bf16 kernel
+          min_cc=(7, 5), dtype_min_cc={"bf16": (8, 0)},
           # HMMA in every instantiation; global loads all 16 bytes. LDSM is not asserted: nvcc
           # emits ldmatrix for fp16 fragments but not for bf16.
           sass={"HMMA": True, "LDG.E.128": True, "LDG": False, "SHFL": True}),

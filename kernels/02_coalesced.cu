@@ -27,11 +27,18 @@ __device__ __forceinline__ float warp_sum(float x) {
 // Copy rows [first, first + 32) of a (N, d) matrix into a 32 x d shared tile, zeros past row N.
 // Consecutive threads take consecutive elements, so every warp reads one contiguous stretch.
 __device__ __forceinline__ void load_tile(float* tile, const float* src, int first, int N, int d) {
+  // BEGIN EXERCISE 02.tile_copy: copy the 32 x d tile with all Br x Bc threads, consecutive
+  // threads taking consecutive floats (a warp reads 128 contiguous bytes); zeros past row N.
   int tid = threadIdx.y * blockDim.x + threadIdx.x, nthreads = blockDim.x * blockDim.y;
   for (int e = tid; e < Bc * d; e += nthreads) {
     int r = first + e / d;
     tile[e] = r < N ? src[(size_t)first * d + e] : 0.f;
   }
+  // STUB: // TODO: one thread writes zeros, so the tile never holds the data. Replace this with
+  // STUB: // the coalesced copy: thread tid takes elements tid, tid + nthreads, ... of the tile.
+  // STUB: if (threadIdx.x == 0 && threadIdx.y == 0)
+  // STUB:   for (int e = 0; e < Bc * d; e++) tile[e] = 0.f;
+  // END EXERCISE 02.tile_copy
 }
 
 __global__ void __launch_bounds__(Bc * Br) coalesced_kernel(const float* Q, const float* K, const float* V, int N, int d,

@@ -161,6 +161,9 @@ wmma_kernel(const T* Q, const T* K, const T* V, T* O, int N, float scale, int ca
     __syncthreads();
 
     // S = Q Kᵀ for the warp's 16 rows: Kᵀ is K read column-major, so no transpose is stored.
+    // BEGIN EXERCISE 04.qk_wmma: S = Q Kᵀ on the tensor cores: for each 16-key block n, an fp32
+    // accumulator fragment summed over the head dim (qf[k] times K's 16 x 16 block read as a
+    // col_major matrix_b: that is Kᵀ), stored to the warp's rows of S (Sw, row stride LDS).
 #pragma unroll
     for (int n = 0; n < BC / F; n++) {
       wmma::fragment<wmma::accumulator, F, F, F, float> sf;
@@ -173,6 +176,9 @@ wmma_kernel(const T* Q, const T* K, const T* V, T* O, int N, float scale, int ca
       }
       wmma::store_matrix_sync(Sw + F * n, sf, LDS, wmma::mem_row_major);
     }
+    // STUB: // TODO: S is all zeros here, so every key gets the same weight. Replace this loop.
+    // STUB: for (int e = lane; e < F * BC; e += 32) Sw[e / BC * LDS + e % BC] = 0.f;
+    // END EXERCISE 04.qk_wmma
     __syncwarp();  // S is in shared memory, where every lane can find its row
 
     // Online softmax, 16 lanes per row, 2 scores (a float2) per lane per 32 keys.
@@ -214,6 +220,9 @@ wmma_kernel(const T* Q, const T* K, const T* V, T* O, int N, float scale, int ca
     __syncwarp();  // P and the rescaled O rows are complete
 
     // O += P V, with O loaded from shared memory as the accumulator and stored back.
+    // BEGIN EXERCISE 04.pv_wmma: O += P V on the tensor cores: P's 16 x BC rows (Pw, stride LDP)
+    // as matrix_a fragments; for each 16-column block of O, load it from Ow (stride LDO) as the
+    // accumulator, add P times V's blocks (row_major matrix_b from Vs), store it back.
     wmma::fragment<wmma::matrix_a, F, F, F, T, wmma::row_major> pf[BC / F];
 #pragma unroll
     for (int k = 0; k < BC / F; k++) wmma::load_matrix_sync(pf[k], Pw + F * k, LDP);
@@ -229,6 +238,8 @@ wmma_kernel(const T* Q, const T* K, const T* V, T* O, int N, float scale, int ca
       }
       wmma::store_matrix_sync(Ow + F * n, of, LDO, wmma::mem_row_major);
     }
+    // STUB: // TODO: O is never added to, so it stays zero. Replace this with the P V product.
+    // END EXERCISE 04.pv_wmma
   }
 
   // O /= l in place, then rows < N out as T, 16 bytes per store.
@@ -263,18 +274,33 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
+// Compute capability 7.5 (a T4) allows a block 64 KiB of shared memory and has no bf16 tensor
+// cores. flashlab builds for one architecture at a time, and __CUDA_ARCH_LIST__ (unlike
+// __CUDA_ARCH__) is the same in nvcc's host and device passes, so it may choose which kernels
+// exist: for sm_75, 32-key tiles at D = 128 (61 KiB instead of 86) and no bf16 kernels.
+#if defined(__CUDA_ARCH_LIST__) && __CUDA_ARCH_LIST__ < 800
+#define WMMA_BF16 0
+constexpr int BC128 = 32;
+#else
+#define WMMA_BF16 1
+constexpr int BC128 = 64;  // keys per K/V tile at D = 128
+#endif
+
 template <typename T>
 static const char* launch_dtype(const FlashlabProblem* p, cudaStream_t s) {
-  return p->D == 64 ? launch<64, 64, 64, T>(p, s) : launch<128, 64, 64, T>(p, s);
+  return p->D == 64 ? launch<64, 64, 64, T>(p, s) : launch<128, 64, BC128, T>(p, s);
 }
 
 extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
   if (p->dtype != FLASHLAB_F16 && p->dtype != FLASHLAB_BF16)
     return "stage 04 runs on tensor cores, which take fp16 or bf16 inputs, not float32; "
            "convert q, k and v with .half() or .bfloat16()";
+  if (p->dtype == FLASHLAB_BF16 && !WMMA_BF16)
+    return "stage 04 takes bf16 on compute capability 8.0 or newer (bf16 WMMA needs sm_80); "
+           "this build is for 7.5: convert q, k and v with .half()";
   if (p->D != 64 && p->D != 128)
     return flashlab_say("stage 04 is compiled for head dims 64 and 128, not %d", p->D);
-  const size_t smem = p->D == 64 ? Tiles<64, 64, 64>::SMEM : Tiles<128, 64, 64>::SMEM;
+  const size_t smem = p->D == 64 ? Tiles<64, 64, 64>::SMEM : Tiles<128, 64, BC128>::SMEM;
   if (smem > (size_t)flashlab_max_smem_per_block())
     return flashlab_say("stage 04 needs %zu bytes of shared memory per block at head dim %d; "
                         "this GPU allows %d", smem, p->D, flashlab_max_smem_per_block());
@@ -285,6 +311,10 @@ extern "C" size_t flashlab_workspace_bytes(const FlashlabProblem*) { return 0; }
 
 extern "C" const char* flashlab_launch(const FlashlabProblem* p, void* stream) {
   cudaStream_t s = (cudaStream_t)stream;
+#if WMMA_BF16
   if (p->dtype == FLASHLAB_BF16) return launch_dtype<__nv_bfloat16>(p, s);
+#else
+  if (p->dtype == FLASHLAB_BF16) return flashlab_unsupported(p);  // never the fp16 kernel on bf16
+#endif
   return launch_dtype<__half>(p, s);
 }

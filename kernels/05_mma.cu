@@ -132,6 +132,11 @@ mma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
       for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // BEGIN EXERCISE 05.online_softmax: the online softmax of row h in registers, given the
+      // row's max over this tile (mx, agreed by the quad): the new running max m[h], the factor
+      // alpha = 2^(old max - new max), this lane's scores s[n][2h], s[n][2h+1] replaced by
+      // P = 2^(s - max), its share of the row sum added into l[h], and its O values rescaled.
+      // A row with no key yet (max -inf) must keep P = 0, never NaN.
       const float m_new = fmaxf(m[h], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no key yet: keep zeros
       const float alpha = exp2_approx(m[h] - m_use);
@@ -149,6 +154,9 @@ mma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
         o[d][2 * h] *= alpha;
         o[d][2 * h + 1] *= alpha;
       }
+      // STUB: // TODO: P is left as the raw scores and l as 0. Replace this with the update.
+      // STUB: (void)mx; (void)m;
+      // END EXERCISE 05.online_softmax
     }
 
     // O += P V. P's accumulator tiles 2ks and 2ks+1 are the A fragment of k-step ks.
@@ -173,10 +181,16 @@ mma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
+    // BEGIN EXERCISE 05.quad_sum: inv[h] = 1 / (the whole row's sum): each of the row's 4 lanes
+    // (a quad: lanes 4g .. 4g+3) holds a part of it in l[h]; add them up across the quad with
+    // warp shuffles, and give a row with no key (sum 0) inv 0.
     float sum = l[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     inv[h] = sum > 0.f ? 1.f / sum : 0.f;
+    // STUB: // TODO: this divides by this lane's part of the sum only. Add up the quad's parts.
+    // STUB: inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    // END EXERCISE 05.quad_sum
   }
 #pragma unroll
   for (int d = 0; d < NO; d++) {

@@ -26,10 +26,20 @@ struct Tiles {
 // Element (row, col) of a swizzled tile with D columns; col must be a multiple of 8 (a chunk).
 // Rows are 128 or 256 bytes, a whole number of bank rows, so a chunk's banks depend only on its
 // position in the row: XOR with row % 8 gives the 8 rows of an ldmatrix phase 8 different ones.
+// BEGIN EXERCISE 06.swizzle: the offset (in elements) of element (row, col) of a dense tile
+// with D columns: rows D elements apart, and within a row the 16-byte chunk col / 8 stored at
+// chunk (col / 8) XOR (row % 8). (Every tile access goes through swz: the check passes with any
+// one-to-one layout, and the time says whether it is free of bank conflicts.)
 template <int D>
 __device__ __forceinline__ int swz(int row, int col) {
   return row * D + (((col >> 3) ^ (row & 7)) << 3);
 }
+// STUB: // TODO: every element lands on offset 0. Replace this with the swizzled offset.
+// STUB: template <int D>
+// STUB: __device__ __forceinline__ int swz(int row, int col) {
+// STUB:   return 0;
+// STUB: }
+// END EXERCISE 06.swizzle
 
 // Rows [first, first + ROWS) of an (N, D) matrix into a swizzled tile, 16 bytes per thread per
 // step, zeros past N so the masked keys and padded queries hold finite values.

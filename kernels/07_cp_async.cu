@@ -104,6 +104,11 @@ cp_async_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __res
 
   for (int j = 0; j < n_tiles; j++) {
     const int k0 = j * BC;
+    // BEGIN EXERCISE 07.pipeline: keep STAGES - 1 tiles in flight. For j > 0, wait until tile j
+    // has arrived in buffer j % STAGES (this thread's copies: cp_async_wait; everyone's, and
+    // everyone done with tile j-1: __syncthreads); then start copying tile j + STAGES - 1 (if
+    // there is one) into the buffer tile j-1 used, and commit a group every iteration, loads
+    // or not, as the prologue does, so that the count of groups in flight stays right.
     if (j > 0) {
       cp_async_wait<STAGES - 2>();  // this thread's copies of tile j have landed ...
       __syncthreads();              // ... and everyone's; everyone is also done with tile j-1
@@ -115,6 +120,9 @@ cp_async_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __res
       load_tile_async<BC, D, THREADS>(Vs + next % STAGES * BC * D, V, next * BC, N);
     }
     cp_async_commit();
+    // STUB: // TODO: nothing waits and nothing loads after the prologue, so every tile past the
+    // STUB: // first STAGES - 1 is computed from whatever its buffer holds. Write the step.
+    // END EXERCISE 07.pipeline
     const T* Kt = Ks + j % STAGES * BC * D;
     const T* Vt = Vs + j % STAGES * BC * D;
 

@@ -80,6 +80,11 @@ template <int D>
 struct LaneOffsets {
   uint32_t av[4], k[2], kb[4];  // the compiler drops the set a kernel does not use
   __device__ __forceinline__ LaneOffsets(int lane) {
+    // BEGIN EXERCISE 08.lane_offsets: the LANE_OFFSETS switch: this lane's byte offsets, once,
+    // so that each ldmatrix address below is a base plus a compile-time constant. av[i]: row
+    // lane % 16, chunk (2i) ^ (lane / 16) ^ (row % 8); kb[i]: row lane % 8 + 8 (lane / 16),
+    // chunk (2i) ^ ((lane / 8) & 1) ^ (row % 8); k[i]: row lane % 8, chunk (4i) ^ (lane / 8) ^
+    // (row % 8). Rows are 2D bytes apart and chunks 16 bytes (the swizzle of swz above).
     const int rl = lane % 8, y = (lane / 16) ^ rl, x = (lane / 8) ^ rl, yk = ((lane / 8) & 1) ^ rl;
 #pragma unroll
     for (int i = 0; i < 4; i++) av[i] = 2 * (lane % 16) * D + 16 * ((2 * i) ^ y);
@@ -87,6 +92,11 @@ struct LaneOffsets {
     for (int i = 0; i < 4; i++) kb[i] = 2 * (rl + 8 * (lane / 16)) * D + 16 * ((2 * i) ^ yk);
 #pragma unroll
     for (int i = 0; i < 2; i++) k[i] = 2 * rl * D + 16 * ((4 * i) ^ x);
+    // STUB: // TODO: every offset is 0, so every lane reads the same row. Compute them.
+    // STUB: for (int i = 0; i < 4; i++) av[i] = kb[i] = 0;
+    // STUB: for (int i = 0; i < 2; i++) k[i] = 0;
+    // STUB: (void)lane;
+    // END EXERCISE 08.lane_offsets
   }
   // Q or V rows [row0, row0 + 16) (row0 a multiple of 8), 8-column chunks 2m, 2m + 1.
   __device__ __forceinline__ uint32_t av_at(int row0, int m) const {

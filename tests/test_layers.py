@@ -3,7 +3,9 @@
   core     inputs, reference, build, the stage registry, check, bench, the recorded tables —
            imports nothing above it
   tools    runner, profile, ptxas, sass, plots, report, readme, cli, the autotune, ... — on the core
-  lessons  the notebooks' helpers and their per-notebook diagrams and models — on top
+  lessons  the notebooks' helpers and their per-notebook diagrams and models
+  course   exercises, labs, grading, the leaderboard, the student edition, and the `flashlab`
+           entry point (__main__) that reaches them — on top: nothing below imports it
 
 No module imports a layer above its own, and no chain of imports comes back to where it began.
 A new module must be given a layer here.
@@ -19,10 +21,11 @@ PACKAGE = paths.ROOT / "flashlab"
 LAYERS = {
     "core": ["paths", "env", "inputs", "reference", "build", "stages", "check", "bench",
              "baselines", "profile_schema", "tables"],
-    "tools": ["__main__", "ptxas", "sass", "picks", "measure", "peaks", "profile",
+    "tools": ["ptxas", "sass", "picks", "measure", "peaks", "profile",
               "profile_target", "worker", "runner", "plots", "report", "readme", "cli",
-              "autotune"],
+              "autotune", "model"],
     "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning"],
+    "course": ["course", "__main__"],
 }
 RANK = {name: i for i, name in enumerate(LAYERS)}
 
@@ -107,17 +110,42 @@ def test_no_import_cycles():
                     stack.append((nxt, path + [nxt]))
 
 
+def test_the_course_layer_is_on_top():
+    """The course modules and the entry point are course; nothing below imports them."""
+    graph = edges()
+    course = [m for m in graph if layer(m) == "course"]
+    assert {"flashlab.course", "flashlab.__main__"} <= set(course)
+    assert "flashlab.course.cli" in graph["flashlab.__main__"]
+    below = [f"{m} imports {t}" for m, targets in graph.items() if layer(m) != "course"
+             for t in targets if layer(t) == "course"]
+    assert not below, "\n".join(below)
+
+
 def test_the_rule_would_catch_a_cycle_and_an_upward_import(tmp_path, monkeypatch):
-    """The checks above can fail: on a toy package with both faults, they do."""
+    """The checks above can fail: on a toy package with these faults, they do."""
     pkg = tmp_path / "flashlab"
     (pkg / "notebook").mkdir(parents=True)
+    (pkg / "course").mkdir()
     (pkg / "__init__.py").write_text("")
     (pkg / "tables.py").write_text("def f():\n    from .plots import g\n")  # core -> tools
     (pkg / "plots.py").write_text("from . import tables\n")
     (pkg / "notebook" / "__init__.py").write_text("from .view import x\n")
     (pkg / "notebook" / "view.py").write_text("from .. import plots\nx = 1\n")
+    (pkg / "tiling.py").write_text("def f():\n    from .course import labs\n")  # lessons -> course
+    (pkg / "course" / "__init__.py").write_text("")
+    (pkg / "course" / "labs.py").write_text("from .. import tiling\n")
+    (pkg / "course" / "exercises.py").write_text("from . import kernels\n")  # a cycle in course
+    (pkg / "course" / "kernels.py").write_text("def f():\n    from .exercises import g\n")
     monkeypatch.setattr(__import__(__name__), "PACKAGE", pkg)
     with pytest.raises(AssertionError, match="tables .core. imports flashlab.plots .tools."):
         test_no_module_imports_a_layer_above_its_own()
+    with pytest.raises(AssertionError,
+                       match="tiling .lessons. imports flashlab.course.labs .course."):
+        test_no_module_imports_a_layer_above_its_own()
     with pytest.raises(pytest.fail.Exception, match="import cycle"):
+        test_no_import_cycles()
+    (pkg / "plots.py").write_text("")
+    (pkg / "course" / "labs.py").write_text("")
+    with pytest.raises(pytest.fail.Exception,
+                       match="import cycle: flashlab.course.(exercises|kernels)"):
         test_no_import_cycles()

@@ -78,7 +78,7 @@ def _copy_with_a_toy_stage(tmp_path) -> Path:
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints")
     for d in ("flashlab", "kernels", "notebooks/src", "tools", "tests"):
         shutil.copytree(paths.ROOT / d, repo / d, ignore=skip)
-    for f in ("README.md", "pyproject.toml"):
+    for f in ("README.md", "pyproject.toml", "notebooks/jupytext.toml"):  # jupytext pairs the notebooks
         shutil.copy(paths.ROOT / f, repo / f)
     # 1. the kernel
     cu = (repo / "kernels" / "03_coarsened.cu").read_text()

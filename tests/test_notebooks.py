@@ -22,6 +22,24 @@ def test_notebooks_match_their_sources():
     assert "notebooks match their sources" in proc.stdout
 
 
+@pytest.mark.parametrize("src", [pytest.param(p, id=p.stem) for p in SOURCES])
+def test_sources_are_what_jupytext_writes(src):
+    """Each source is already in the form jupytext (notebooks/jupytext.toml) writes it, so opening
+    it or its notebook in Jupyter and saving leaves it unchanged."""
+    import jupytext
+    from jupytext.formats import long_form_one_format
+    sys.path.insert(0, str(ROOT / "tools"))
+    import notebooks as nbtool
+
+    cfg = nbtool.config(src)
+    fmt = long_form_one_format(nbtool.SOURCE_FORMAT)
+    cfg.set_default_format_options(fmt)
+    text = src.read_text()
+    assert jupytext.writes(nbtool.read_source(src), fmt=fmt, config=cfg) == text, \
+        (f"jupytext writes {src.name} otherwise (magics as '# %magic', say): save it from Jupyter, or run "
+         f"`jupytext --to py:percent notebooks/{src.stem}.ipynb -o notebooks/src/{src.name}` after a build")
+
+
 def test_every_notebook_has_a_source():
     """Notebooks are built from notebooks/src/*.py (python tools/notebooks.py build), never
     edited by hand."""

@@ -108,7 +108,7 @@ SUBCOMMANDS = sorted(next(a for a in cli.parser()._actions
 
 def test_the_subcommands():
     assert set(SUBCOMMANDS) == {"list", "run", "profile", "check", "bench", "plot", "table", "report",
-                                "sass", "readme", "tune"}
+                                "sass", "readme", "tune", "student", "grade", "leaderboard"}
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

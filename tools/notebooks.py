@@ -1,14 +1,21 @@
 """Build the notebooks from their sources, and execute them.
 
-  python tools/notebooks.py build             notebooks/src/NN_x.py  ->  notebooks/NN_x.ipynb
+  python tools/notebooks.py build [NAMES]     notebooks/src/NN_x.py  ->  notebooks/NN_x.ipynb
   python tools/notebooks.py execute [NAMES]   run notebooks top to bottom, saving their outputs
-                                              (NAMES: stems or prefixes: 08 = 08_* and 08a_*)
                                               (--no-save: just check that they run)
   python tools/notebooks.py check             exit 1 if any .ipynb's cells differ from its source
 
-A source is a Python file in the percent format: a line '# %%' starts a code cell and
-'# %% [markdown]' a markdown cell whose lines each begin with '# '. `build` keeps the outputs of
-a cell whose source is unchanged, so committed outputs survive edits to other cells.
+NAMES are stems or prefixes: 08 selects 08_tuned and its appendix 08a_tuning_log, 08a the
+appendix alone; no NAMES, every notebook.
+
+A source is a Python file in jupytext's percent format: '# %%' starts a code cell and
+'# %% [markdown]' a markdown cell whose lines each begin with '# '. Jupytext pairs each
+notebooks/NN_x.ipynb with notebooks/src/NN_x.py (notebooks/jupytext.toml), so either opens as a
+notebook in Jupyter, and saving one there writes both. `build` is `jupytext --update`: it takes
+the cells from the source and, from the notebook already there, the outputs, execution metadata
+and ids of the cells it pairs them with. A code cell keeps its outputs only if its source is
+unchanged, so committed outputs survive edits to other cells and no output stays beside code
+that did not produce it.
 """
 import argparse
 import sys
@@ -16,60 +23,61 @@ from pathlib import Path
 
 import nbformat
 
+try:
+    import jupytext
+    from jupytext.combine import combine_inputs_with_outputs, map_outputs_to_inputs
+    from jupytext.config import load_jupytext_config
+    from jupytext.formats import long_form_multiple_formats, long_form_one_format
+    from jupytext.paired_paths import find_base_path_and_format, paired_paths
+except ImportError:  # `execute` needs only nbformat and nbclient (a GPU machine may lack jupytext)
+    jupytext = None
+
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src"
 OUT = ROOT / "notebooks"
+SOURCE_FORMAT = "py:percent"
 KERNEL = {"display_name": "Python 3", "language": "python", "name": "python3"}
 
 
+def config(path: Path = SRC):
+    """The jupytext configuration that applies to `path` (notebooks/jupytext.toml)."""
+    if jupytext is None:
+        raise SystemExit("jupytext is not installed: pip install -e \".[notebooks]\" (or \".[test]\")")
+    cfg = load_jupytext_config(str(path))
+    if cfg is None or not cfg.formats:
+        raise SystemExit(f"no jupytext configuration with paired formats applies to {path} "
+                         f"(expected {(OUT / 'jupytext.toml').relative_to(ROOT)})")
+    return cfg
+
+
+def source_format(cfg=None) -> dict:
+    """The sources' format, with the options the configuration sets for reading them."""
+    fmt = long_form_one_format(SOURCE_FORMAT)
+    (cfg or config()).set_default_format_options(fmt, read=True)
+    return fmt
+
+
+def read_source(src: Path):
+    cfg = config(src)
+    return jupytext.read(src, fmt=source_format(cfg), config=cfg)
+
+
 def parse(text: str):
-    """[(kind, source)] cells of a percent-format script."""
-    cells, kind, lines = [], None, []
-
-    def flush():
-        if kind is not None:
-            body = "\n".join(lines).strip("\n")
-            if kind == "markdown":
-                body = "\n".join(ln[2:] if ln.startswith("# ") else ln.lstrip("#")
-                                 for ln in body.splitlines())
-            cells.append((kind, body))
-
-    for line in text.splitlines():
-        if line.startswith("# %%"):
-            flush()
-            kind, lines = ("markdown" if "[markdown]" in line else "code"), []
-        elif kind is not None:
-            lines.append(line)
-    flush()
-    return cells
-
-
-def notebook_for(src: Path, old=None):
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = KERNEL
-    nb.metadata["language_info"] = {"name": "python"}
-    previous = {}
-    if old is not None:
-        for c in old.cells:
-            if c.cell_type == "code":
-                previous.setdefault(c.source, c)
-    for kind, body in parse(src.read_text()):
-        if kind == "markdown":
-            nb.cells.append(nbformat.v4.new_markdown_cell(body))
-        elif body in previous:
-            keep = previous[body]
-            cell = nbformat.v4.new_code_cell(body, outputs=keep.get("outputs", []),
-                                             execution_count=keep.get("execution_count"))
-            nb.cells.append(cell)
-        else:
-            nb.cells.append(nbformat.v4.new_code_cell(body))
-    for i, c in enumerate(nb.cells):  # stable ids keep diffs small
-        c["id"] = f"{prefix(src)}-{i:03d}"
-    return nb
+    """[(kind, source)] cells of a percent-format script, as jupytext reads it."""
+    cfg = config()
+    nb = jupytext.reads(text, fmt=source_format(cfg), config=cfg)
+    return [(c.cell_type, c.source) for c in nb.cells]
 
 
 def target(src: Path) -> Path:
-    return OUT / (src.stem + ".ipynb")
+    """The notebook jupytext pairs with a source."""
+    cfg = config(src)
+    formats = long_form_multiple_formats(cfg.default_formats(str(src)))
+    _, fmt = find_base_path_and_format(str(src), formats)
+    for path, f in paired_paths(str(src), fmt, formats):
+        if f["extension"] == ".ipynb":
+            return Path(path)
+    raise SystemExit(f"{cfg.formats} pairs {src} with no .ipynb")
 
 
 def prefix(src: Path) -> str:
@@ -77,8 +85,38 @@ def prefix(src: Path) -> str:
     return src.stem.split("_")[0]
 
 
+def notebook_for(src: Path, old=None):
+    """The notebook of a source; `old`, the notebook there now, lends its outputs and ids."""
+    new = read_source(src)
+    if old is None:
+        nb, pairs = new, [None] * len(new.cells)
+        nb.metadata = nbformat.NotebookNode(kernelspec=KERNEL, language_info={"name": "python"})
+    else:
+        pairs = map_outputs_to_inputs(new.cells, old.cells)  # what combine pairs each cell with
+        nb = combine_inputs_with_outputs(new, old, fmt=SOURCE_FORMAT)
+        for cell, j in zip(nb.cells, pairs):
+            # jupytext also pairs an edited cell (by its content up to formatting, or by position)
+            # and keeps its outputs: outputs recorded from other code would mislead, so drop them.
+            if cell.cell_type == "code" and j is not None and old.cells[j].source != cell.source:
+                cell.outputs, cell.execution_count = [], None
+                cell.metadata.pop("execution", None)
+        nb.metadata.setdefault("kernelspec", KERNEL)
+        nb.metadata.setdefault("language_info", {"name": "python"})
+    # A cell paired with one already there keeps its id; a new one gets the first free
+    # '<prefix>-<index>' (stable ids keep diffs small).
+    taken = {c.get("id") for c, j in zip(nb.cells, pairs) if j is not None}
+    for i, (cell, j) in enumerate(zip(nb.cells, pairs)):
+        if j is None:
+            cid, k = f"{prefix(src)}-{i:03d}", 1
+            while cid in taken:
+                cid, k = f"{prefix(src)}-{i:03d}-{k}", k + 1
+            cell["id"] = cid
+            taken.add(cid)
+    return nb
+
+
 def wanted(src: Path, names) -> bool:
-    """Whether NAMES select this source: its stem, its prefix, or its number (so '08' selects
+    """Whether NAMES select this source (or notebook): its stem, its prefix, or its number (so '08' selects
     08_tuned and its appendix 08a_tuning_log; '08a' the appendix alone)."""
     return not names or src.stem in names or prefix(src) in names or src.stem[:2] in names
 
@@ -88,8 +126,8 @@ def build(names=None):
         if not wanted(src, names):
             continue
         dst = target(src)
-        old = nbformat.read(dst, as_version=4) if dst.exists() else None
-        nbformat.write(notebook_for(src, old), dst)
+        old = jupytext.read(dst, fmt="ipynb") if dst.exists() else None
+        jupytext.write(notebook_for(src, old), dst, fmt="ipynb")
         print(f"built {dst.relative_to(ROOT)}")
 
 
@@ -98,22 +136,24 @@ def differences():
     bad = []
     for src in sorted(SRC.glob("*.py")):
         dst = target(src)
-        want = [(k, s) for k, s in parse(src.read_text())]
         if not dst.exists():
             bad.append(f"{dst.name}: missing")
             continue
-        have = [(c.cell_type, c.source) for c in nbformat.read(dst, as_version=4).cells]
+        want = [(c.cell_type, c.source) for c in read_source(src).cells]
+        have = [(c.cell_type, c.source) for c in jupytext.read(dst, fmt="ipynb").cells]
         if have != want:
-            bad.append(f"{dst.name}: cells differ from {src.relative_to(ROOT)}")
+            i = next((i for i, (h, w) in enumerate(zip(have, want)) if h != w), min(len(have), len(want)))
+            bad.append(f"{dst.name}: cells differ from {src.relative_to(ROOT)} from cell {i} on "
+                       f"({len(have)} cells, the source {len(want)})")
     return bad
 
 
 def execute(names=None, timeout=1200, save=True):
+    """Run the notebooks as they are (build them first); no jupytext needed."""
     from nbclient import NotebookClient
-    for src in sorted(SRC.glob("*.py")):
-        if not wanted(src, names):
+    for path in sorted(OUT.glob("*.ipynb")):
+        if not wanted(path, names):
             continue
-        path = target(src)
         nb = nbformat.read(path, as_version=4)
         NotebookClient(nb, timeout=timeout, kernel_name="python3",
                        resources={"metadata": {"path": str(path.parent)}}).execute()

@@ -33,6 +33,9 @@ class Evaluation:
         """The row at the teaching config (the rows are one GPU's: the notebook's). Not
         recorded: NotRecorded, or with missing_ok the message printed and None."""
         r = at_config(self.rows, teaching(dtype)) if len(self.rows) else self.rows
+        why = _stage(self.stage).unavailable_dtypes().get(dtype) if self.live else None
+        if r.empty and why is not None:  # live on a GPU this dtype needs more than (bf16 on a T4)
+            return _missing(tables.NotRecorded(f"{why}: {dtype} is not run here"), missing_ok, None)
         if r.empty:
             return _missing(not_recorded(self.stage, f" at the {dtype} teaching config"),
                             missing_ok, None)
@@ -156,7 +159,10 @@ def reached(stage, missing_ok=True) -> None:
     st = _stage(stage)
     earlier = [s for s in stages() if s.number < st.number]
     parts = []
+    skipped = st.unavailable_dtypes() if tables.live(st) else {}  # bf16 of stage 04 on a T4
     for dtype in st.dtypes:
+        if dtype in skipped:
+            continue
         rows = compare(dtype).set_index("stage")
         if st.slug not in rows.index:
             return _missing(not_recorded(st, f" at the {dtype} teaching config"), missing_ok, "")
@@ -174,6 +180,7 @@ def reached(stage, missing_ok=True) -> None:
         if versus:
             line += ": " + " and ".join(versus)
         parts.append(line)
+    parts += skipped.values()
     text = f"On {view.gpu()}, at the teaching config: " + "; ".join(parts) + "."
     print(text)
     return None

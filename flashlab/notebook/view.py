@@ -40,6 +40,8 @@ def banner(stage_key=None):
         print(f"LIVE on {env['gpu']} (compute capability {env['compute_capability']}), torch "
               f"{env['torch']}, CUDA {env['cuda']}, commit {env['commit']}.\n"
               f"Measurements below are taken now and written to {tables.RESULTS.path()}.")
+        for dt, why in (st.unavailable_dtypes() if st is not None else {}).items():
+            print(f"{why}: {dt} is not run here.")  # stage 04 on a T4: bf16
         return
     why = st.unavailable() if st is not None else "no CUDA GPU here"
     print(f"REPLAY ({why}): the numbers below were recorded in {tables.RESULTS.path()}, "

@@ -29,7 +29,7 @@
 # swizzled shared memory, and `cp.async` pipelining.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import math
 
 import pandas as pd

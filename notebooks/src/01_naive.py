@@ -26,7 +26,7 @@
 #   softmax and outputs alone.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import flashlab as fl
 from flashlab import diagrams, plots
 from flashlab import notebook as nb

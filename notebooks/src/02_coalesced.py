@@ -25,7 +25,7 @@
 # One load instruction of warp 0, before and after:
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import math
 
 import flashlab as fl

@@ -32,7 +32,7 @@
 # (`flashlab/tiling.py`) and needs no GPU.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import math
 
 import pandas as pd

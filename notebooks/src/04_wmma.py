@@ -24,7 +24,7 @@
 # measurement is computed from its tiling (`flashlab/diagrams.py`) and needs no GPU.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import math
 
 import numpy as np

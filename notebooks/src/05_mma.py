@@ -34,7 +34,7 @@
 # kernel's own indexing (`flashlab/fragments.py`) and needs no GPU.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import math
 
 import numpy as np

@@ -23,7 +23,7 @@
 # measurement comes from the kernels' indexing and the compiler.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import numpy as np
 import pandas as pd
 from IPython.display import display

@@ -18,7 +18,7 @@
 # **Time:** about 20 min to read, 40 min to work through.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import re
 
 import pandas as pd

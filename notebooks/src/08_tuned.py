@@ -21,7 +21,7 @@
 # Every candidate, spill and small change in detail: appendix `08a_tuning_log.ipynb`.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import inspect
 
 import pandas as pd

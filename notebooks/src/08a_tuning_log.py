@@ -18,7 +18,7 @@
 # **Time:** about 25 min to read, 45 min to work through.
 
 # %%
-%matplotlib inline
+# %matplotlib inline
 import math
 
 import pandas as pd

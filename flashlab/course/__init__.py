@@ -1,0 +1,61 @@
+"""The course layer, on top of everything else: exercises with checks, the student edition,
+grading and the class leaderboard (`flashlab student`, `flashlab grade`, `flashlab leaderboard`).
+
+    from flashlab.course import labs
+    labs.check("02.sectors", 32)            # a CPU lab: right or wrong, and why
+    from flashlab.course import exercises
+    exercises.EXERCISES                     # every exercise, CPU labs and kernel exercises
+    exercises.grade(exercises.exercise("02.sectors"), root)   # one exercise of the edition in root
+
+The two records every module here shares are defined in this file, which imports no module of
+the course, so that the registry (exercises), the labs and the kernel exercises can all import
+them without an import cycle.
+"""
+from dataclasses import asdict, dataclass
+
+KINDS = ("lab", "kernel")  # lab: CPU, graded anywhere; kernel: needs a GPU that runs the stage
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str        # "02.sectors", "05.fragment_owner", "03.coarsen_kernel", ...
+    stage: str     # the stage's slug, e.g. "02_coalesced"
+    kind: str      # "lab" or "kernel"
+    title: str     # the question, in a line
+    points: int
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"exercise {self.id}: kind is one of {KINDS}, not {self.kind!r}")
+        if not self.id.startswith(self.stage[:2] + "."):
+            raise ValueError(f"exercise {self.id}: its id starts with its stage's number "
+                             f"({self.stage[:2]}.)")
+
+
+@dataclass
+class Result:
+    exercise: str        # the exercise's id
+    ok: bool | None      # right / wrong; None: skipped (no GPU, nothing recorded, ...)
+    score: float = 0.0   # 0 .. the exercise's points
+    message: str = ""    # right or wrong and why; for kernels the first failing case and element
+
+    @classmethod
+    def skipped(cls, exercise, why: str) -> "Result":
+        """A result that could not be graded here, with the one-line reason."""
+        return cls(getattr(exercise, "id", exercise), None, 0.0, why)
+
+    @property
+    def verdict(self) -> str:
+        return "skipped" if self.ok is None else "right" if self.ok else "wrong"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self):
+        return f"{self.exercise}: {self.verdict.upper()}. {self.message}"
+
+    def _repr_pretty_(self, p, cycle):  # a notebook cell ending in labs.check(...): one short line
+        p.text(f"<Result {self.exercise}: {self.verdict}, score {self.score:g}>")
+
+
+__all__ = ["Exercise", "KINDS", "Result"]

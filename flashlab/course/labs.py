@@ -1,0 +1,596 @@
+"""The CPU labs: one predict-then-check question per notebook 02, 03, 05, 06, 07 and 08, graded on
+any machine. Each check computes the truth with the lesson models the notebook itself uses
+(flashlab.diagrams, tiling, fragments, banks, tuning) and says right or wrong, and why.
+
+In a notebook (nbgrader's markers; the student edition replaces the solution with
+`# YOUR CODE HERE` / `raise NotImplementedError()`):
+
+    from flashlab.course import labs
+    print(labs.prompt("02.sectors"))
+
+    ### BEGIN SOLUTION
+    answer = 32
+    ### END SOLUTION
+    labs.check("02.sectors", answer)      # prints the verdict, returns the Result
+
+`flashlab grade` reads the same cell from the notebook (grade_lab): it runs the code between the
+markers (or, where the markers are gone, the cell's code above the `labs.check` call) in a fresh
+namespace and checks the `answer` it leaves.
+"""
+import contextlib
+import io
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .. import diagrams as dg
+from .. import fragments as fr
+from .. import tables, tiling, tuning
+from ..autotune import SWITCHES
+from ..banks import BANK_BYTES, BANKS
+from ..tables import NotRecorded
+from . import Exercise, Result
+
+POINTS = 2        # every lab
+REL_TOL = 0.02    # a float answer within 2 % (or 1 unit) is right
+
+
+class _Unreadable(ValueError):
+    """The answer is not of the kind the question asks for; the message says what it wants."""
+
+
+@dataclass(frozen=True)
+class Lab:
+    exercise: Exercise
+    prompt: str                                # the question as the notebook shows it
+    check: Callable[[Exercise, object], Result]
+
+
+def _result(ex, ok, message) -> Result:
+    return Result(ex.id, bool(ok), float(ex.points if ok else 0), message)
+
+
+def _whole(answer, what="a whole number") -> int:
+    if isinstance(answer, (bool, np.bool_)):
+        raise _Unreadable(f"the answer is {what}, not {answer!r}")
+    if isinstance(answer, str):
+        answer = answer.strip()
+        if not re.fullmatch(r"[+-]?\d+(\.0*)?", answer):
+            raise _Unreadable(f"the answer is {what}, not {answer!r}")
+        answer = float(answer)
+    try:
+        x = float(answer)
+    except (TypeError, ValueError):
+        raise _Unreadable(f"the answer is {what}, not {answer!r}") from None
+    if not math.isfinite(x) or x != round(x):
+        raise _Unreadable(f"the answer is {what}, not {answer!r}")
+    return int(round(x))
+
+
+def _number(answer) -> float:
+    if isinstance(answer, (bool, np.bool_)):
+        raise _Unreadable(f"the answer is a number, not {answer!r}")
+    if isinstance(answer, str):
+        answer = re.sub(r"\s*(ns|nanoseconds?)\s*$", "", answer.strip(), flags=re.I)
+    try:
+        x = float(answer)
+    except (TypeError, ValueError):
+        raise _Unreadable(f"the answer is a number, not {answer!r}") from None
+    if not math.isfinite(x):
+        raise _Unreadable(f"the answer is a finite number, not {answer!r}")
+    return x
+
+
+def close(x, truth, rel=REL_TOL, abs_=1.0) -> bool:
+    """A float answer's tolerance: within `rel` of the truth, or `abs_` units of it."""
+    return abs(x - truth) <= max(rel * abs(truth), abs_)
+
+
+def _plural(n, word):
+    return f"{n} {word}" + ("s" if n != 1 else "")
+
+
+def _n(x) -> str:
+    """12345 -> '12 345', as the notebooks write numbers."""
+    return f"{x:,}".replace(",", " ")
+
+
+def _join(xs):
+    xs = [str(x) for x in xs]
+    return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+
+
+# ---------------------------------------------------------------- 02: sectors per request
+
+SECTORS_D = 64
+
+
+def _sectors(ex, answer):
+    addr = dg.warp_addresses("01_naive", D=SECTORS_D, step=0)
+    req = dg.sectors_per_request(addr)
+    stride = int(addr[1] - addr[0])
+    coalesced = dg.sectors_per_request(dg.warp_addresses("02_coalesced", D=SECTORS_D)).sectors
+    n = _whole(answer, "a whole number of sectors")
+    asked = len(addr) * 4
+    why = (f"lane t reads byte {stride}·t, so lane 0 reads byte 0 and lane 1 byte {stride}: rows "
+           f"are {SECTORS_D} × 4 = {stride} bytes apart, more than a {dg.SECTOR}-byte sector, so "
+           f"each lane touches its own sector: {req.sectors}. They move "
+           f"{_n(req.sectors * dg.SECTOR)} bytes for the {asked} the lanes asked for "
+           f"({req.efficiency:.1%} used).")
+    if n == req.sectors:
+        return _result(ex, True, f"Right: {req.sectors} sectors: " + why + f" Stage 02's load "
+                       f"reads {asked} consecutive bytes: {coalesced} sectors.")
+    hint = ""
+    if n == coalesced:
+        hint = (f" {coalesced} is stage 02's count, where consecutive lanes read consecutive "
+                f"floats ({asked} neighbouring bytes = {coalesced} sectors); stage 01's lanes "
+                "read down a column.")
+    elif n == 1:
+        hint = " A sector holds 8 floats, but only 8 neighbouring ones."
+    elif n in (asked, req.sectors * dg.SECTOR):
+        hint = " That counts bytes; the question counts 32-byte sectors."
+    return _result(ex, False, f"Wrong: you counted {n}; " + why + hint)
+
+
+# ---------------------------------------------------------------- 03: occupancy
+
+OCC_REGISTERS, OCC_THREADS, OCC_CC = 64, tiling.THREADS, "9.0"
+RECORDED_REGISTERS = 120   # what ptxas gives stage 03 at D = 64 for sm_90 (notebook 03, section 6)
+
+
+def _occupancy(ex, answer):
+    smem = tiling.smem_bytes()
+    occ = tiling.occupancy(OCC_REGISTERS, smem, OCC_THREADS, OCC_CC)
+    lim, blocks = occ["limits"], occ["blocks"]
+    regs_sm, _, _, smem_sm = tiling.SM_LIMITS[OCC_CC]
+    per_block_regs = math.ceil(OCC_REGISTERS * 32 / 256) * 256 * (OCC_THREADS // 32)
+    decides = [name for name, v in lim.items() if v == blocks]
+    detail = (f"registers allow {lim['registers']} ({OCC_REGISTERS} × {OCC_THREADS} = "
+              f"{_n(per_block_regs)} a block, {_n(regs_sm)} // {_n(per_block_regs)}), threads "
+              f"{lim['threads']}, the block limit {lim['blocks']}, and shared memory "
+              f"{lim['shared memory']} ({_n(smem)} + 1 024 reserved = {_n(smem + 1024)} bytes a "
+              f"block, {_n(smem_sm)} // {_n(smem + 1024)})")
+    try:
+        n = _whole(answer, "a whole number of blocks")
+    except _Unreadable:
+        x = _number(answer)  # a fraction: the student divided without rounding down
+        return _result(ex, False, f"Wrong: blocks are whole, and a block that does not fit is "
+                       f"not resident: {x:g} rounds down. The SM holds {blocks}: {detail}.")
+    if n == blocks:
+        recorded = tiling.occupancy(RECORDED_REGISTERS, smem, OCC_THREADS, OCC_CC)
+        return _result(ex, True, f"Right: {blocks} blocks ({occ['warps']} warps, "
+                       f"{occ['occupancy']:.1%} occupancy). Each limit counts: {detail}; the "
+                       f"smallest, {_join(decides)}, decides. At the ~{RECORDED_REGISTERS} "
+                       f"registers stage 03 really uses, registers decide instead: "
+                       f"{recorded['blocks']} blocks.")
+    hint = ""
+    alone = [name for name, v in lim.items() if v == n]
+    if alone:
+        hint = (f" {n} is what the {_join(alone)} limit alone allows; a block must fit every "
+                f"limit at once, so the smallest one ({_join(decides)}) decides.")
+    elif n == tiling.occupancy(RECORDED_REGISTERS, smem, OCC_THREADS, OCC_CC)["blocks"]:
+        hint = (f" {n} is what {RECORDED_REGISTERS} registers a thread allow (the recorded "
+                f"kernel); at {OCC_REGISTERS} registers that limit moves.")
+    return _result(ex, False, f"Wrong: you said {n}; the SM holds {blocks}, the least of what "
+                   f"each limit allows: {detail}.{hint}")
+
+
+# ---------------------------------------------------------------- 05: fragment ownership
+
+OWNER_ROW = 10
+
+
+def _lanes(answer) -> list:
+    if isinstance(answer, str):
+        parts = [p for p in re.split(r"[\s,;]+", answer.strip("[](){} ")) if p]
+    elif np.ndim(answer) == 0:
+        parts = [answer]
+    else:
+        parts = list(np.asarray(answer).ravel().tolist())
+    lanes = [_whole(p, "a list of lane numbers (0..31)") for p in parts]
+    if not lanes or any(not 0 <= x < fr.WARP for x in lanes):
+        raise _Unreadable(f"the answer is a list of lane numbers 0..31, not {answer!r}")
+    return sorted(set(lanes))
+
+
+def _owner(ex, answer):
+    shape = fr.FRAGMENTS["C"][1]
+    S = np.arange(shape[0] * shape[1]).reshape(shape)     # S[r, c] = 8 r + c: a value says where
+    frag = fr.to_fragment(S, "C")                          # the warp emulation: (32 lanes, c0..c3)
+    rows, cols = frag // shape[1], frag % shape[1]
+    truth = sorted(np.flatnonzero((rows == OWNER_ROW).any(axis=1)).tolist())
+    g = OWNER_ROW % 8
+    holds = {lane: [(f"c{i}", int(cols[lane, i])) for i in range(frag.shape[1])
+                    if rows[lane, i] == OWNER_ROW] for lane in truth}
+    elems = sorted({e for v in holds.values() for e, _ in v})
+    why = (f"C's rule puts row groupID in c0, c1 and row groupID + 8 in c2, c3, groupID = "
+           f"lane >> 2; row {OWNER_ROW} = {g} + {OWNER_ROW - g}, so groupID {g}: the quad of lanes "
+           f"{truth[0]}-{truth[-1]}, {'/'.join(elems)} each (lane {truth[0]} + t holds columns 2t "
+           f"and 2t + 1).")
+    mine = _lanes(answer)
+    if mine == truth:
+        return _result(ex, True, f"Right: lanes {_join(truth)}. " + why + " So the row's max and "
+                       "sum take two shfl_xor inside the quad (masks 1 and 2: "
+                       "fragments.quad_reduce) and no shared memory.")
+    notes = []
+    for lane in [x for x in mine if x not in truth][:3]:
+        held = sorted({int(r) for r in rows[lane]})
+        notes.append(f"lane {lane} (groupID {lane >> 2}) holds rows {_join(held)}, not "
+                     f"{OWNER_ROW}")
+    missing = [x for x in truth if x not in mine]
+    if missing:
+        notes.append(f"you left out {_join(missing)}: " + "; ".join(
+            f"lane {lane} holds " + ", ".join(f"S[{OWNER_ROW}][{c}] in {e}" for e, c in holds[lane])
+            for lane in missing[:2]))
+    if len(mine) == 1:
+        notes.append(f"one lane holds only {len(holds[truth[0]])} of the row's {shape[1]} "
+                     "elements: four lanes share a row")
+    return _result(ex, False, f"Wrong: you said lanes {_join(mine)}; " + "; ".join(notes)
+                   + ". " + why)
+
+
+# ---------------------------------------------------------------- 06: a bank map
+
+BANK_D, BANK_PAD = 64, 32
+
+
+def _bank_map(ex, answer):
+    row_bytes = 2 * BANK_D + BANK_PAD
+    cost = fr.ldmatrix_wavefronts(row_bytes)
+    first = [int(fr.smem_offset(r, 0, row_bytes)) // BANK_BYTES % BANKS for r in range(8)]
+    groups = {}
+    for r, b in enumerate(first):
+        groups.setdefault(b, []).append(r)
+    shared = [rows for rows in groups.values() if len(rows) > 1]
+    per_row = row_bytes // BANK_BYTES % BANKS
+    why = (f"Row r starts at byte {row_bytes}·r, bank {row_bytes // BANK_BYTES}·r mod {BANKS} = "
+           f"{per_row}·r mod {BANKS}: the first chunks of rows 0-7 start in banks "
+           f"{', '.join(map(str, first))}. ")
+    if shared:
+        b = first[shared[0][0]]
+        why += (f"Rows {' and '.join(map(str, shared[0]))} both start in bank {b} (banks "
+                f"{b}-{b + 3}), and so on for the other rows, so each 8-row phase is "
+                f"{cost.ways}-way: {cost.ways} wavefronts a phase, {cost.wavefronts} for the x4 (ideal {cost.ideal}).")
+    else:
+        why += f"All 8 rows land in different bank groups: {cost.wavefronts} wavefronts."
+    n = _whole(answer, "a whole number of wavefronts")
+    if n == cost.wavefronts:
+        return _result(ex, True, f"Right: {cost.wavefronts} wavefronts, {cost.ways}-way. " + why
+                       + f" Padding by 16 bytes moves a row by 4 banks, so 8 rows cover all 32: "
+                       f"{fr.ldmatrix_wavefronts(2 * BANK_D + 16).wavefronts} wavefronts; the XOR "
+                       f"swizzle gets {fr.ldmatrix_wavefronts(2 * BANK_D, swizzle=True).wavefronts}"
+                       " with no padding at all.")
+    hint = ""
+    if n == cost.ideal:
+        hint = (f" {cost.ideal} needs the 8 rows of a phase in 8 different 4-bank groups; "
+                f"{BANK_PAD} bytes of padding move a row by {BANK_PAD // BANK_BYTES} banks, so "
+                f"the rows come back to bank 0 after {BANKS // (BANK_PAD // BANK_BYTES)}.")
+    elif n == fr.ldmatrix_wavefronts(2 * BANK_D).wavefronts:
+        hint = (f" {n} is the dense {2 * BANK_D}-byte layout, where every row starts in bank 0 "
+                "(8-way); the padding does spread the rows, only not over all 32 banks.")
+    return _result(ex, False, f"Wrong: you said {n}; " + why + hint)
+
+
+# ---------------------------------------------------------------- 07: the pipeline timeline
+
+PIPE_LOAD, PIPE_COMPUTE, PIPE_LATENCY, PIPE_STAGES = 200.0, 300.0, 500.0, 2
+
+
+def _pipeline(ex, answer):
+    L, C, lat, k = PIPE_LOAD, PIPE_COMPUTE, PIPE_LATENCY, PIPE_STAGES
+    period = dg.pipeline_period(L, C, k, lat)
+    sched = dg.pipeline_schedule(L, C, tiles=8, stages=k, latency=lat)
+    starts = sched["compute_start"].to_numpy()
+    assert close(starts[-1] - starts[-2], period, 1e-9, 1e-9), "schedule and period disagree"
+    serial = dg.pipeline_period(L, C, 1, lat)
+    need = dg.pipeline_stages_needed(L, C, lat)
+    three = dg.pipeline_period(L, C, 3, lat)
+    timeline = (f"pipeline_schedule({L:g}, {C:g}, stages={k}, latency={lat:g}) starts the math of "
+                f"tiles 0-3 at {', '.join(f'{s:g}' for s in starts[:4])} ns: {period:g} ns apart.")
+    why = (f"The tile issued one ahead (when tile j's math starts) needs latency + load = "
+           f"{lat:g} + {L:g} = {lat + L:g} ns to arrive, longer than the {C:g} ns of math and "
+           f"the {L:g} ns of the link, so the loop waits for it: the period is max({C:g}, {L:g}, "
+           f"({lat:g} + {L:g}) / ({k} - 1)) = {period:g} ns. " + timeline)
+    x = _number(answer)
+    if close(x, period):
+        return _result(ex, True, f"Right: {period:g} ns a tile. " + why + f" That is Little's law: "
+                       f"{lat + L:g} ns of latency and transfer must be covered by tiles in "
+                       f"flight; three buffers give {three:g} ns, and {need} make it "
+                       f"compute-bound ({C:g} ns; pipeline_stages_needed).")
+    hint = ""
+    if close(x, C):
+        hint = (f" {C:g} ns (the math alone) would hold if the tile issued one ahead arrived "
+                f"within {C:g} ns; it needs {lat + L:g}.")
+    elif close(x, serial):
+        hint = f" {serial:g} ns is stage 06's period, one buffer, nothing overlapped."
+    elif close(x, L):
+        hint = f" {L:g} ns is the link alone; the latency comes on top for a tile issued late."
+    elif close(x, max(L + C, lat)):
+        hint = " The latency overlaps the previous tile's math; it is not added to it."
+    return _result(ex, False, f"Wrong: you said {x:g} ns; the period is {period:g}. " + why + hint)
+
+
+# ---------------------------------------------------------------- 08: a tuning decision
+
+TUNE_D, TUNE_CAUSAL = 64, False
+
+
+def _switch_names(answer) -> set:
+    names = list(SWITCHES)
+    if answer is None:
+        return set()
+    if isinstance(answer, str):
+        parts = [p for p in re.split(r"[\s,;]+", answer.strip("[](){} ")) if p]
+        if [p.lower() for p in parts] in (["none"], ["nothing"]):
+            parts = []
+    else:
+        try:
+            parts = list(answer)
+        except TypeError:
+            raise _Unreadable(f"the answer is a list of switch names, not {answer!r}") from None
+    out = set()
+    for p in parts:
+        name = str(p).strip().strip("'\"").upper()
+        if name not in names:
+            raise _Unreadable(f"{p!r} is not a switch; the switches are {', '.join(names)}")
+        out.add(name)
+    return out
+
+
+def _log():
+    """The tuning log of the GPU shown, else the one with the most rows recorded, else None."""
+    try:
+        return tables.tune_log()
+    except NotRecorded:
+        df = tables.TUNE08.load()
+        if df.empty:
+            return None
+        return tables.tune_log(df["gpu"].value_counts().index[0])
+
+
+def _tuning(ex, answer):
+    log = _log()
+    if log is None:
+        return Result.skipped(ex, "no tuning log recorded (data/tune08.csv): run `flashlab tune` "
+                              "on a GPU first")
+    gpu = log["gpu"].iloc[0]
+    chosen = tuning.choice(log)[(TUNE_D, TUNE_CAUSAL)]
+    off = {name for name, bit in SWITCHES.items() if not chosen[-1] & bit}
+    v = tuning.verdicts(log).xs((TUNE_D, TUNE_CAUSAL), level=["D", "causal"])
+
+    def line(name):
+        r = v.loc[name]
+        if r["without"] != r["without"]:
+            return (f"{name}: not timed off (nothing to skip without a mask), so it stays on")
+        verdict = "off won: dropped" if name in off else "off lost: kept"
+        return (f"{name}: {r['all_on']:.1f} TFLOP/s all on, {r['without']:.1f} without "
+                f"({r['off_vs_on_pct']:+.1f} %): {verdict}")
+
+    rule = ("the autotune keeps a switch only where switching it off lost (over the N its shape "
+            "serves)")
+    where = f"D = {TUNE_D}, {'causal' if TUNE_CAUSAL else 'non-causal'}, log recorded on {gpu}"
+    table = "; ".join(line(name) for name in SWITCHES)
+    mine = _switch_names(answer)
+    said = _join(sorted(mine)) if mine else "none"
+    truth = _join(sorted(off)) if off else "none"
+    if mine == off:
+        return _result(ex, True, f"Right: it turns off {truth} ({where}); {rule}. {table}.")
+    wrong = [line(n) for n in sorted(mine - off)] + [line(n) for n in sorted(off - mine)]
+    return _result(ex, False, f"Wrong: you said {said}; it turns off {truth} ({where}); {rule}. "
+                   + "; ".join(wrong) + ".")
+
+
+# ---------------------------------------------------------------- the registry
+
+_LABS = (
+    Lab(Exercise("02.sectors", "02_coalesced", "lab",
+                 "Sectors per request: how many 32-byte sectors does one load of stage 01's warp "
+                 "touch?", POINTS),
+        "Stage 01 copies a K tile with `Kj[(tx * d) + x] = K[qkv_offset + key * d + x]`: lane t "
+        f"of the warp reads the float (4 bytes) at row t, column x of a row-major tile of D = "
+        f"{SECTORS_D} floats a row. Global memory moves in 32-byte sectors. How many sectors does "
+        "one such load instruction of the warp (x = 0) touch? Set `answer` to a whole number.",
+        _sectors),
+    Lab(Exercise("03.occupancy", "03_coarsened", "lab",
+                 "Occupancy: how many of stage 03's blocks fit on an SM at 64 registers a thread?",
+                 POINTS),
+        f"Stage 03's block has {OCC_THREADS} threads and, at D = 64, {_n(tiling.smem_bytes())} "
+        "bytes of shared memory (`tiling.smem_bytes()`). Suppose a better compiler got the kernel down "
+        f"to {OCC_REGISTERS} registers a thread. An H100 SM (sm_90) has 65 536 registers "
+        "(allocated per warp, in units of 256), room for 2 048 threads and 32 blocks, and 228 KiB "
+        "= 233 472 bytes of shared memory, of which each block also reserves 1 KiB. How many "
+        "blocks can one SM hold? Set `answer` to a whole number.",
+        _occupancy),
+    Lab(Exercise("05.fragment_owner", "05_mma", "lab",
+                 f"Fragment ownership: which lanes hold row {OWNER_ROW} of mma's C fragment?",
+                 POINTS),
+        "After `mma.sync.aligned.m16n8k16`, a 16 × 8 tile of scores S sits in the warp's C "
+        "fragment: each lane holds 4 floats, c0..c3. The softmax needs the max of each row of "
+        f"S, so it must know which lanes share a row. Which lanes hold elements of row "
+        f"{OWNER_ROW}? Predict it from the ISA's rule (groupID = lane >> 2, threadID_in_group = "
+        "lane % 4), then check it with the warp emulation (`fragments.to_fragment(S, 'C')`). Set "
+        "`answer` to the lane numbers (a list).",
+        _owner),
+    Lab(Exercise("06.bank_map", "06_swizzle", "lab",
+                 f"A bank map: how many wavefronts does ldmatrix.x4 take with rows padded by "
+                 f"{BANK_PAD} bytes?", POINTS),
+        f"Stage 05 pads every shared-memory row of D = {BANK_D} halves by 16 bytes "
+        f"({2 * BANK_D + 16}-byte rows) so that ldmatrix reads without bank conflicts; stage 06 "
+        f"swizzles instead. Suppose you padded by {BANK_PAD} bytes ({2 * BANK_D + BANK_PAD}-byte "
+        "rows). One `ldmatrix.x4` is served in four phases, one 8 × 8 matrix each: 8 lanes read "
+        "a 16-byte chunk from 8 consecutive rows (chunk 0 here). Shared memory has 32 banks of 4 "
+        "bytes, and a phase takes one wavefront per distinct address in its busiest bank. Draw "
+        "the bank map (`fragments.bank_map(144)` draws the 16-byte padding's), then: how many "
+        "wavefronts does one ldmatrix.x4 take (the ideal is 4)? Set `answer` to a whole number.",
+        _bank_map),
+    Lab(Exercise("07.pipeline_period", "07_cp_async", "lab",
+                 "The pipeline timeline: how long is one tile of a two-buffer loop once it is "
+                 "full?",
+                 POINTS),
+        f"In stage 07's loop a K/V tile issued at time t starts arriving {PIPE_LATENCY:g} ns "
+        f"later (the round trip to memory), then streams in for {PIPE_LOAD:g} ns (its bytes at "
+        f"the block's bandwidth); its math takes {PIPE_COMPUTE:g} ns. With two buffers, tile "
+        "j + 1 is issued when tile j's math starts. How many ns a tile does the loop take once it "
+        f"is full? (Stage 06, one buffer, takes {PIPE_LATENCY:g} + {PIPE_LOAD:g} + "
+        f"{PIPE_COMPUTE:g} = {_n(int(PIPE_LATENCY + PIPE_LOAD + PIPE_COMPUTE))} ns.) Draw it with "
+        "`diagrams.pipeline_timeline` if it helps. Set `answer` to a number of ns.",
+        _pipeline),
+    Lab(Exercise("08.tuning", "08_tuned", "lab",
+                 f"A tuning decision: which switches does the tuned kernel turn off at D = "
+                 f"{TUNE_D}, non-causal?", POINTS),
+        "Stage 08's autotune times the winning shape with each of its switches (FOLD_SCALE, "
+        "SKIP_RESCALE, WARP_SKIP, LANE_OFFSETS, ONE_KSTEP) switched off in turn, beside the shape "
+        "with all of them on, and keeps a switch only where switching it off lost. Read the "
+        "recorded log (`log = fl.tables.tune_log()`; `tuning.scores(log)` has every variant's "
+        f"score: 'all switches on, timed again' and 'without <switch>'): at D = {TUNE_D}, "
+        "non-causal, which switches does the tuned kernel turn off? (WARP_SKIP has nothing to "
+        "skip without a mask: it is not timed there and stays on.) Set `answer` to a list of "
+        "switch names, [] for none.",
+        _tuning),
+)
+_BY_ID = {lab.exercise.id: lab for lab in _LABS}
+LABS = tuple(lab.exercise for lab in _LABS)
+
+
+def _lab(id) -> Lab:
+    id = getattr(id, "id", id)
+    if id not in _BY_ID:
+        raise ValueError(f"no lab {id!r}; the labs are: {', '.join(_BY_ID)}")
+    return _BY_ID[id]
+
+
+def prompt(id) -> str:
+    """The lab's question, as the notebook shows it."""
+    lab = _lab(id)
+    return f"**Lab {lab.exercise.id}** ({lab.exercise.points} points). {lab.prompt}"
+
+
+def answer_check(id, answer) -> Result:
+    """Check `answer` to lab `id` without printing: right or wrong and why. An answer of the wrong
+    kind (text where a number is asked, ...) is wrong, and the message says what is wanted."""
+    lab = _lab(id)
+    ex = lab.exercise
+    try:
+        return lab.check(ex, answer)
+    except _Unreadable as err:
+        return _result(ex, False, f"Wrong: {err}.")
+
+
+def check(id, answer) -> Result:
+    """A notebook's check cell: print the verdict and why, and return the Result."""
+    result = answer_check(id, answer)
+    print(result)
+    return result
+
+
+# ---------------------------------------------------------------- grading from the notebook
+
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+UNANSWERED = "raise NotImplementedError"
+
+
+def _cells_py(text):
+    """Code cells of a percent-format source (`# %%` starts a code cell, `# %% [markdown]` or
+    [raw] another kind, dropped)."""
+    cells, kind, lines = [], None, []
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            if kind == "code":
+                cells.append("\n".join(lines))
+            kind, lines = ("other" if re.match(r"# %%\s*\[", line) else "code"), []  # [markdown]
+        else:
+            lines.append(line)
+    if kind == "code" or (kind is None and lines):
+        cells.append("\n".join(lines))
+    return cells
+
+
+def _cells_ipynb(text):
+    nb = json.loads(text)
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in nb.get("cells", []) if c.get("cell_type") == "code"]
+
+
+def _check_call(id):
+    return re.compile(r"""labs\s*\.\s*check\s*\(\s*["']""" + re.escape(id) + r"""["']""")
+
+
+def notebook_files(ex, root) -> list:
+    """Where lab `ex`'s cell may be: its notebook's percent source and its .ipynb."""
+    root = Path(root)
+    found = []
+    for folder, suffix in ((root / "notebooks" / "src", ".py"), (root / "notebooks", ".ipynb")):
+        exact = folder / f"{ex.stage}{suffix}"
+        found += [exact] if exact.exists() else sorted(folder.glob(f"{ex.stage[:2]}_*{suffix}"))
+    return found
+
+
+def find_cell(ex, root):
+    """(file, cell source) of the cell that calls labs.check(ex.id, ...), from the most recently
+    changed of the notebook's files that has one; (None, None) where none does."""
+    pattern, found = _check_call(ex.id), []
+    for path in notebook_files(ex, root):
+        text = path.read_text(encoding="utf-8")
+        cells = _cells_ipynb(text) if path.suffix == ".ipynb" else _cells_py(text)
+        cell = next((c for c in cells if pattern.search(c)), None)
+        if cell is not None:
+            found.append((path.stat().st_mtime, path.suffix == ".ipynb", path, cell))
+    if not found:
+        return None, None
+    _, _, path, cell = max(found, key=lambda f: f[:2])
+    return path, cell
+
+
+def solution_code(ex, cell) -> str:
+    """The student's code in a check cell: between the solution markers where they are kept, else
+    everything above the labs.check call. IPython magics and shell lines are left out."""
+    lines = cell.splitlines()
+    marks = [i for i, line in enumerate(lines) if line.strip() in (BEGIN, END)]
+    begin = next((i for i, line in enumerate(lines) if line.strip() == BEGIN), None)
+    end = next((i for i, line in enumerate(lines) if line.strip() == END), None)
+    if begin is not None and end is not None and begin < end:
+        body = lines[begin + 1:end]
+    else:
+        call = next(i for i, line in enumerate(lines) if _check_call(ex.id).search(line))
+        body = [line for i, line in enumerate(lines[:call]) if i not in marks]
+    return "\n".join(line for line in body if not line.lstrip().startswith(("%", "!")))
+
+
+def namespace() -> dict:
+    """What a lab's solution code may use without importing: numpy as np and the notebooks' usual
+    names for flashlab and its lesson modules."""
+    import flashlab as fl
+    from .. import banks
+    return dict(np=np, math=math, fl=fl, diagrams=dg, dg=dg, fragments=fr, fr=fr, tiling=tiling,
+                banks=banks, tuning=tuning, tables=tables, __name__="__lab__")
+
+
+def grade_lab(ex, root) -> Result:
+    """Grade lab `ex` from the notebook of the edition in `root`: run the student's code from the
+    check cell in a fresh namespace and check the `answer` it sets (its printing is swallowed)."""
+    root = Path(root)
+    path, cell = find_cell(ex, root)
+    if path is None:
+        where = " or ".join(str(p.relative_to(root)) for p in notebook_files(ex, root)) or \
+            f"notebooks/src/{ex.stage}.py or notebooks/{ex.stage}.ipynb (neither exists)"
+        return Result(ex.id, False, 0.0,
+                      f"no cell calls labs.check(\"{ex.id}\", answer) in {where}")
+    code = solution_code(ex, cell)
+    rel = path.relative_to(root)
+    ns = namespace()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            exec(compile(code, f"{rel} (lab {ex.id})", "exec"), ns)
+    except NotImplementedError:
+        return Result(ex.id, False, 0.0, f"not answered yet in {rel}: the cell still raises "
+                      "NotImplementedError (replace it with `answer = ...`)")
+    except Exception as err:  # noqa: BLE001 -- the student's code may raise anything
+        return Result(ex.id, False, 0.0, f"the code in {rel} raised {type(err).__name__}: {err}")
+    if "answer" not in ns:
+        return Result(ex.id, False, 0.0, f"the cell in {rel} sets no `answer`")
+    return answer_check(ex, ns["answer"])

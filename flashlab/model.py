@@ -1,0 +1,142 @@
+"""A stage as a model's attention: a function with SDPA's signature, and its registration as a
+transformers attention implementation, so a GPT-2 built from its config (no download) runs on a
+flashlab kernel. transformers is an optional extra (`pip install -e ".[model]"`).
+
+    from flashlab import model
+    name = model.register("08_tuned")                 # "fl_08_tuned"
+    gpt2 = model.gpt2(attn_implementation=name).cuda().half()
+
+What a flashlab kernel cannot compute is refused with a ValueError, never approximated: an
+attention mask other than "causal or none", dropout, a query length different from the key
+length (decoding with a KV cache), grouped heads. Models hand over (B, H, N, D) views of
+(B, N, H, D) projections, rows strided; the kernels read contiguous (B, H, N, D), so the adapter
+copies such inputs (it counts the copies in `copies`).
+"""
+import math
+
+import torch
+
+from .stages import stage as _stage
+
+
+class SDPA:
+    """attn(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+    enable_gqa=False), as torch.nn.functional.scaled_dot_product_attention, computed by
+    `attention` (a built stage, or any callable attn(q, k, v, causal=, scale=) on contiguous
+    (B, H, N, D) tensors)."""
+
+    def __init__(self, attention, name=None):
+        self.attention = attention
+        self.name = name or getattr(getattr(attention, "stage", None), "slug", "attention")
+        self.copies = 0  # inputs that had to be made contiguous
+
+    def __repr__(self):
+        return f"<flashlab SDPA adapter for {self.name}: {self.copies} inputs copied>"
+
+    def _contiguous(self, t):
+        if t.is_contiguous():
+            return t
+        self.copies += 1
+        return t.contiguous()
+
+    def __call__(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                 scale=None, enable_gqa=False):
+        who = self.name
+        if attn_mask is not None:
+            raise ValueError(f"{who}: flashlab kernels take no attention mask (only is_causal)")
+        if dropout_p:
+            raise ValueError(f"{who}: flashlab kernels have no dropout (dropout_p={dropout_p})")
+        if enable_gqa or key.shape[1] != query.shape[1]:
+            raise ValueError(f"{who}: flashlab kernels need as many key/value heads as query heads "
+                             f"(q has {query.shape[1]}, k has {key.shape[1]})")
+        if query.dim() != 4:
+            raise ValueError(f"{who}: expected (B, H, N, D) tensors, got q of shape {tuple(query.shape)}")
+        if key.shape[2] != query.shape[2]:
+            raise ValueError(f"{who}: flashlab kernels need as many keys as queries (q has "
+                             f"{query.shape[2]}, k has {key.shape[2]}); decode without a KV cache "
+                             "(use_cache=False)")
+        q, k, v = (self._contiguous(t) for t in (query, key, value))
+        if scale is not None and math.isclose(scale, 1 / math.sqrt(q.shape[-1]), rel_tol=1e-6):
+            scale = None  # the kernels' own default
+        return self.attention(q, k, v, causal=bool(is_causal), scale=scale)
+
+
+def sdpa(stage_or_attention):
+    """The SDPA-shaped adapter for a stage (slug or number: built here) or a built attention."""
+    attention = stage_or_attention
+    if isinstance(stage_or_attention, (str, int)):
+        attention = _stage(stage_or_attention).build()
+    return SDPA(attention)
+
+
+def _transformers_forward(adapter):
+    """transformers' attention-interface signature: (module, query, key, value, attention_mask,
+    dropout, scaling, is_causal, ...) -> ((B, N, H, D) output, no weights)."""
+
+    def forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                is_causal=None, **kwargs):
+        if kwargs.get("output_attentions"):
+            raise ValueError(f"{adapter.name}: flashlab kernels do not return attention weights")
+        for unsupported in ("sliding_window", "softcap", "s_aux"):
+            if kwargs.get(unsupported) is not None:
+                raise ValueError(f"{adapter.name}: flashlab kernels do not support {unsupported}")
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        causal = bool(causal) and query.shape[2] > 1
+        out = adapter(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                      is_causal=causal, scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
+
+    return forward
+
+
+def _no_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+             attention_mask=None, **kwargs):
+    """The mask transformers would build for us: none (causality goes as is_causal); a padding
+    mask that masks something cannot be honoured, so it is refused."""
+    if attention_mask is not None and not bool(attention_mask.bool().all()):
+        raise ValueError("flashlab kernels take no padding mask: pass unpadded sequences of equal "
+                         "length (or no attention_mask)")
+    return None
+
+
+def register(stage_or_attention, name=None) -> str:
+    """Register a stage as a transformers attention implementation; returns its name, to pass as
+    `attn_implementation=`. (Not "flashlab_…": transformers takes any name containing "flash"
+    for one of its FlashAttention kernels.)"""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+    adapter = stage_or_attention if isinstance(stage_or_attention, SDPA) else sdpa(stage_or_attention)
+    name = name or f"fl_{adapter.name}"
+    if "flash" in name:
+        raise ValueError(f"{name!r}: transformers reads a name containing 'flash' as one of its "
+                         "own FlashAttention kernels; choose another")
+    AttentionInterface.register(name, _transformers_forward(adapter))
+    AttentionMaskInterface.register(name, _no_mask)
+    register.adapters[name] = adapter
+    return name
+
+
+register.adapters = {}
+
+
+def gpt2(attn_implementation="sdpa", n_layer=4, n_head=12, n_embd=768, n_positions=1024, seed=0,
+         **config):
+    """A GPT-2 built from its config (random weights, nothing downloaded), in eval mode, with
+    the given attention implementation; head dim n_embd / n_head (64 for GPT-2)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(seed)
+    cfg = GPT2Config(n_layer=n_layer, n_head=n_head, n_embd=n_embd, n_positions=n_positions,
+                     attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, **config)
+    cfg._attn_implementation = attn_implementation
+    m = GPT2LMHeadModel(cfg)
+    m.config._attn_implementation = attn_implementation
+    return m.eval()
+
+
+def compare_logits(model_a, model_b, tokens) -> dict:
+    """The largest absolute difference between two models' logits on `tokens` (same weights
+    assumed), and the largest logit, for a relative reading."""
+    with torch.no_grad():
+        a = model_a(tokens, use_cache=False).logits.float()
+        b = model_b(tokens, use_cache=False).logits.float()
+    return {"max_abs_diff": float((a - b).abs().max()), "max_abs_logit": float(a.abs().max())}

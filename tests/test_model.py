@@ -1,0 +1,92 @@
+"""A stage inside a real model (flashlab.model): the SDPA-shaped adapter refuses what a kernel
+cannot compute, and a GPT-2 built from its config runs through transformers' attention
+interface. On CPU a float64 reference stands in for the kernel; on a GPU the stages run."""
+import math
+
+import pytest
+import torch
+
+from flashlab import model
+from flashlab.reference import reference
+
+transformers = pytest.importorskip("transformers")
+
+
+def stand_in(q, k, v, causal=False, scale=None):
+    return reference(q, k, v, causal=causal, scale=scale).to(q.dtype)
+
+
+def qkv(B=2, H=4, N=16, D=32, strided=False):
+    if strided:  # what a model hands over: (B, H, N, D) views of (B, N, H, D)
+        return [torch.randn(B, N, H, D).transpose(1, 2) for _ in range(3)]
+    return [torch.randn(B, H, N, D) for _ in range(3)]
+
+
+def test_the_adapter_matches_sdpa_and_copies_strided_inputs():
+    ad = model.SDPA(stand_in, name="reference")
+    q, k, v = qkv(strided=True)
+    for causal in (False, True):
+        got = ad(q, k, v, is_causal=causal, scale=1 / math.sqrt(q.shape[-1]))
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        assert torch.allclose(got, want, atol=1e-5)
+    assert ad.copies == 6
+    ad(*qkv())
+    assert ad.copies == 6  # contiguous inputs are not copied
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(attn_mask=torch.ones(16, 16, dtype=torch.bool)), "no attention mask"),
+    (dict(dropout_p=0.1), "no dropout"),
+    (dict(enable_gqa=True), "as many key/value heads"),
+])
+def test_the_adapter_refuses_what_a_kernel_cannot_compute(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        model.SDPA(stand_in)(*qkv(), **kwargs)
+
+
+def test_decoding_with_a_kv_cache_is_refused():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="as many keys as queries"):
+        model.SDPA(stand_in)(q[:, :, :1], k, v)
+
+
+def test_a_name_transformers_would_take_for_its_own_flash_kernel_is_refused():
+    with pytest.raises(ValueError, match="flash"):
+        model.register(model.SDPA(stand_in), name="flashlab_x")
+
+
+def test_gpt2_from_its_config_runs_on_the_adapter():
+    name = model.register(model.SDPA(stand_in, name="reference"))
+    assert name == "fl_reference"
+    base = model.gpt2("sdpa", n_layer=2)
+    ours = model.gpt2(name, n_layer=2)
+    ours.load_state_dict(base.state_dict())
+    tokens = torch.randint(0, base.config.vocab_size, (2, 24))
+    diff = model.compare_logits(base, ours, tokens)
+    assert diff["max_abs_diff"] < 1e-4 * max(1.0, diff["max_abs_logit"])
+    assert model.register.adapters[name].copies > 0  # transformers passes strided views
+    with pytest.raises(ValueError, match="padding mask"):
+        with torch.no_grad():
+            ours(tokens, attention_mask=torch.tensor([[1] * 24, [1] * 20 + [0] * 4]), use_cache=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("slug", ["04_wmma", "05_mma", "06_swizzle", "07_cp_async", "08_tuned"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gpt2_on_a_stage_agrees_with_sdpa_as_closely_as_eager_does(slug, dtype):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from flashlab.stages import stage
+    why = stage(slug).unavailable()
+    if why:
+        pytest.skip(why)
+    name = model.register(slug)
+    base = model.gpt2("sdpa").cuda().to(dtype)
+    eager = model.gpt2("eager").cuda().to(dtype)
+    ours = model.gpt2(name).cuda().to(dtype)
+    eager.load_state_dict(base.state_dict())
+    ours.load_state_dict(base.state_dict())
+    tokens = torch.randint(0, base.config.vocab_size, (4, 512), device="cuda")
+    own = model.compare_logits(base, eager, tokens)["max_abs_diff"]
+    got = model.compare_logits(base, ours, tokens)["max_abs_diff"]
+    assert got <= 2 * own + 1e-3, f"{slug} {dtype}: {got:.3g} against SDPA; eager's own {own:.3g}"

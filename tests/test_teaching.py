@@ -1,0 +1,115 @@
+"""notebooks/TEACHING.md, the instructor guide, cannot drift from what it describes: its course
+map lists every notebook with the minutes that notebook's own opening cell gives, its "live on"
+column is the registry's, its exercise table names the registered exercises, and it and README's
+Colab section link each other."""
+import re
+
+import pytest
+
+import flashlab as fl
+from flashlab import paths
+
+GUIDE = paths.NOTEBOOKS / "TEACHING.md"
+README = paths.ROOT / "README.md"
+SOURCES = sorted((paths.NOTEBOOKS / "src").glob("[0-9][0-9]*.py"))
+TIME = re.compile(r"\*\*Time:\*\*\s+about\s+(\d+)\s+min\s+to\s+read,\s+(\d+)\s+min\s+to\s+work")
+
+
+def _section(text, heading):
+    """The lines of the section under `## heading`, up to the next `## `."""
+    lines = text.splitlines()
+    start = lines.index(f"## {heading}")
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return lines[start + 1:end]
+
+
+def _table(lines):
+    """The first Markdown table in `lines`: (header cells, [row cells])."""
+    rows = [ln for ln in lines if ln.startswith("|")]
+    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in rows]
+    assert len(cells) >= 3 and set(rows[1]) <= set("|-: "), "no table found"
+    return cells[0], cells[2:]
+
+
+def _course_map():
+    header, rows = _table(_section(GUIDE.read_text(), "Course map"))
+    col = {name: i for i, name in enumerate(header)}
+    by_stem = {}
+    for row in rows:
+        m = re.search(r"\]\((\d\d[a-z]?_\w+)\.ipynb\)", row[col["notebook"]])
+        if m:
+            assert m.group(1) not in by_stem, f"{m.group(1)} is listed twice"
+            by_stem[m.group(1)] = row
+        elif "total" in row[col["notebook"]]:
+            by_stem["total"] = row
+    return col, by_stem
+
+
+def _minutes(source):
+    m = TIME.search(source.read_text())
+    assert m, f"{source.name} has no '**Time:** about N min to read, M min to work through' line"
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_the_guide_exists_and_links_readme_and_back():
+    text = GUIDE.read_text()
+    assert "](../README.md#run-it-on-colab)" in text
+    readme = README.read_text()
+    assert "\n## Run it on Colab\n" in readme  # the anchor the guide links to
+    assert "](notebooks/TEACHING.md)" in readme
+
+
+def test_the_course_map_lists_every_notebook_once():
+    _, by_stem = _course_map()
+    assert SOURCES, "no notebook sources"
+    listed = sorted(k for k in by_stem if k != "total")
+    assert listed == [p.stem for p in SOURCES]
+    for stem in listed:
+        assert (paths.NOTEBOOKS / f"{stem}.ipynb").is_file(), f"the map links {stem}.ipynb"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_course_map_minutes_are_the_notebooks_own(source):
+    col, by_stem = _course_map()
+    row = by_stem[source.stem]
+    read, work = _minutes(source)
+    assert (int(row[col["read (min)"]]), int(row[col["work (min)"]])) == (read, work), \
+        f"{source.stem}: TEACHING.md says read {row[col['read (min)']]}, work " \
+        f"{row[col['work (min)']]}; the notebook says {read}, {work}"
+
+
+def test_course_map_totals_add_up():
+    col, by_stem = _course_map()
+    read = sum(_minutes(p)[0] for p in SOURCES)
+    work = sum(_minutes(p)[1] for p in SOURCES)
+    total = by_stem["total"]
+    assert total[col["read (min)"]].strip("*") == str(read)
+    assert total[col["work (min)"]].strip("*") == str(work)
+
+
+def test_live_on_is_what_the_registry_says():
+    col, by_stem = _course_map()
+    for stem, row in by_stem.items():
+        number = stem[:2]
+        if stem == "total" or number == "00":
+            continue
+        st = fl.stage(number)
+        live = row[col["live on"]]
+        assert live.startswith(".".join(map(str, st.min_cc))), (stem, live)
+        for dt, cc in st.dtype_min_cc.items():
+            assert f"{dt} {'.'.join(map(str, cc))}" in live, (stem, live)
+
+
+def test_the_exercise_table_names_the_registered_exercises():
+    exercises = pytest.importorskip("flashlab.course.exercises")
+    lines = _section(GUIDE.read_text(), "The exercises and the GPUs they need")
+    header, rows = _table(lines)
+    named = {}
+    for row in rows:
+        for cell in row[1:]:
+            for ex_id in re.findall(r"`(\d\d\.\w+)`", cell):
+                named[ex_id] = row[0]
+    registered = {ex.id: ex for ex in exercises.EXERCISES}
+    assert sorted(named) == sorted(registered)
+    for ex_id, notebook in named.items():
+        assert registered[ex_id].stage.startswith(notebook), (ex_id, notebook)
