@@ -17,6 +17,8 @@ from flashlab.course import cli as course_cli
 
 # lab id: (a right answer, a wrong one, what the why of the wrong one must say)
 LABS = {
+    "01.bank_wavefronts": (32, 1, ["you said 1", "all 32 lanes are in bank 0", "32-way",
+                                   "a broadcast"]),
     "02.sectors": (32, 8, ["you counted 8", "256 bytes apart", "its own sector: 32"]),
     "03.occupancy": (3, 4, ["registers limit alone", "shared memory", "holds 3"]),
     "05.fragment_owner": ([8, 9, 10, 11], [10], ["you left out 8, 9 and 11", "groupID 2",
@@ -34,8 +36,9 @@ def _dropped(log=None):
 
 
 def test_the_labs_are_registered_in_stage_order():
-    assert [ex.id for ex in labs.LABS] == ["02.sectors", "03.occupancy", "05.fragment_owner",
-                                           "06.bank_map", "07.pipeline_period", "08.tuning"]
+    assert [ex.id for ex in labs.LABS] == ["01.bank_wavefronts", "02.sectors", "03.occupancy",
+                                           "05.fragment_owner", "06.bank_map",
+                                           "07.pipeline_period", "08.tuning"]
     assert all(ex.kind == "lab" and ex.points > 0 and ex.title.endswith("?") for ex in labs.LABS)
     stages = [ex.stage for ex in exercises.EXERCISES]
     assert stages == sorted(stages)
@@ -56,6 +59,21 @@ def test_a_lab_says_right_or_wrong_and_why(id):
     assert (r.ok, r.score) == (False, 0) and r.message.startswith("Wrong")
     for phrase in why:
         assert phrase in r.message, (phrase, r.message)
+
+
+def test_the_bank_wavefront_lab_counts_with_the_bank_model():
+    from flashlab import banks
+    import numpy as np
+    truth = banks.wavefronts(np.arange(32) * 64)[0]
+    assert truth == 32
+    r = labs.answer_check("01.bank_wavefronts", truth)
+    assert r.ok and "bank t: 1 wavefront" in r.message          # the padded rows, d + 1 floats
+    for wrong, why in ((64, "is d, the lanes' stride"), (4, "global-memory count"),
+                       (2048, "how often the warp executes"), (16, "every lane has its own word")):
+        r = labs.answer_check("01.bank_wavefronts", wrong)
+        assert not r.ok and why in r.message, (wrong, r.message)
+    r = labs.answer_check("01.bank_wavefronts", "32-way")
+    assert not r.ok and "whole number of wavefronts" in r.message
 
 
 def test_the_tuning_lab_reads_the_recorded_log(data_dir):
@@ -235,6 +253,7 @@ H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"
 def _submission(name, gpu, scores, when):
     env = dict(gpu=gpu, compute_capability="9.0", torch="2.13.0", cuda="12.8", commit="abc",
                time=when)
+    scores = list(scores) + [0] * (len(labs.LABS) - len(scores))   # labs not listed: 0
     graded = [(ex, Result(ex.id, s > 0, float(s), "synthetic"))
               for ex, s in zip(labs.LABS, scores)]
     graded.append((KERNEL, Result(KERNEL.id, True, 4.0, "synthetic")))

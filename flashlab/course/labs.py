@@ -1,6 +1,6 @@
-"""The CPU labs: one predict-then-check question per notebook 02, 03, 05, 06, 07 and 08, graded on
-any machine. Each check computes the truth with the lesson models the notebook itself uses
-(flashlab.diagrams, tiling, fragments, banks, tuning) and says right or wrong, and why.
+"""The CPU labs: one predict-then-check question per notebook 01, 02, 03, 05, 06, 07 and 08, graded
+on any machine. Each check computes the truth with the lesson models the notebook itself uses
+(flashlab.banks, diagrams, tiling, fragments, tuning) and says right or wrong, and why.
 
 In a notebook (nbgrader's markers; the student edition replaces the solution with
 `# YOUR CODE HERE` / `raise NotImplementedError()`):
@@ -32,7 +32,7 @@ from .. import diagrams as dg
 from .. import fragments as fr
 from .. import tables, tiling, tuning
 from ..autotune import SWITCHES
-from ..banks import BANK_BYTES, BANKS
+from ..banks import BANK_BYTES, BANKS, wavefronts
 from ..tables import NotRecorded
 from . import Exercise, Result
 
@@ -103,6 +103,56 @@ def _n(x) -> str:
 def _join(xs):
     xs = [str(x) for x in xs]
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
+
+
+# ---------------------------------------------------------------- 01: bank wavefronts
+
+WAVE_D = 64
+
+
+def _qi_words(d, x=0):
+    """The 4-byte words the warp's 32 lanes read in stage 01's `Qi[t*d + x]`."""
+    return np.arange(32) * d + x
+
+
+def _bank_wavefronts(ex, answer):
+    words = _qi_words(WAVE_D)
+    cost = wavefronts(words)[0]
+    banks_hit = sorted(set((words % BANKS).tolist()))
+    padded = wavefronts(_qi_words(WAVE_D + 1))[0]
+    kj = wavefronts(np.zeros(32, dtype=int))[0]           # Kj[y*d + x]: one word for every lane
+    where = (f"bank {banks_hit[0]}" if len(banks_hit) == 1 else
+             f"banks {_join(banks_hit)}")
+    why = (f"Lane t reads word {WAVE_D}·t + x (byte {4 * WAVE_D}·t + 4x), in bank "
+           f"({WAVE_D}·t + x) mod {BANKS} = x mod {BANKS}, since {WAVE_D} is a multiple of "
+           f"{BANKS}: at x = 0 all 32 lanes are in {where}, at 32 different words, and a bank "
+           f"delivers one word a clock: {cost} wavefronts, a {cost}-way conflict.")
+    n = _whole(answer, "a whole number of wavefronts")
+    if n == cost:
+        return _result(ex, True, f"Right: {cost} wavefronts. " + why + f" The same warp's read "
+                       f"of Kj[y*d + x] is one word for all lanes, a broadcast: {kj}. Rows of "
+                       f"d + 1 = {WAVE_D + 1} floats would put lane t in bank t: {padded} "
+                       f"wavefront; padding the rows is how stage 03 removes its conflicts.")
+    hint = ""
+    if n == kj:
+        hint = (f" {kj} wavefront needs the 32 words in 32 different banks (consecutive words, "
+                f"or rows {WAVE_D + 1} floats apart), or one word for every lane (a broadcast, "
+                "like Kj[y*d + x]); here 32 different words share one bank.")
+    elif n == WAVE_D:
+        hint = (f" {WAVE_D} is d, the lanes' stride in words; a wavefront count is how many "
+                "different words the busiest bank must deliver: one per lane here.")
+    elif n == 32 * BANK_BYTES // dg.SECTOR:
+        hint = (" 4 would be a global-memory count (128 consecutive bytes in 32-byte sectors); "
+                "shared memory is served by banks, one word per bank per clock.")
+    elif n == 32 * WAVE_D:
+        hint = (f" {32 * WAVE_D} is how often the warp executes this read in one visit "
+                f"(32 keys × {WAVE_D} dims); the question asks about one read.")
+    elif n == 32 * BANK_BYTES:
+        hint = " That counts bytes; the question counts wavefronts (passes through the banks)."
+    elif 1 < n < cost:
+        hint = (f" Fewer than {cost} passes would need lanes sharing a word, or the words spread "
+                "over more banks; here every lane has its own word, all in one bank.")
+    return _result(ex, False, f"Wrong: you said {n}. " + why + hint)
 
 
 # ---------------------------------------------------------------- 02: sectors per request
@@ -388,6 +438,19 @@ def _tuning(ex, answer):
 # ---------------------------------------------------------------- the registry
 
 _LABS = (
+    Lab(Exercise("01.bank_wavefronts", "01_naive", "lab",
+                 f"Bank wavefronts: how many wavefronts does stage 01's warp take to read "
+                 f"Qi[t*d + x] at d = {WAVE_D}?", POINTS),
+        "In stage 01's score loop, `sum += Qi[(tx * d) + x] * Kj[(y * d) + x]`, lane t of the "
+        "warp reads the float `Qi[t*d + x]`: word t·d + x of shared memory, counted in 4-byte "
+        "words. Shared memory has 32 banks, 4 bytes wide: word w is in bank w mod 32, and a bank "
+        "delivers one word a clock; lanes that read the same word share it (a broadcast). A "
+        "request takes one pass, a wavefront, per different word in its busiest bank. At d = "
+        f"{WAVE_D} and x = 0, how many wavefronts does one such read of the warp take? Count it "
+        "by hand, then check it with `banks.wavefronts(words)` (`from flashlab import banks`; "
+        "words in 4-byte units; it returns the count and each lane's pass). Set `answer` to a "
+        "whole number.",
+        _bank_wavefronts),
     Lab(Exercise("02.sectors", "02_coalesced", "lab",
                  "Sectors per request: how many 32-byte sectors does one load of stage 01's warp "
                  "touch?", POINTS),

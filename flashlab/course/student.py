@@ -237,7 +237,7 @@ two marker lines). The notebooks' exercise cells say `# YOUR CODE HERE`.
 
 1. Read the notebooks in order (`notebooks/00_setup_and_the_gpu.ipynb` first). Each stage's
    notebook explains the idea that its kernel exercise asks you to write.
-2. The **CPU labs** (notebooks 02, 03, 05, 06, 07, 08): predict a number, write it where the cell
+2. The **CPU labs** (notebooks 01, 02, 03, 05, 06, 07, 08): predict a number, write it where the cell
    says `# YOUR CODE HERE`, run the cell: `labs.check(...)` says right or wrong, and why. They
    need no GPU.
 3. The **kernel exercises** (below) need a GPU that runs the stage (the table says which

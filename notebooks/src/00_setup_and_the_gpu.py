@@ -499,6 +499,34 @@ df[fl.results.contract].head(3)
 #    could still pass it.
 
 # %% [markdown]
+# **Instructor's answer.** *1.* The clock. 989 TFLOP/s is 132 SMs × 4 096 FLOP at 1.83 GHz; the
+# measured 676 TFLOP/s is that count at about 1.25 GHz. Log the SM clock and power while the 8192³
+# product runs (`nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv -lms 100`): if the clock
+# sags under the power cap, the clock assumption fails; if it holds, the issue rate does (the
+# instructions and tiles the library picks), and other sizes or another library test that.
+
+# %% [markdown]
+# **Instructor's answer.** *2.* Half the count credits only useful work, so a kernel that computes
+# the masked half shows half the TFLOP/s of one that skips it: it rewards doing less, which is what
+# users want. The full count measures how busy the hardware is and rewards computing what is thrown
+# away: such a kernel looks as fast as a non-causal one while taking twice the time it needs. Quote
+# the time too, and say which count (PyTorch's counter, above, credits the full one).
+
+# %% [markdown]
+# **Instructor's answer.** *3.* Everything the least-traffic count leaves out. Registers and shared
+# memory per tile grow with D, so an SM holds fewer warps (stage 05: 12 at D = 64, 8 at D = 128);
+# the exponentials, one per score, weigh half as much next to 4·N²·D FLOPs at D = 128; and K and V
+# are re-read per query tile, so real traffic depends on tile sizes, which D constrains. On the
+# roofline both points sit at the same intensity; these effects show as different heights.
+
+# %% [markdown]
+# **Instructor's answer.** *4.* A kernel that never subtracts the row max passes: `randn` inputs
+# give scores of order 1, far from `exp`'s overflow at 88.7, yet it returns NaN for a sharply
+# peaked head such as section 2's scores × 40. Others: a 32-bit index that overflows only for
+# tensors of 2³¹ elements or more; a race whose window the tested shapes rarely open; a bug at a
+# head dim or an N the check does not run.
+
+# %% [markdown]
 # ## Summary
 #
 # - Three measured ceilings bound every kernel: the fp32 CUDA-core matmul, the fp16 tensor-core

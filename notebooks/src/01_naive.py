@@ -272,6 +272,29 @@ print(f"The fastest PyTorch fp32 attention ({best.stage}) is "
 # in the score loop stay.
 
 # %% [markdown]
+# ## Exercises
+#
+# ### Lab `01.bank_wavefronts`
+#
+# The prediction charged the score loop's read of `Qi[t*d + x]` as a conflicted one. Count it
+# yourself with the bank model: which bank does each lane's word fall in, and how many wavefronts
+# does one such read of the warp take at $d = 64$? Work it out by hand first. Then try rows of $d +
+# 1$ and $d + 2$ floats: what would padding `Qi`'s rows buy?
+
+# %%
+import numpy as np
+from flashlab import banks
+from flashlab.course import labs
+print(labs.prompt("01.bank_wavefronts"))
+
+# %%
+### BEGIN SOLUTION
+words = np.arange(32) * 64 + 0       # lane t reads word 64 t + x (x = 0): bank 64 t mod 32 = 0
+answer = banks.wavefronts(words)[0]  # 32 different words in one bank: 32 wavefronts
+### END SOLUTION
+labs.check("01.bank_wavefronts", answer)
+
+# %% [markdown]
 # ## Questions for discussion
 #
 # 1. The shared-memory count came within a quarter of the measured time, yet did not set it.
@@ -281,6 +304,33 @@ print(f"The fastest PyTorch fp32 attention ({best.stage}) is "
 # 3. With one warp per SM, which helps more: removing the conflict on `Qi`, or giving each thread
 #    two independent query rows? Argue from the stall reasons.
 # 4. If $B \cdot H$ were 132, what would change in the time, and in the profile?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* Give each busy SM twice the work without changing what a warp does:
+# at B·H = 264 every SM holds two blocks. A kernel bound by its shared-memory pipe then takes about
+# twice as long; a latency-bound one, whose pipe idles 60 % of the time, about as long as before,
+# its two warps waiting side by side. Timing B·H = 64 against 264 takes two runs and no counters.
+
+# %% [markdown]
+# **Instructor's answer.** *2.* Uncoalesced loads waste bandwidth, and this kernel uses almost none
+# (DRAM busy 0.12 %). Per visit a thread loads its row of Q and its m and l once, against 4 096
+# multiply-adds that each wait on shared memory, so global loads are a small part of the chain; and
+# most of them hit the L2: DRAM moved about 0.4 GB of the 1.6 GB the loads ask for. A request's 32
+# sectors are fetched in parallel, so it costs about one latency, not 32.
+
+# %% [markdown]
+# **Instructor's answer.** *3.* Two independent rows. The stalls say the warp waits for results
+# (`short_scoreboard` 69 %, `wait` 17 %) while no pipe is full (`mio_throttle` 0, shared memory
+# busy 40 %): a second chain of work fills those waits, up to about 2× before the shared-memory
+# pipe fills. Removing the conflict shortens each `Qi` read by its 31 extra wavefronts, but the
+# warp still waits for every read and for everything else in its chain. Stage 02 takes the first
+# road, with 32 warps, and gains 2.5×.
+
+# %% [markdown]
+# **Instructor's answer.** *4.* The time would stay about 98 ms: each block still runs alone on its
+# SM, one warp in 64, so the 68 new blocks fill idle SMs and TFLOP/s rises by 132 / 64 ≈ 2.1×, to
+# about 0.36. Per SM the profile would not change (1.6 % occupancy, `short_scoreboard` on top);
+# only GPU-wide counters, such as `sm_throughput_pct` and DRAM traffic, would about double.
 
 # %% [markdown]
 # ## Summary

@@ -229,6 +229,50 @@ nb.compare().query("kind == 'baseline' or stage in ['01_naive', '02_coalesced']"
 # `Kj[tx * d + x]` conflict.
 
 # %% [markdown]
+# ## Exercises
+#
+# ### Lab `02.sectors`
+#
+# Stage 01's tile copy, seen from global memory: how many 32-byte sectors does one load instruction
+# of its warp touch? Predict it from the lanes' byte addresses, then check.
+
+# %%
+import numpy as np
+from flashlab.course import labs
+print(labs.prompt("02.sectors"))
+
+# %%
+### BEGIN SOLUTION
+addr = np.arange(32) * 64 * 4        # lane t reads row t, column 0 of a 64-float row: byte 256 t
+answer = len(np.unique(addr // 32))  # rows 256 bytes apart: one 32-byte sector per lane
+### END SOLUTION
+labs.check("02.sectors", answer)
+
+# %% [markdown]
+# ### Kernel exercise `02.tile_copy` (10 points)
+#
+# **Where:** `load_tile` in `kernels/02_coalesced.cu`, between `// BEGIN EXERCISE 02.tile_copy` and
+# `// END EXERCISE 02.tile_copy`. The student edition holds a stub there that compiles and leaves
+# the tile empty.
+#
+# **What to write:** the copy of rows `first` … `first + 31` of an (N, d) matrix into the 32 × d
+# tile by all `Br × Bc` = 1024 threads: thread `tid` takes elements `tid`, `tid + 1024`, … of the
+# tile, so that each warp reads 128 contiguous bytes; rows at or past N become zeros.
+#
+# **How it is judged.** `flashlab grade` builds stage 02 from your `kernels/` and compares it with
+# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
+# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
+# 128, causal and not, fp32. A wrong kernel scores 0, and the message names the first failing case
+# and its first wrong element (batch, head, row, column, got, expected). A right one is timed at
+# the teaching config against stage 01, built from the same folder: full points at the solution's
+# speedup over it (within 5 %), fewer below.
+#
+# **GPU:** compute capability 7.5 or newer (a T4 will do); without one, `flashlab grade` skips it
+# with one line saying why. Run it with
+#
+#     flashlab grade --exercise 02.tile_copy
+
+# %% [markdown]
 # ## Questions for discussion
 #
 # 1. Stage 02 runs at its shared-memory bound with 68 SMs idle. Which of the two would you fix
@@ -237,6 +281,29 @@ nb.compare().query("kind == 'baseline' or stage in ['01_naive', '02_coalesced']"
 #    would have had to be different for it to be paid?
 # 3. The prediction's number held while part of its reasoning failed. When is a prediction with
 #    the right number and a wrong reason still useful?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* The conflict. Rows padded to d + 1 floats turn the `Kj` read from
+# 32-way into one wavefront, so a step of the score loop costs 2 wavefronts instead of 33 and the
+# count per visit falls from about 72 k to about 8 k clocks: a bound about 9× lower, though latency
+# and FA-1's round trips of O, m and l take over well before it. Filling the 68 idle SMs (two
+# blocks or more per head) gives at most 132 / 64 ≈ 2.1×, since each busy SM is already at its
+# bound. Stage 03 does both.
+
+# %% [markdown]
+# **Instructor's answer.** *2.* The tile size. With `Bc` a compile-time constant the compiler
+# unrolls the loop over a tile's 32 keys and loads the thread's 32 probabilities into registers
+# once per visit (eight `LDS.128`). With `Bc` a kernel argument, as in the published kernel, it
+# re-reads `S[Bc*tx + y]` for each of the d output columns: 32 · 64 conflicted loads per visit, the
+# cost the count charged. Notebook 01 measured it: 168 ms published against 93 ms with constant
+# tiles.
+
+# %% [markdown]
+# **Instructor's answer.** *3.* As a bound and a budget: stage 02's count capped what more warps
+# could buy and named the pipe that would fill, which is what choosing the next step needs. As a
+# diagnosis it misleads: a "conflict-bound" stage 01 would have sent us to padding, while the
+# profile shows latency. A right number with a wrong reason predicts the next change badly, so
+# check the reason (stall reasons, counters) before building on it.
 
 # %% [markdown]
 # ## Summary

@@ -363,6 +363,54 @@ print(f"fp16 tensor-core matmul ceiling: {tc:.0f} TFLOP/s = {tc / ceiling:.0f}x 
 # instructions, fp16 inputs and fp32 accumulation — a warp multiplies whole 16 × 16 fragments.
 
 # %% [markdown]
+# ## Exercises
+#
+# ### Lab `03.occupancy`
+#
+# Section 6 found registers deciding stage 03's occupancy at about 120 a thread. Suppose a better
+# compiler got the kernel down to 64: how many blocks would an SM hold then, and which limit would
+# decide? Work it out from each limit, then check it with `tiling.occupancy`.
+
+# %%
+from flashlab.course import labs
+print(labs.prompt("03.occupancy"))
+
+# %%
+### BEGIN SOLUTION
+by_registers = 65536 // (64 * 256)                      # 4 blocks
+by_smem = 233472 // (tiling.smem_bytes() + 1024)        # 68 608 + 1 024 bytes a block: 3 blocks
+by_threads = 2048 // 256                                # 8 blocks
+answer = min(by_registers, by_smem, by_threads, 32)     # shared memory decides: 3
+### END SOLUTION
+labs.check("03.occupancy", answer)
+
+# %% [markdown]
+# ### Kernel exercise `03.coarsen_kernel` (10 points)
+#
+# **Where:** the `S = QKᵀ` loop of `coarsened_kernel` in `kernels/03_coarsened.cu`, between
+# `// BEGIN EXERCISE 03.coarsen_kernel` and `// END EXERCISE 03.coarsen_kernel`. The student
+# edition's stub leaves `s` at zero, so every key gets the same score.
+#
+# **What to write:** section 3's loop: accumulate the thread's `TM × TN` patch `s[r][c]` from rows
+# `ty + 16r` of `Qs` and keys `tx + 16c` of `Ks`, four dims a step, each operand read as one
+# `float4` from the padded rows (strides `T::LDQ`, `T::LDK`), so that every value loaded feeds `TN`
+# or `TM` FMAs. Use the tile constants: at D = 128, and on a 7.5 GPU, a tile holds fewer keys.
+#
+# **How it is judged.** `flashlab grade` builds stage 03 from your `kernels/` and compares it with
+# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
+# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
+# 128, causal and not, fp32. A wrong kernel scores 0, and the message names the first failing case
+# and its first wrong element (batch, head, row, column, got, expected). A right one is timed at
+# the teaching config against stage 02, built from the same folder: full points at the solution's
+# speedup over it (within 5 %), fewer below. (Where your stage 02 fails its own check, the nearest
+# earlier stage that passes is the reference.)
+#
+# **GPU:** compute capability 7.5 or newer (a T4 will do); without one, `flashlab grade` skips it
+# with one line saying why. Run it with
+#
+#     flashlab grade --exercise 03.coarsen_kernel
+
+# %% [markdown]
 # ## Questions for discussion
 #
 # 1. The profile says shared memory is busier than the issue slots. Would a 4 × 8 score patch per
@@ -373,6 +421,34 @@ print(f"fp16 tensor-core matmul ceiling: {tc:.0f} TFLOP/s = {tc / ceiling:.0f}x 
 #    When is a measured ceiling the better yardstick, and when can it mislead?
 # 4. The prediction held while one of its counts was wrong by 2×. What should a student conclude
 #    from a prediction that lands inside its band?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* Probably hurt. A 4 × 8 patch loads 4 + 8 float4 for 4 · 8 · 4 = 128
+# FMAs, 10.7 a load instead of 8: a third fewer wavefronts per FMA. But S's accumulators double
+# (16 → 32), pushing the kernel past 128 registers, where 256-thread blocks fit once per SM: 8
+# warps instead of 16, with `short_scoreboard` already the top stall (28 %) and barriers to cover.
+# Count it, then measure: occupancy, not the pipe, may set the time.
+
+# %% [markdown]
+# **Instructor's answer.** *2.* No. The P store's conflicts are 2 % of the wavefronts, so removing
+# them saves at most about 2 % of a pipe's time. The profile points at larger items: shared memory
+# busy at least 76 % of the clocks, because a float4 load costs a warp 4 passes on the way back to
+# the registers (twice the counted wavefronts), and `short_scoreboard` at 28 %. Fix first the
+# shared-memory bytes per FMA, or change the roof: the tensor cores' is 13× higher (stage 04).
+
+# %% [markdown]
+# **Instructor's answer.** *3.* A measured ceiling includes what the datasheet leaves out (the
+# clock held under load, issue limits, the power cap), so it is the right yardstick for a kernel
+# doing the same kind of work: stage 03 issues FFMAs like SGEMM, whose 51.7 TFLOP/s is 77 % of the
+# FFMA peak at 1.98 GHz. It misleads when the library is not the best the hardware can do (a shape
+# it is not tuned for), when it uses instructions the kernel cannot, or when the kernel is bound by
+# something else, such as shared memory or latency.
+
+# %% [markdown]
+# **Instructor's answer.** *4.* That nothing is grossly wrong, not that each count is right: a band
+# 2× wide absorbs a 2× error. Here the wavefront count was off by 1.91×, which moved the binding
+# unit from issue to shared memory, and the time still fell in the band. Check each term against
+# its counter before trusting the model for the next change.
 
 # %% [markdown]
 # ## Summary

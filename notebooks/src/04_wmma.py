@@ -348,6 +348,46 @@ plots.roofline(last="04_wmma")
 # P in registers, and only K and V touch shared memory — section 7's last line.
 
 # %% [markdown]
+# ## Exercises
+#
+# Stage 04 has no CPU lab; its two kernel exercises are the two matrix products. They are checked
+# together, since the stage is one kernel: `04.qk_wmma` passes only once `04.pv_wmma` is written
+# too, and `flashlab grade` says which region still holds its stub.
+#
+# ### Kernel exercise `04.qk_wmma` (10 points)
+#
+# **Where:** the `S = Q Kᵀ` step of `wmma_kernel` in `kernels/04_wmma.cu`, between
+# `// BEGIN EXERCISE 04.qk_wmma` and `// END EXERCISE 04.qk_wmma`. The stub writes zeros to S.
+#
+# **What to write:** for each 16-key block `n`, an fp32 accumulator fragment filled with zeros and
+# summed over the head dim: `qf[k]` (Q's fragments, already loaded) times K's 16 × 16 block, loaded
+# as a `col_major` `matrix_b` (that is Kᵀ, stride `LDK`); then store it to the warp's rows of S
+# (`Sw`, row stride `LDS`). Section 2's three calls are all it takes.
+#
+# ### Kernel exercise `04.pv_wmma` (5 points)
+#
+# **Where:** the `O += P V` step, between `// BEGIN EXERCISE 04.pv_wmma` and
+# `// END EXERCISE 04.pv_wmma`. The stub never adds to O.
+#
+# **What to write:** P's 16 × `BC` rows (`Pw`, stride `LDP`) as `matrix_a` fragments; for each
+# 16-column block of O, the accumulator loaded from `Ow` (stride `LDO`), P times V's blocks
+# (`row_major` `matrix_b` from `Vs`) added, and the block stored back.
+#
+# **How it is judged.** `flashlab grade` builds stage 04 from your `kernels/` and compares it with
+# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
+# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
+# 128, causal and not, fp16 and bf16. A wrong kernel scores 0, and the message names the first
+# failing case and its first wrong element (batch, head, row, column, got, expected). A right one
+# is timed at the teaching config against stage 03, built from the same folder: full points at the
+# solution's speedup over it (within 5 %), fewer below.
+#
+# **GPU:** compute capability 7.5 or newer: a T4 checks fp16 only, 8.0 checks bf16 too; without
+# one, `flashlab grade` skips it with one line saying why. Run them with
+#
+#     flashlab grade --exercise 04.qk_wmma
+#     flashlab grade --exercise 04.pv_wmma
+
+# %% [markdown]
 # ## Questions for discussion
 #
 # 1. The tensor cores idle four clocks in five. Would a bigger tile per warp (32 query rows
@@ -356,6 +396,28 @@ plots.roofline(last="04_wmma")
 #    the two should a kernel's efficiency be quoted against, and why?
 # 3. WMMA code compiles for every tensor-core generation; `mma.sync` code does not. When is
 #    portability worth the speed it costs?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* Little. Of the 48 KiB a warp moves per K/V tile, 20 KiB are K and V
+# operands, which 32 rows would share, and 28 KiB are round trips of S, P and O, which grow with
+# the rows. Traffic per FLOP falls from 48 to (20 + 2 · 28) / 2 = 38 KiB per 262 kFLOP: a bound
+# about 1.26× higher, paid for with twice the shared memory for S, P and O and more registers (128
+# already cap 4 blocks), so fewer warps; with `short_scoreboard` at 42 % that can lose more than it
+# gains. The round trips, 58 % of the traffic, are the target (stage 05).
+
+# %% [markdown]
+# **Instructor's answer.** *2.* The measured ceiling, 676 TFLOP/s: it is what a tuned product
+# reaches on this GPU at the clock it holds under tensor-core load, so the gap to it is a gap a
+# kernel can hope to close (stage 04's 112 TFLOP/s is 17 % of it, 11 % of 989). The datasheet's
+# figure assumes 1.83 GHz sustained; quote it beside papers that use it, and say which one you
+# quote. Note that cuBLAS reaches its ceiling with `wgmma`, which WMMA and `mma.sync` cannot use.
+
+# %% [markdown]
+# **Instructor's answer.** *3.* When the code must run on GPUs you cannot tune for (a course's T4s
+# and H100s, a library's fallback), and when something other than the tensor cores bounds the
+# kernel anyway. Here the price is concrete: the opaque fragments cost 28 of every 48 KiB of
+# shared-memory traffic, and `mma.sync` ran 1.5× faster on the same GPU (stage 05). Production
+# kernels keep a per-architecture hot loop and a portable path for the rest.
 
 # %% [markdown]
 # ## Summary

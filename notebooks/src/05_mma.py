@@ -520,6 +520,67 @@ print(f"stage 06's layout: {fr.tile_cost(D, BR, BC, pad_bytes=0, swizzle=True).w
 # K/V tile while it still multiplies the current one.
 
 # %% [markdown]
+# ## Exercises
+#
+# ### Lab `05.fragment_owner`
+#
+# The softmax needs each row's max, so a lane must know which lanes share its row. Which lanes hold
+# row 10 of an `m16n8k16` accumulator tile? Predict it from section 2's C rule, then check it with
+# the warp emulation.
+
+# %%
+from flashlab.course import labs
+print(labs.prompt("05.fragment_owner"))
+
+# %%
+### BEGIN SOLUTION
+S = np.arange(16 * 8).reshape(16, 8)      # S[r, c] = 8 r + c: a value says where it came from
+frag = fr.to_fragment(S, "C")             # (32 lanes, c0..c3)
+answer = sorted(np.flatnonzero((frag // 8 == 10).any(axis=1)).tolist())  # groupID 10 % 8 = 2: 8-11
+### END SOLUTION
+labs.check("05.fragment_owner", answer)
+
+# %% [markdown]
+# Stage 05's two kernel exercises are checked together (one kernel): `flashlab grade` says which
+# region still holds its stub.
+#
+# ### Kernel exercise `05.online_softmax` (10 points)
+#
+# **Where:** in `mma_kernel` (`kernels/05_mma.cu`), inside the loop over a lane's two rows `h`,
+# right after the quad has agreed on the tile's row max `mx`: between
+# `// BEGIN EXERCISE 05.online_softmax` and `// END EXERCISE 05.online_softmax`. The stub leaves P
+# as the raw scores and `l` at 0.
+#
+# **What to write:** section 4's update in registers: the new running max `m[h]`; the factor
+# `alpha` = 2^(old max − new max); the lane's scores `s[n][2h]`, `s[n][2h + 1]` replaced by P =
+# 2^(s − max) (`exp2_approx`); the lane's share of the row sum added into `l[h]`; its O values
+# `o[d][2h]`, `o[d][2h + 1]` rescaled by `alpha`. A row with no key yet (max −∞) must keep P = 0,
+# never NaN: the causal mask and ragged N reach this case.
+#
+# ### Kernel exercise `05.quad_sum` (5 points)
+#
+# **Where:** the loop over `h` before the write-out, between `// BEGIN EXERCISE 05.quad_sum` and
+# `// END EXERCISE 05.quad_sum`. The stub divides by the lane's own part of the sum.
+#
+# **What to write:** `inv[h]` = 1 / the row's sum: each of the quad's 4 lanes holds a part in
+# `l[h]`; add them with two `__shfl_xor_sync` (masks 1 and 2), and give a row with no key (sum 0)
+# `inv[h]` = 0.
+#
+# **How it is judged.** `flashlab grade` builds stage 05 from your `kernels/` and compares it with
+# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
+# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
+# 128, causal and not, fp16 and bf16. A wrong kernel scores 0, and the message names the first
+# failing case and its first wrong element (batch, head, row, column, got, expected). A right one
+# is timed at the teaching config against stage 04, built from the same folder: full points at the
+# solution's speedup over it (within 5 %), fewer below.
+#
+# **GPU:** compute capability 8.0 or newer (an A100, L4, RTX 30 or 40 series, H100); without one,
+# `flashlab grade` skips it with one line saying why. Run them with
+#
+#     flashlab grade --exercise 05.online_softmax
+#     flashlab grade --exercise 05.quad_sum
+
+# %% [markdown]
 # ## Questions for discussion
 #
 # 1. No unit of the SM was even half busy. What would you change first — more warps per SM (fewer
@@ -531,6 +592,35 @@ print(f"stage 06's layout: {fr.tile_cost(D, BR, BC, pad_bytes=0, swizzle=True).w
 #    the sweep. At which configs should a speedup be quoted?
 # 4. Hopper's `wgmma` reads its operands straight from shared memory. Which of this stage's tricks
 #    would it make unnecessary, and which would it not?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* Overlap the K/V copy first. The largest stall is `long_scoreboard`
+# (21 %), the wait for each synchronous tile copy, and `cp.async` into a second buffer costs only
+# shared memory, which is plentiful (27 KiB a block: shared memory would allow 8 blocks, registers
+# allow 3). More warps per SM need the 157 registers cut to 128 for a fourth block, risking spills;
+# more independent work per warp (two row tiles) needs more registers, so fewer warps. Stage 07
+# measured the first: 1.40×.
+
+# %% [markdown]
+# **Instructor's answer.** *2.* It bounds the kernel and checks the idea: it said how much traffic
+# `mma.sync` removes (2.9·10⁷ → 1.1·10⁷ wavefronts, as measured) and how far the kernel is from its
+# busiest unit (40 % of the bound), so how much better latency hiding could buy. It cannot predict
+# the time of a latency-bound kernel; that needs the latency side (warps per SM, dependent chains,
+# synchronous loads), which the profile supplies.
+
+# %% [markdown]
+# **Instructor's answer.** *3.* At the configs the kernel will serve, as a range with the config
+# named: over the sweep 0.70–1.00× `sdpa_flash`, median 0.77×. The teaching config is a small
+# launch (2.6 waves of blocks, 16 K/V tiles each) where prologue, epilogue and the last wave weigh
+# more; one point, any point, can flatter or understate a kernel.
+
+# %% [markdown]
+# **Instructor's answer.** *4.* `wgmma` takes B (and optionally A) from shared memory through a
+# descriptor, so the `ldmatrix` loads of K and V, and the registers holding their fragments, go.
+# The bank work stays in another form: its shared-memory operands must be in one of the swizzled
+# layouts it reads (a 128-byte swizzle, like stage 06's), so padding is out. The accumulator is
+# still in registers with a published layout, so the quad-shuffle softmax and P kept in registers
+# as the A operand stay.
 
 # %% [markdown]
 # ## Summary

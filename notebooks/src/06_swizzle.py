@@ -334,6 +334,51 @@ pd.DataFrame({"06_swizzle": smem["06_swizzle"],
                                           for d_ in (64, 128)}}).rename_axis("D")
 
 # %% [markdown]
+# ## Exercises
+#
+# ### Lab `06.bank_map`
+#
+# Section 2 set 16 bytes of padding beside the swizzle. What would padding by 32 bytes do? Draw its
+# bank map, `fr.bank_map(2 * D + 32)`, and count the wavefronts of one `ldmatrix.x4` before
+# checking.
+
+# %%
+from flashlab.course import labs
+print(labs.prompt("06.bank_map"))
+
+# %%
+### BEGIN SOLUTION
+first_bank = [(160 * r // 4) % 32 for r in range(8)]           # 0, 8, 16, 24, 0, 8, 16, 24
+ways = max(first_bank.count(b) for b in first_bank)            # rows r and r + 4 collide: 2-way
+answer = 4 * ways                                              # 4 phases of 2 wavefronts: 8
+### END SOLUTION
+labs.check("06.bank_map", answer)
+
+# %% [markdown]
+# ### Kernel exercise `06.swizzle` (10 points)
+#
+# **Where:** the function `swz` in `kernels/06_swizzle.cu`, between `// BEGIN EXERCISE 06.swizzle`
+# and `// END EXERCISE 06.swizzle`. The stub puts every element at offset 0.
+#
+# **What to write:** the offset, in elements, of element (`row`, `col`) of a dense tile with `D`
+# columns: rows `D` elements apart, and within a row the 16-byte chunk `col / 8` stored at chunk
+# `(col / 8) XOR (row % 8)`. Every tile access goes through `swz`, so the check passes with any
+# one-to-one layout; the time says whether yours is free of bank conflicts.
+#
+# **How it is judged.** `flashlab grade` builds stage 06 from your `kernels/` and compares it with
+# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
+# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
+# 128, causal and not, fp16 and bf16. A wrong kernel scores 0, and the message names the first
+# failing case and its first wrong element (batch, head, row, column, got, expected). A right one
+# is timed at the teaching config against stage 05, built from the same folder: full points at the
+# solution's speedup over it (within 5 %), fewer below.
+#
+# **GPU:** compute capability 8.0 or newer (an A100, L4, RTX 30 or 40 series, H100); without one,
+# `flashlab grade` skips it with one line saying why. Run it with
+#
+#     flashlab grade --exercise 06.swizzle
+
+# %% [markdown]
 # ## Questions for discussion
 #
 # 1. At D = 128 a row has 16 chunks. Why is `row % 8` still enough for `ldmatrix`, and what
@@ -344,7 +389,38 @@ pd.DataFrame({"06_swizzle": smem["06_swizzle"],
 #    keep more of them in the loop, and when would the time show it?
 # 4. The 3 KiB saved per block change no occupancy today. For which change to the kernel would
 #    they decide the blocks per SM?
-#
+
+# %% [markdown]
+# **Instructor's answer.** *1.* A phase reads one logical chunk from 8 consecutive rows. At D = 128
+# a row is 256 bytes, two rows of banks, so chunk c lies in banks 4 (c mod 8) to 4 (c mod 8) + 3 in
+# either half; XOR with `row % 8` gives the 8 rows 8 different values of c mod 8, hence 8 bank
+# groups, all a phase needs. `row % 16` would also flip bit 3 of the chunk for rows 8–15, moving it
+# to the other half of the row, into the same banks: no conflict removed, an instruction more, and
+# at D = 64 (8 chunks a row) an offset outside the row.
+
+# %% [markdown]
+# **Instructor's answer.** *2.* At a few per cent, and only if the time moves: the residue here is
+# 0.07–0.44 %, while a real conflict costs whole multiples (dense rows: 6.6× the wavefronts). Look
+# first at the source view's wavefronts beyond the ideal, per SASS instruction: it names the
+# instruction whose addresses conflict (here every `LDSM`, `STS` and `LDS` took its ideal); then
+# compute that instruction's addresses with the bank model.
+
+# %% [markdown]
+# **Instructor's answer.** *3.* The offsets depend only on the lane and the unrolled indices, so
+# the compiler computes them once. They would stay in the loop if they depended on the tile (a
+# buffer picked at run time, as stage 07's `j % STAGES`) or if registers ran short, so that the
+# compiler recomputes instead of holding them. The time shows it when the loop is bound by issue or
+# by its dependent chains: stage 08's `LANE_OFFSETS`, which computes each lane's swizzled offsets
+# once at 255 registers, gained 11–19 %.
+
+# %% [markdown]
+# **Instructor's answer.** *4.* A change that makes shared memory the binding limit: more buffers
+# or bigger tiles. With three K/V buffers at D = 128 a padded block needs 121 856 bytes and a
+# swizzled one 114 688: one block per SM against two (each block also reserves 1 KiB of the
+# 228 KiB), if registers allow two. At D = 64 with three buffers: 3 blocks against 4, if registers
+# fell to 128 a thread.
+
+# %% [markdown]
 # ## Summary
 #
 # - An XOR swizzle (`chunk ^ row % 8`) gives the 8 rows of an `ldmatrix` phase 8 different bank

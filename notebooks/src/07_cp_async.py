@@ -368,6 +368,54 @@ plots.idea_metrics(only=["07_cp_async"])
 # depth and instructions per head dim and mask, timed on the GPU.
 
 # %% [markdown]
+# ## Exercises
+#
+# ### Lab `07.pipeline_period`
+#
+# Section 4's timeline with round numbers: a tile's copy arrives 500 ns after it is issued and
+# streams for 200 ns, and its math takes 300 ns. How long is a tile once the two-buffer loop is
+# full? Work it out from section 4's condition, then draw it with `dg.pipeline_timeline`.
+
+# %%
+from flashlab.course import labs
+print(labs.prompt("07.pipeline_period"))
+
+# %%
+### BEGIN SOLUTION
+load, compute, latency, buffers = 200, 300, 500, 2
+# tile j + 1 is issued when tile j's math starts and needs latency + load to arrive
+answer = max(compute, load, (latency + load) / (buffers - 1))   # 700 ns: latency-bound
+### END SOLUTION
+labs.check("07.pipeline_period", answer)
+
+# %% [markdown]
+# ### Kernel exercise `07.pipeline` (10 points)
+#
+# **Where:** the top of the K/V loop of `cp_async_kernel` in `kernels/07_cp_async.cu`, between
+# `// BEGIN EXERCISE 07.pipeline` and `// END EXERCISE 07.pipeline`. The stub neither waits nor
+# loads after the prologue, so later tiles are computed from whatever their buffer holds.
+#
+# **What to write:** section 3's step. For `j > 0`, wait until tile `j` is in buffer `j % STAGES`:
+# `cp_async_wait<STAGES - 2>()` for this thread's copies, then `__syncthreads()` for everyone's
+# (after it, every warp is also done with tile `j − 1`). Then start copying tile `j + STAGES − 1`,
+# if there is one, into the buffer tile `j − 1` used (`load_tile_async`, K and V), and commit a
+# group every iteration, loads or not, as the prologue does.
+#
+# **How it is judged.** `flashlab grade` builds stage 07 from your `kernels/` and compares it with
+# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
+# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
+# 128, causal and not, fp16 and bf16. A wrong kernel scores 0, and the message names the first
+# failing case and its first wrong element (batch, head, row, column, got, expected). A right one
+# is timed at the teaching config against stage 06, built from the same folder: full points at the
+# solution's speedup over it (within 5 %), fewer below. A missing wait may pass by luck on one run
+# and fail on the next: make the order right by construction.
+#
+# **GPU:** compute capability 8.0 or newer (an A100, L4, RTX 30 or 40 series, H100); without one,
+# `flashlab grade` skips it with one line saying why. Run it with
+#
+#     flashlab grade --exercise 07.pipeline
+
+# %% [markdown]
 # ## Questions for discussion
 #
 # 1. At a latency of 1 500 ns, how many buffers would stage 07's blocks need at D = 64? A block
@@ -377,6 +425,33 @@ plots.idea_metrics(only=["07_cp_async"])
 # 3. Barrier stalls rose as a share but fell as time. Comparing kernels of different durations,
 #    which should you compare?
 # 4. At which head dim or tile size would a third buffer cost a block per SM, and would it pay?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* Per SM the tiles in flight must hold bandwidth × latency plus a
+# tile: 22.8 bytes/ns × 1 500 ns + 16 KiB ≈ 49 KiB at D = 64. Three blocks with two buffers keep
+# 48 KiB in flight, just short; three buffers (96 KiB) cover it, and shared memory allows it
+# (56 KiB a block). A block alone needs (S − 1) · 720 ns ≥ 1 500 + 720 ns: five buffers
+# (`dg.pipeline_stages_needed(720, 323, 1500)`).
+
+# %% [markdown]
+# **Instructor's answer.** *2.* Mostly the size of the launch. The teaching config is 1 024 blocks,
+# 2.6 waves at 3 blocks per SM; the sweep's launches have 4 to 8 times the blocks. With few waves,
+# stage 06 has fewer other blocks to compute while one waits for its copy, so more of each copy is
+# exposed and overlapping it inside the block buys more; the sweep's N = 512 points, with few tiles
+# per block, gain most too (1.25–1.33×).
+
+# %% [markdown]
+# **Instructor's answer.** *3.* Time: share × duration, or the stall samples themselves, which
+# count warp-time. Barrier stalls were 4.1 % of 0.096 ms and 5.4 % of 0.068 ms, about the same
+# time. A share answers "what limits this kernel now"; time answers "what did the change remove".
+
+# %% [markdown]
+# **Instructor's answer.** *4.* A third buffer adds 2 · BC · D · 2 bytes: 16 KiB at D = 64, 32 KiB
+# at D = 128. At D = 64 a block then needs 56 KiB, 4 blocks by shared memory where registers allow
+# 3: no cost. At D = 128 it needs 112 KiB; two still fit, with about 1 KiB to spare, so any larger
+# tile or a fourth buffer drops it to one block, 4 warps per SM. It pays only where the tiles in
+# flight fall short of Little's law (a block alone on an SM, a longer latency); the tuner measured
+# +2 % at D = 64 and −1 % at D = 128.
 
 # %% [markdown]
 # ## Summary

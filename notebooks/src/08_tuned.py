@@ -166,10 +166,9 @@ with nb.unless_missing():
 # The same kernel timed twice in the log differs by about 2 % at one N, up to 5 %: as much as
 # many candidates differ. So the rules (`flashlab/bench.py`, `flashlab/autotune.py`) matter:
 #
-# - **Warm** each candidate at each config: clocks ramp up, the first call loads the module.
-# - **Flush L2** before every run, or a run finds the previous run's K and V there.
-# - Take the **median of at least 20 runs**; **re-time** when its p20–p80 spread, or a quick
-#   second timing, differs by more than 10 %.
+# - **Time as notebook 00 does:** warm each candidate at each config, **flush L2** before every
+#   run, take the **median of at least 20 runs**, and **re-time** when the p20–p80 spread or a
+#   second timing differs by more than 10 %.
 # - **Check every candidate** against the reference first; a wrong kernel scores 0.
 # - Score by the geometric mean over six N; a second shape serves an N only if 3 % faster there.
 # - **Keep a switch only where switching it off measured slower**, against the winner timed
@@ -312,8 +311,33 @@ plots.roofline(last="08_tuned")
 # not. The smallest gains are at causal N = 512, where blocks have few tiles. Stage 08 beats
 # FlashAttention-2 (`sdpa_flash`, also `mma.sync`) everywhere, by 1.05–1.33×, and reaches
 # 0.57–0.80× of cuDNN, furthest behind at D = 128. Every shape here still feeds the tensor cores
-# Ampere's way; Hopper's `wgmma` and TMA, on which FlashAttention-3 is built, are what the
-# roofline's remaining gap calls for.
+# Ampere's way; the roofline's remaining gap calls for Hopper's `wgmma` and TMA, on which
+# FlashAttention-3 is built.
+
+# %% [markdown]
+# ## Exercises
+#
+# ### Lab `08.tuning`
+
+# %%
+from flashlab.course import labs
+print(labs.prompt("08.tuning"))
+
+# %%
+### BEGIN SOLUTION
+v = tuning.verdicts(fl.tables.tune_log()).xs((64, False), level=["D", "causal"])
+answer = sorted(v.index[v["without"] > v["all_on"]])   # switched off, it measured faster
+### END SOLUTION
+labs.check("08.tuning", answer)
+
+# %% [markdown]
+# ### Kernel exercise `08.lane_offsets` (10 points)
+#
+# `// BEGIN EXERCISE 08.lane_offsets` in `kernels/08_tuned.cu`: each lane's swizzled byte offsets
+# `av`, `kb`, `k`, computed once, as the region's comment specifies.
+# `flashlab grade --exercise 08.lane_offsets` checks stage 08 against float64 (NaN-poisoned output,
+# ragged N, both masks, fp16 and bf16), then scores its speed against stage 07. Compute capability
+# 8.0 or newer.
 
 # %% [markdown]
 # ## Questions for discussion
@@ -322,6 +346,14 @@ plots.roofline(last="08_tuned")
 #    misses by that much still worth computing before a measurement?
 # 2. Several ablations spill registers. How would you measure what a switch is worth on its own?
 # 3. Should an autotune run on every GPU that uses the kernel, or once per GPU model?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* Yes: it counted the traffic right (0.56× the wavefronts), so the
+# 1.06× showed a kernel not bound by throughput, and the profile found the latency (occupancy
+# 17 → 12 %, `stall_wait` 22 → 31 %). *2.* Where neither variant spills: a shape with registers to
+# spare, or both capped alike, `ptxas` reporting equal spills. *3.* Once per GPU model, driver and
+# compiler, on an idle GPU: a model's GPUs share SMs, clocks and caches, and re-tuning each one
+# adds noise that flips near-ties.
 
 # %% [markdown]
 # ## Summary
