@@ -220,7 +220,7 @@ wmma_kernel(const T* Q, const T* K, const T* V, T* O, int N, float scale, int ca
     __syncwarp();  // P and the rescaled O rows are complete
 
     // O += P V, with O loaded from shared memory as the accumulator and stored back.
-    // BEGIN EXERCISE 04.pv_wmma: O += P V on the tensor cores: P's 16 x BC rows (Pw, stride LDP)
+    // BEGIN EXERCISE 04.pv_wmma (5 points): O += P V on the tensor cores: P's 16 x BC rows (Pw, stride LDP)
     // as matrix_a fragments; for each 16-column block of O, load it from Ow (stride LDO) as the
     // accumulator, add P times V's blocks (row_major matrix_b from Vs), store it back.
     wmma::fragment<wmma::matrix_a, F, F, F, T, wmma::row_major> pf[BC / F];

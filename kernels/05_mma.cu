@@ -181,7 +181,7 @@ mma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    // BEGIN EXERCISE 05.quad_sum: inv[h] = 1 / (the whole row's sum): each of the row's 4 lanes
+    // BEGIN EXERCISE 05.quad_sum (5 points): inv[h] = 1 / (the whole row's sum): each of the row's 4 lanes
     // (a quad: lanes 4g .. 4g+3) holds a part of it in l[h]; add them up across the quad with
     // warp shuffles, and give a row with no key (sum 0) inv 0.
     float sum = l[h];

@@ -9,11 +9,14 @@ A region is marked in kernels/NN_*.cu (the repository is the solution edition):
     // STUB: <code that compiles and gives a wrong answer>
     // END EXERCISE 03.coarsen_kernel
 
-Every marker line is a comment, so the solution edition compiles to exactly the code it had
-before the markers. The student edition (flashlab.course.student) keeps BEGIN, the task and END,
-and puts the STUB lines' code (the text after "// STUB: ", at the markers' indentation) where
-the solution was: it compiles, never hangs, never reads out of bounds, and fails the stage's check.
-Its first line is always a "// TODO:" comment; a region that still holds one has not been written.
+The markers are where an exercise is declared: KERNEL_EXERCISES is read from them (the id, the
+stage whose .cu holds it, the task's first clause as its title, and its points: 10, or as many as
+"// BEGIN EXERCISE 05.quad_sum (5 points): ..." gives). Every marker line is a comment, so the
+solution edition compiles to exactly the code it had before the markers. The student edition
+(flashlab.course.student) keeps BEGIN, the task and END, and puts the STUB lines' code (the
+text after "// STUB: ", at the markers' indentation) where the solution was: it compiles, never
+hangs, never reads out of bounds, and fails the stage's check. Its first line is always a
+"// TODO:" comment; a region that still holds one has not been written.
 
 grade_kernel(ex, root) builds ex's stage from root/kernels/, checks it (flashlab.check: float64
 reference, NaN-poisoned output, ragged N, both masks, each dtype this GPU runs) and, when it is
@@ -45,34 +48,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
+from ..stages import stages
 from . import Exercise, Result
 
 # --- the exercises ---------------------------------------------------------------------------------
 
-KERNEL_EXERCISES = (
-    Exercise("02.tile_copy", "02_coalesced", "kernel",
-             "the coalesced tile copy: consecutive threads read consecutive floats", 10),
-    Exercise("03.coarsen_kernel", "03_coarsened", "kernel",
-             "a thread's TM x TN patch of S from float4 reads of the padded tiles", 10),
-    Exercise("04.qk_wmma", "04_wmma", "kernel",
-             "S = QKᵀ on the tensor cores with WMMA fragments (Kᵀ as a col_major operand)", 10),
-    Exercise("04.pv_wmma", "04_wmma", "kernel",
-             "O += PV with WMMA, O loaded from shared memory as the accumulator", 5),
-    Exercise("05.online_softmax", "05_mma", "kernel",
-             "the online softmax in registers on mma.sync's accumulator layout", 10),
-    Exercise("05.quad_sum", "05_mma", "kernel",
-             "a row's sum across its quad of lanes with two warp shuffles", 5),
-    Exercise("06.swizzle", "06_swizzle", "kernel",
-             "the XOR-swizzled shared-memory offset: dense rows, no bank conflicts", 10),
-    Exercise("07.pipeline", "07_cp_async", "kernel",
-             "the cp.async pipeline step: wait for tile j, refill, commit", 10),
-    Exercise("08.lane_offsets", "08_tuned", "kernel",
-             "the LANE_OFFSETS switch: each lane's swizzled ldmatrix offsets, computed once", 10),
-)
+# KERNEL_EXERCISES, at the end of this section: read from the kernels' own markers.
 
 # --- the markers -----------------------------------------------------------------------------------
 
-_BEGIN = re.compile(r"^(?P<indent>[ \t]*)// BEGIN EXERCISE (?P<id>\S+): (?P<task>\S.*)$")
+_BEGIN = re.compile(r"^(?P<indent>[ \t]*)// BEGIN EXERCISE (?P<id>\S+)"
+                    r"(?: \((?P<points>\d+) points?\))?: (?P<task>\S.*)$")
+DEFAULT_POINTS = 10
 _STUB = re.compile(r"^(?P<indent>[ \t]*)// STUB:(?: (?P<code>.*))?$")
 _END = re.compile(r"^(?P<indent>[ \t]*)// END EXERCISE (?P<id>\S+)\s*$")
 _ID = re.compile(r"\d\d\.[a-z][a-z0-9_]*")
@@ -96,6 +83,12 @@ class Region:
     #                     or in a student edition the student's code
     stub: tuple         # the stub's code lines ("// STUB: " removed, indentation kept); () where
     #                     the file is a student edition
+    points: int = DEFAULT_POINTS  # "// BEGIN EXERCISE id (5 points): ..." gives fewer
+
+    @property
+    def title(self) -> str:
+        """The task's first clause: up to its first ':', ';' or '.' that ends a word."""
+        return re.split(r"(?<=\S)[:;.](?=\s|$)", self.task, maxsplit=1)[0].strip()
 
     @property
     def unwritten(self) -> bool:
@@ -174,9 +167,21 @@ def regions(text: str, where="kernel", solution=None) -> list:
         if solution is False and stub:
             fail(i, f"exercise {rid} still has STUB lines: not a student edition")
         found.append(Region(rid, indent, begin, i, " ".join(task), task_lines, tuple(body),
-                            tuple(stub)))
+                            tuple(stub), int(m["points"] or DEFAULT_POINTS)))
         i += 1
     return found
+
+
+def _kernel_exercises() -> tuple:
+    """One Exercise per marked region of every stage's kernel, in stage order: the .cu file is
+    the one place an exercise is declared (adding a stage stays its .cu, its registry entry and
+    its notebook)."""
+    return tuple(Exercise(r.id, st.slug, "kernel", r.title, r.points)
+                 for st in stages()
+                 for r in regions(st.source.read_text(), where=st.source.name, solution=True))
+
+
+KERNEL_EXERCISES = _kernel_exercises()
 
 
 def _join(lines, text):
@@ -454,7 +459,6 @@ def solution_speedup(slug, ref_slug, dtype, ref_dtype, this_gpu):
 
 def _reference(root, st):
     """The nearest earlier stage of the edition that passes its check (its report), or None."""
-    from ..stages import stages
 
     for prev in reversed([s for s in stages() if s.number < st.number]):
         if prev.unavailable() is not None:
