@@ -5,12 +5,11 @@ file that opens offline); Markdown writes them as PNGs beside the page and links
 import base64
 import html
 import io
-import json
 import os
 import re
 from pathlib import Path
 
-from . import paths, plots, readme, tables
+from . import cells, paths, plots, readme, tables
 from .stages import stage
 
 TITLE = "flashlab: FlashAttention, one optimisation at a time"
@@ -43,27 +42,16 @@ NOTEBOOKS = paths.NOTEBOOKS  # where the notebooks' discussion questions are rea
 QUESTIONS = "## Questions for discussion"
 
 
-def _read_notebook(path):
-    """A notebook's cells as (cell type, source text)."""
-    try:
-        import nbformat  # installed with the notebooks' and the tests' extras
-    except ImportError:
-        cells = json.loads(Path(path).read_text(encoding="utf-8")).get("cells", [])
-        join = lambda src: src if isinstance(src, str) else "".join(src)
-        return [(c.get("cell_type"), join(c.get("source", ""))) for c in cells]
-    return [(c.cell_type, c.source) for c in nbformat.read(str(path), as_version=4).cells]
-
-
 def questions(notebooks=None):
     """[(title, the questions as Markdown)] of every notebook NN*.ipynb in `notebooks` (default
     NOTEBOOKS) with a markdown cell whose first line is "## Questions for discussion", in order;
     the title is the notebook's first heading, without its #s."""
     out = []
     for path in sorted(Path(NOTEBOOKS if notebooks is None else notebooks).glob("[0-9][0-9]*.ipynb")):
-        cells = [src for kind, src in _read_notebook(path) if kind == "markdown"]
-        lines = [line.strip() for src in cells for line in src.splitlines()]
+        markdown = [src for kind, src in cells.read(path) if kind == "markdown"]
+        lines = [line.strip() for src in markdown for line in src.splitlines()]
         title = next((line.lstrip("#").strip() for line in lines if line.startswith("#")), path.stem)
-        for src in cells:
+        for src in markdown:
             first, _, rest = src.strip().partition("\n")
             if first.strip() == QUESTIONS and rest.strip():
                 out.append((title, rest.strip("\n")))

@@ -23,7 +23,7 @@ LAYERS = {
              "baselines", "profile_schema", "tables"],
     "tools": ["ptxas", "sass", "picks", "measure", "peaks", "profile",
               "profile_target", "worker", "runner", "plots", "report", "readme", "cli",
-              "autotune", "model"],
+              "autotune", "model", "cells"],
     "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning"],
     "course": ["course", "__main__"],
 }

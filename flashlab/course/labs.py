@@ -19,7 +19,6 @@ namespace and checks the `answer` it leaves.
 """
 import contextlib
 import io
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import numpy as np
 
 from .. import diagrams as dg
 from .. import fragments as fr
-from .. import tables, tiling, tuning
+from .. import cells, tables, tiling, tuning
 from ..autotune import SWITCHES
 from ..banks import BANK_BYTES, BANKS, wavefronts
 from ..tables import NotRecorded
@@ -557,28 +556,6 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 UNANSWERED = "raise NotImplementedError"
 
 
-def _cells_py(text):
-    """Code cells of a percent-format source (`# %%` starts a code cell, `# %% [markdown]` or
-    [raw] another kind, dropped)."""
-    cells, kind, lines = [], None, []
-    for line in text.splitlines():
-        if line.startswith("# %%"):
-            if kind == "code":
-                cells.append("\n".join(lines))
-            kind, lines = ("other" if re.match(r"# %%\s*\[", line) else "code"), []  # [markdown]
-        else:
-            lines.append(line)
-    if kind == "code" or (kind is None and lines):
-        cells.append("\n".join(lines))
-    return cells
-
-
-def _cells_ipynb(text):
-    nb = json.loads(text)
-    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-            for c in nb.get("cells", []) if c.get("cell_type") == "code"]
-
-
 def _check_call(id):
     return re.compile(r"""labs\s*\.\s*check\s*\(\s*["']""" + re.escape(id) + r"""["']""")
 
@@ -598,9 +575,7 @@ def find_cell(ex, root):
     changed of the notebook's files that has one; (None, None) where none does."""
     pattern, found = _check_call(ex.id), []
     for path in notebook_files(ex, root):
-        text = path.read_text(encoding="utf-8")
-        cells = _cells_ipynb(text) if path.suffix == ".ipynb" else _cells_py(text)
-        cell = next((c for c in cells if pattern.search(c)), None)
+        cell = next((c for c in cells.code(path) if pattern.search(c)), None)
         if cell is not None:
             found.append((path.stat().st_mtime, path.suffix == ".ipynb", path, cell))
     if not found:
