@@ -22,10 +22,23 @@ BINDING = r"""
 #include "flashlab.h"
 namespace py = pybind11;
 
+static FlashlabStrides strides(const py::tuple& s) {
+  return FlashlabStrides{s[0].cast<int>(), s[1].cast<int>(), s[2].cast<int>()};
+}
+
+// Contiguous strides unless `layout` (the (B, H, N) strides of q, k, v and o) says otherwise.
 static FlashlabProblem problem(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t ws,
-                               int B, int H, int N, int D, int dtype, bool causal, float scale) {
+                               int B, int H, int N, int D, int dtype, bool causal, float scale,
+                               py::object layout = py::none()) {
+  // (dense strides fit an int whenever the problem can launch: B*H*N*D < 2^31, checked in Python)
+  FlashlabStrides dense{(int)((long long)H * N * D), (int)((long long)N * D), D};
+  FlashlabLayout lay{dense, dense, dense, dense, H};
+  if (!layout.is_none()) {
+    py::tuple t = layout.cast<py::tuple>();
+    lay = FlashlabLayout{strides(t[0]), strides(t[1]), strides(t[2]), strides(t[3]), H};
+  }
   return FlashlabProblem{(const void*)q, (const void*)k, (const void*)v, (void*)o, (void*)ws,
-                         B, H, N, D, dtype, causal ? 1 : 0, scale};
+                         B, H, N, D, dtype, causal ? 1 : 0, scale, lay};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -40,11 +53,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return flashlab_workspace_bytes(&p);
   });
   m.def("launch", [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t ws, int B,
-                     int H, int N, int D, int dtype, bool causal, float scale, uintptr_t stream) {
-    FlashlabProblem p = problem(q, k, v, o, ws, B, H, N, D, dtype, causal, scale);
+                     int H, int N, int D, int dtype, bool causal, float scale, uintptr_t stream,
+                     py::object layout) {
+    FlashlabProblem p = problem(q, k, v, o, ws, B, H, N, D, dtype, causal, scale, layout);
     const char* err = flashlab_launch(&p, (void*)stream);
     if (err) throw std::runtime_error(err);
-  });
+  }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("ws"), py::arg("B"),
+     py::arg("H"), py::arg("N"), py::arg("D"), py::arg("dtype"), py::arg("causal"),
+     py::arg("scale"), py::arg("stream"), py::arg("layout") = py::none());
 }
 """
 

@@ -1,7 +1,10 @@
 """Correctness: compare an attention function with the float64 reference on fresh random inputs.
 
 The output is poisoned with NaN before every call, so an element the kernel never writes makes
-the error infinite. Shapes include N = 1, 17 and 1000, which no tile size divides, and a long sequence (4096).
+the error infinite. Shapes include N = 1, 17 and 1000, which no tile size divides, and a long
+sequence (4096). A stage that reads strided rows (registry: row_strides) is also checked on the
+layout a model hands it: q, k and v sliced from one (B, N, 3, H, D) projection and seen as
+(B, H, N, D), rows 3·H·D elements apart, and the output written into a (B, N, H, D) tensor.
 """
 import math
 import os
@@ -14,6 +17,10 @@ from .reference import naive_attention, reference, rel_err
 
 # (B, H, N); each is run at every head dim the function supports, causal and not.
 SHAPES = ((1, 1, 1), (2, 3, 17), (1, 2, 1000), (1, 1, 4096))
+# (B, H, N) checked again in the model's layout, for stages that read strided rows (B, H > 1:
+# a kernel that mixes up the batch, head or row strides reads the wrong rows).
+STRIDED_SHAPES = ((2, 3, 17), (2, 4, 1000))
+LAYOUTS = ("contiguous", "bnhd")
 FP32_TOL = 1e-4
 
 
@@ -27,6 +34,7 @@ class Case:
     dtype: str
     rel_err: float
     tol: float
+    layout: str = "contiguous"  # or "bnhd": see inputs()
 
     @property
     def passed(self) -> bool:
@@ -59,8 +67,10 @@ class CheckResult:
         lines = [head]
         for c in self.cases:
             mark = "ok  " if c.passed else "FAIL"
+            where = "" if c.layout == "contiguous" else f"  {c.layout}"
             lines.append(f"  {mark} B={c.B} H={c.H} N={c.N:<5} D={c.D:<3} {c.dtype} "
-                         f"causal={str(c.causal):5}  rel_err={c.rel_err:.2e}  tol={c.tol:.1e}")
+                         f"causal={str(c.causal):5}  rel_err={c.rel_err:.2e}  tol={c.tol:.1e}"
+                         f"{where}")
         return "\n".join(lines)
 
     _repr_pretty_ = lambda self, p, cycle: p.text(str(self))  # noqa: E731  (notebook display)
@@ -74,8 +84,25 @@ def tolerance(q, k, v, causal, ref) -> float:
     return 2 * rel_err(naive_attention(q, k, v, causal), ref) + 1e-6
 
 
+def inputs(B, H, N, D, dtype, layout="contiguous", gen=None, device="cuda"):
+    """Random q, k, v and a NaN-poisoned output, (B, H, N, D) each. layout "contiguous": four
+    contiguous tensors. "bnhd": what a transformer passes: q, k, v are (B, H, N, D) views of one
+    (B, N, 3, H, D) projection (rows 3·H·D elements apart, heads D apart), and the output is the
+    (B, H, N, D) view of a (B, N, H, D) tensor."""
+    if layout == "contiguous":
+        q, k, v = (torch.randn(B, H, N, D, generator=gen, device=device, dtype=dtype)
+                   for _ in range(3))
+        return q, k, v, torch.full_like(q, math.nan)
+    if layout != "bnhd":
+        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    qkv = torch.randn(B, N, 3, H, D, generator=gen, device=device, dtype=dtype)
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    out = torch.full((B, N, H, D), math.nan, device=device, dtype=dtype).transpose(1, 2)
+    return q, k, v, out
+
+
 def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True), seed=None,
-          device="cuda", name=None) -> CheckResult:
+          device="cuda", name=None, strided_shapes=None) -> CheckResult:
     """Run `attn` on fresh random inputs over `shapes` x head dims x causal; see CheckResult.
 
     For a built stage, dtype / head dims / causal default to what the stage supports (its dtypes
@@ -91,6 +118,9 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
     else:
         dtypes = ["fp32"]
     head_dims = head_dims or (st.head_dims if st else (64,))
+    if strided_shapes is None:
+        strided_shapes = STRIDED_SHAPES if getattr(st, "row_strides", False) else ()
+    runs = [(shape, "contiguous") for shape in shapes] + [(shape, "bnhd") for shape in strided_shapes]
     if st is not None and not st.causal:
         causal = (False,)
     # A fresh seed each call (without touching torch's global generator), kept in the result so
@@ -101,14 +131,14 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
     result = CheckResult(name, seed=seed)
     for dt in dtypes:
         dt = dtype_of(dt)
-        for (B, H, N) in shapes:
+        for (B, H, N), layout in runs:
             for D in head_dims:
                 for c in causal:
-                    q, k, v = (torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
-                               for _ in range(3))
-                    out = torch.full_like(q, math.nan)
+                    q, k, v, out = inputs(B, H, N, D, dt, layout, gen, device)
                     got = attn(q, k, v, causal=c, out=out)
+                    if layout != "contiguous":
+                        got = out  # the output must land in the (B, N, H, D) tensor given
                     ref = reference(q, k, v, causal=c)
                     result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], rel_err(got, ref),
-                                             tolerance(q, k, v, c, ref)))
+                                             tolerance(q, k, v, c, ref), layout))
     return result

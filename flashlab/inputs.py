@@ -17,9 +17,56 @@ def dtype_of(name) -> torch.dtype:
         raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
 
 
-def validate(who: str, q, k, v, dtypes=("fp32",), out=None):
+def strides(t) -> tuple:
+    """(batch, head, row) strides of a (B, H, N, D) tensor in elements, 0 for a dim of size 1
+    (where torch's stride means nothing and may be anything)."""
+    return tuple(s if n > 1 else 0 for n, s in zip(t.shape[:3], t.stride()[:3]))
+
+
+def span(t) -> int:
+    """1 + the largest element offset of t from its first element (numel for a contiguous t)."""
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+
+
+def _overlaps_itself(t) -> bool:
+    """True when two elements of t share memory (an expanded view): unsafe to write."""
+    dims = sorted((s, n) for n, s in zip(t.shape, t.stride()) if n > 1)
+    extent = 1
+    for s, n in dims:
+        if s < extent:
+            return True
+        extent = s * n
+    return False
+
+
+def layout_problem(who: str, name: str, t, row_strides=False):
+    """Why a stage cannot read (or write, name "out") t in place, or None. row_strides: the
+    stage reads FlashlabLayout strides (see validate)."""
+    if not row_strides:
+        if not t.is_contiguous():
+            return (f"{who}: {name} is not contiguous; pass {name}.contiguous() "
+                    "(this stage reads contiguous (B, H, N, D) tensors only)")
+    elif t.stride(3) != 1 and t.shape[3] > 1:
+        return (f"{who}: {name}'s last dim is strided (stride {t.stride(3)}); the head dim must "
+                f"be contiguous: pass {name}.contiguous()")
+    elif any((s * t.element_size()) % 16 for s in strides(t)):
+        return (f"{who}: {name} has strides {tuple(t.stride())}; every row must start on a "
+                f"16-byte boundary (strides multiples of {16 // t.element_size()} elements): "
+                f"pass {name}.contiguous()")
+    elif name == "out" and _overlaps_itself(t):
+        return (f"{who}: out has strides {tuple(t.stride())}, so several of its elements share "
+                "memory; pass a tensor from torch.empty")
+    if t.data_ptr() % 16:
+        return f"{who}: {name} is not 16-byte aligned; pass {name}.clone()"
+    return None
+
+
+def validate(who: str, q, k, v, dtypes=("fp32",), out=None, row_strides=False):
     """Raise ValueError unless q, k, v (and out) are usable (B, H, N, D) CUDA tensors.
 
+    row_strides=False: each must be contiguous. True (stages that read FlashlabLayout): any
+    (B, H, N, D) view whose last dim is contiguous and whose rows start on 16-byte boundaries,
+    such as the (B, H, N, D) view of a (B, N, H, D) projection; out must not overlap itself.
     The device is checked last so that every other rule can be tested without a GPU."""
     named = {"q": q, "k": k, "v": v}
     if out is not None:
@@ -37,8 +84,11 @@ def validate(who: str, q, k, v, dtypes=("fp32",), out=None):
                              "q, k and v must match")
     if q.numel() == 0:
         raise ValueError(f"{who}: empty input, shape {tuple(q.shape)} (B, H, N and D must all be >= 1)")
-    if q.numel() >= 2**31:
-        raise ValueError(f"{who}: {q.numel()} elements is too many for 32-bit indexing (< 2**31)")
+    for name, t in named.items():  # kernels index in 32-bit ints: every element within 2**31
+        if span(t) >= 2**31:
+            what = (f"{t.numel()} elements is" if t.is_contiguous() else
+                    f"its strides {tuple(t.stride())} reach element {span(t) - 1}, which is")
+            raise ValueError(f"{who}: {name}: {what} too many for 32-bit indexing (< 2**31)")
     allowed = [dtype_of(d) for d in dtypes]
     for name, t in named.items():
         if t.dtype not in allowed:
@@ -47,10 +97,9 @@ def validate(who: str, q, k, v, dtypes=("fp32",), out=None):
         if t.dtype != q.dtype:
             raise ValueError(f"{who}: {name} has dtype {t.dtype} but q has {q.dtype}")
     for name, t in named.items():
-        if not t.is_contiguous():
-            raise ValueError(f"{who}: {name} is not contiguous; pass {name}.contiguous()")
-        if t.data_ptr() % 16:
-            raise ValueError(f"{who}: {name} is not 16-byte aligned; pass {name}.clone()")
+        why = layout_problem(who, name, t, row_strides)
+        if why:
+            raise ValueError(why)
     for name, t in named.items():
         if t.device.type != "cuda":
             raise ValueError(f"{who}: {name} is on {t.device}; flashlab kernels need CUDA tensors "

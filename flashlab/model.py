@@ -9,13 +9,16 @@ flashlab kernel. transformers is an optional extra (`pip install -e ".[model]"`)
 What a flashlab kernel cannot compute is refused with a ValueError, never approximated: an
 attention mask other than "causal or none", dropout, a query length different from the key
 length (decoding with a KV cache), grouped heads. Models hand over (B, H, N, D) views of
-(B, N, H, D) projections, rows strided; the kernels read contiguous (B, H, N, D), so the adapter
-copies such inputs (it counts the copies in `copies`).
+(B, N, H, D) projections, rows strided. Stages whose registry entry has row_strides (05 on)
+read those views as they are and write the output straight into a (B, N, H, D) tensor, the
+layout the model continues with: no copy either way. Earlier stages read contiguous tensors
+only, so for them the adapter copies each input (`copies` counts them).
 """
 import math
 
 import torch
 
+from .inputs import layout_problem
 from .stages import stage as _stage
 
 
@@ -29,12 +32,15 @@ class SDPA:
         self.attention = attention
         self.name = name or getattr(getattr(attention, "stage", None), "slug", "attention")
         self.copies = 0  # inputs that had to be made contiguous
+        stage = getattr(attention, "stage", None)
+        self.row_strides = bool(getattr(stage, "row_strides", False))
 
     def __repr__(self):
         return f"<flashlab SDPA adapter for {self.name}: {self.copies} inputs copied>"
 
-    def _contiguous(self, t):
-        if t.is_contiguous():
+    def _readable(self, name, t):
+        """t itself where the stage can read it in place, else a contiguous copy (counted)."""
+        if layout_problem(self.name, name, t, self.row_strides) is None:
             return t
         self.copies += 1
         return t.contiguous()
@@ -55,10 +61,15 @@ class SDPA:
             raise ValueError(f"{who}: flashlab kernels need as many keys as queries (q has "
                              f"{query.shape[2]}, k has {key.shape[2]}); decode without a KV cache "
                              "(use_cache=False)")
-        q, k, v = (self._contiguous(t) for t in (query, key, value))
+        q, k, v = (self._readable(n, t) for n, t in zip("qkv", (query, key, value)))
         if scale is not None and math.isclose(scale, 1 / math.sqrt(q.shape[-1]), rel_tol=1e-6):
             scale = None  # the kernels' own default
-        return self.attention(q, k, v, causal=bool(is_causal), scale=scale)
+        if not self.row_strides:
+            return self.attention(q, k, v, causal=bool(is_causal), scale=scale)
+        # (B, N, H, D) memory seen as (B, H, N, D): the model's next step reads it as it is
+        B, H, N, D = q.shape
+        out = torch.empty(B, N, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)
+        return self.attention(q, k, v, causal=bool(is_causal), scale=scale, out=out)
 
 
 def sdpa(stage_or_attention):

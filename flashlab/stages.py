@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import build as _build
-from .inputs import DTYPE_CODES, DTYPE_NAMES, validate
+from .inputs import DTYPE_CODES, DTYPE_NAMES, strides, validate
 from .paths import KERNELS
 
 
@@ -43,6 +43,9 @@ class Stage:
     dtype_min_cc: dict = field(default_factory=dict, compare=False)  # {dtype: compute capability}
     #                        for a dtype that needs more than min_cc (04: fp16 WMMA runs on 7.5,
     #                        bf16 WMMA needs 8.0); min_cc_of(dtype) says what one dtype needs
+    row_strides: bool = False  # reads any (B, H, N, D) view with a contiguous last dim (the
+    #                        FlashlabLayout strides), such as transformers' views of (B, N, H, D)
+    #                        projections; False: contiguous tensors only
     arch_specific: bool = False  # needs sm_XXa (wgmma, setmaxnreg): exactly min_cc's architecture
     idea_metrics: tuple = ()  # Nsight Compute metrics (flashlab.profile_schema) its idea moves
     sass: dict = field(default_factory=dict, compare=False)  # machine-code evidence beyond COMMON_SASS
@@ -150,7 +153,7 @@ class Attention:
 
     def __call__(self, q, k, v, causal=False, out=None, scale=None):
         st = self.stage
-        validate(st.slug, q, k, v, st.dtypes, out)
+        validate(st.slug, q, k, v, st.dtypes, out, row_strides=st.row_strides)
         if DTYPE_NAMES[q.dtype] in st.dtype_min_cc:  # bf16 on a T4, say: refused, never run
             why = st.unavailable(torch.cuda.get_device_capability(q.device), toolkit=False,
                                  dtype=DTYPE_NAMES[q.dtype])
@@ -171,9 +174,10 @@ class Attention:
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
         with torch.cuda.device(q.device):
             stream = torch.cuda.current_stream(q.device).cuda_stream
+            layout = tuple(strides(t) for t in (q, k, v, out)) if st.row_strides else None
             self.module.launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                ws.data_ptr() if ws is not None else 0, B, H, N, D, code,
-                               bool(causal), scale, stream)
+                               bool(causal), scale, stream, layout)
         return out
 
 
@@ -211,7 +215,8 @@ _STAGES = (
     Stage(5, "05_mma", "mma.sync + ldmatrix (FlashAttention-2 split)",
           "PTX mma.sync with published fragment layouts: Q, S, P and O live in registers, "
           "softmax by quad shuffles, ldmatrix(.trans) for K and V",
-          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="mma_kernel",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
+          kernel="mma_kernel",
           template=("T", "D", "BR", "BC"),
           # S and P stay in registers: shared-memory traffic falls, the tensor pipe gets busier
           idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
@@ -219,7 +224,8 @@ _STAGES = (
     Stage(6, "06_swizzle", "Swizzled shared memory",
           "dense tiles with the 16-byte chunks of row r XOR-permuted by r % 8: conflict-free "
           "ldmatrix without padding",
-          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="swizzle_kernel",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
+          kernel="swizzle_kernel",
           template=("T", "D", "BR", "BC"),
           # same instructions, permuted addresses: no conflicts, and no padding
           idea_metrics=("smem_load_bank_conflicts", "smem_store_bank_conflicts"),
@@ -227,7 +233,8 @@ _STAGES = (
     Stage(7, "07_cp_async", "cp.async pipeline",
           "K/V tiles copied global -> shared with cp.async into 2 buffers: the next tile loads "
           "while this one is computed",
-          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="cp_async_kernel",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
+          kernel="cp_async_kernel",
           template=("T", "D", "BR", "BC", "STAGES"),
           # loads in flight during the math: warps stop waiting on memory and on each other
           idea_metrics=("stall_long_scoreboard", "stall_barrier", "stall_mio_throttle"),
@@ -236,7 +243,8 @@ _STAGES = (
     Stage(8, "08_tuned", "Tuned",
           "tile shape, warps, rows per warp, pipeline depth and five small changes picked per head "
           "dim, mask and range of N by an autotune on the GPU",
-          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, kernel="tuned_kernel",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
+          kernel="tuned_kernel",
           template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"), picks=True,
           # two row tiles per warp halve the shared-memory traffic per FLOP; the tensor pipe fills
           idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),

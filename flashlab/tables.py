@@ -50,8 +50,9 @@ class Table:
     """One CSV file of data/: its key, its columns and their types, load and upsert."""
 
     def __init__(self, name, key, columns, ints=(), floats=(), bools=(), contract=(), sort=None,
-                 derive=None):
+                 derive=None, defaults=None):
         self.name, self.key, self.columns = name, list(key), list(columns)
+        self.defaults = dict(defaults or {})  # {column: value} for rows recorded without it
         self.ints, self.floats, self.bools = list(ints), list(floats), list(bools)
         self.contract = list(contract)
         self.sort, self.derive = sort, derive
@@ -71,6 +72,8 @@ class Table:
         for col in self.columns:
             if col not in df:
                 df[col] = pd.NA
+        for col, value in self.defaults.items():
+            df[col] = df[col].fillna(value)
         for col in self.ints:
             df[col] = pd.to_numeric(df[col]).astype("int64")
         for col in self.floats:
@@ -179,9 +182,10 @@ RESULTS = Table(
             "smem_static_bytes", "spill_bytes"],
     sort=["gpu", "dtype", "D", "causal", "N", "B", "H", "stage"], derive=_with_percentages)
 CHECKS = Table(
-    "checks.csv", key=["stage", "dtype", "B", "H", "N", "D", "causal", "gpu"],
+    "checks.csv", key=["stage", "dtype", "B", "H", "N", "D", "causal", "layout", "gpu"],
     columns=["stage", "B", "H", "N", "D", "causal", "dtype", "rel_err", "tol", "passed", "gpu",
-             *SOFTWARE],
+             *SOFTWARE, "layout"],
+    defaults={"layout": "contiguous"},  # rows recorded before strided layouts were checked
     ints=["B", "H", "N", "D"], floats=["rel_err", "tol"], bools=["causal", "passed"])
 PEAKS = Table("peaks.csv", key=["gpu", "metric"],
               columns=["metric", "value", "unit", "gpu", *SOFTWARE], floats=["value"])

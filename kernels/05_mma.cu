@@ -30,10 +30,11 @@ struct Tiles {
   static constexpr int MIN_BLOCKS = D == 64 ? 3 : 2;
 };
 
-// Rows [first, first + ROWS) of an (N, D) matrix into shared memory (row stride LD), 16 bytes per
-// thread per step, zeros past N so the masked keys and padded queries hold finite values.
+// Rows [first, first + ROWS) of an (N, D) matrix whose rows are ld elements apart into shared
+// memory (row stride LD), 16 bytes per thread per step, zeros past N so the masked keys and
+// padded queries hold finite values.
 template <int ROWS, int D, int LD, int THREADS, typename T>
-__device__ __forceinline__ void load_tile(T* dst, const T* src, int first, int N) {
+__device__ __forceinline__ void load_tile(T* dst, const T* src, int ld, int first, int N) {
   constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
   static_assert(ROWS * CHUNKS % THREADS == 0, "tile does not split evenly over the block");
 #pragma unroll
@@ -41,7 +42,7 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int first, int N
     const int e = threadIdx.x + i * THREADS;
     const int r = e / CHUNKS, c = (e % CHUNKS) * 8;
     uint4 x = make_uint4(0, 0, 0, 0);
-    if (first + r < N) x = *reinterpret_cast<const uint4*>(src + (size_t)(first + r) * D + c);
+    if (first + r < N) x = *reinterpret_cast<const uint4*>(src + (first + r) * ld + c);
     *reinterpret_cast<uint4*>(dst + r * LD + c) = x;
   }
 }
@@ -49,7 +50,8 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int first, int N
 template <typename T, int D, int BR, int BC>
 __global__ void __launch_bounds__(Tiles<D, BR, BC>::THREADS, Tiles<D, BR, BC>::MIN_BLOCKS)
 mma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
-           T* __restrict__ O, int N, float scale_log2, int causal) {
+           T* __restrict__ O, const FlashlabLayout L, int N, float scale_log2,
+           int causal) {
   using Cfg = Tiles<D, BR, BC>;
   constexpr int LD = Cfg::LD, THREADS = Cfg::THREADS;
   constexpr int KD = D / 16;   // k-steps of Q K^T (over the head dim)
@@ -69,11 +71,13 @@ mma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
   // Causal blocks near the end of the sequence have the most tiles: start them first.
   const int tile = causal ? tiles - 1 - qt : qt;
   const int q0 = tile * BR;
-  const size_t base = (size_t)bh * N * D;
-  Q += base; K += base; V += base;  // O is offset at the store: one pointer fewer held in the loop
+  // This block's (batch, head) in each tensor; rows are L.q.n, L.k.n, ... elements apart (D when
+  // contiguous, H * D in transformers' views). O is offset at the store: one pointer fewer held.
+  const int b = bh / L.H, h = bh % L.H;
+  Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
 
   // Q: once through shared memory into registers, where it stays (A operand, one per k-step).
-  load_tile<BR, D, LD, THREADS>(Qs, Q, q0, N);
+  load_tile<BR, D, LD, THREADS>(Qs, Q, L.q.n, q0, N);
   __syncthreads();
   T* Qw = Qs + warp * 16 * LD;  // this warp's 16 rows
   uint32_t qf[KD][4];
@@ -91,8 +95,8 @@ mma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
   for (int j = 0; j < n_tiles; j++) {
     const int k0 = j * BC;
     __syncthreads();  // every warp is done with the previous K and V
-    load_tile<BC, D, LD, THREADS>(Ks, K, k0, N);
-    load_tile<BC, D, LD, THREADS>(Vs, V, k0, N);
+    load_tile<BC, D, LD, THREADS>(Ks, K, L.k.n, k0, N);
+    load_tile<BC, D, LD, THREADS>(Vs, V, L.v.n, k0, N);
     __syncthreads();
 
     // S = Q K^T: K is stored [key][d], which is exactly the "col" B operand; one ldmatrix.x4
@@ -206,7 +210,7 @@ mma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
     const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
     const int row = q0 + warp * 16 + r;
     if (row < N)
-      *reinterpret_cast<uint4*>(O + ((size_t)bh * N + row) * D + c) =
+      *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
           *reinterpret_cast<const uint4*>(Qw + r * LD + c);
   }
 }
@@ -219,7 +223,7 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   // 1-D grid, tiles * B * H < 2^31 blocks: flashlab rejects inputs of 2^31 elements or more.
   dim3 grid(flashlab_cdiv(p->N, BR) * p->B * p->H);
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
-      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->N,
+      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->layout, p->N,
       p->scale * 1.4426950408889634f, p->causal);
   FLASHLAB_TRY(cudaGetLastError());
   return nullptr;

@@ -32,11 +32,12 @@ __device__ __forceinline__ int swz(int row, int col) {
   return row * D + (((col >> 3) ^ (row & 7)) << 3);
 }
 
-// Start copying rows [first, first + ROWS) of an (N, D) matrix into a swizzled tile, 16 bytes per
-// thread per step; rows past N become zeros (the copy reads 0 bytes of the clamped row 0).
+// Start copying rows [first, first + ROWS) of an (N, D) matrix, rows ld elements apart, into a
+// swizzled tile, 16 bytes per thread per step; rows past N become zeros (the copy reads 0 bytes
+// of the clamped row 0).
 // Returns at once: the data is there after cp_async_wait and a __syncthreads.
 template <int ROWS, int D, int THREADS, typename T>
-__device__ __forceinline__ void load_tile_async(T* dst, const T* src, int first, int N) {
+__device__ __forceinline__ void load_tile_async(T* dst, const T* src, int ld, int first, int N) {
   constexpr int CHUNKS = D / 8;  // 16-byte chunks per row
   static_assert(ROWS * CHUNKS % THREADS == 0, "tile does not split evenly over the block");
 #pragma unroll
@@ -44,14 +45,15 @@ __device__ __forceinline__ void load_tile_async(T* dst, const T* src, int first,
     const int e = threadIdx.x + i * THREADS;
     const int r = e / CHUNKS, c = (e % CHUNKS) * 8;
     const bool in = first + r < N;
-    cp_async_16(smem_u32(dst + swz<D>(r, c)), src + (size_t)(in ? first + r : 0) * D + c, in ? 16 : 0);
+    cp_async_16(smem_u32(dst + swz<D>(r, c)), src + (in ? first + r : 0) * ld + c, in ? 16 : 0);
   }
 }
 
 template <typename T, int D, int BR, int BC, int STAGES>
 __global__ void __launch_bounds__(Tiles<D, BR, BC, STAGES>::THREADS, Tiles<D, BR, BC, STAGES>::MIN_BLOCKS)
 cp_async_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
-               T* __restrict__ O, int N, float scale_log2, int causal) {
+               T* __restrict__ O, const FlashlabLayout L, int N, float scale_log2,
+               int causal) {
   using Cfg = Tiles<D, BR, BC, STAGES>;
   constexpr int THREADS = Cfg::THREADS;
   constexpr int KD = D / 16;   // k-steps of Q K^T (over the head dim)
@@ -71,20 +73,22 @@ cp_async_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __res
   // Causal blocks near the end of the sequence have the most tiles: start them first.
   const int tile = causal ? tiles - 1 - qt : qt;
   const int q0 = tile * BR;
-  const size_t base = (size_t)bh * N * D;
-  Q += base; K += base; V += base;  // O is offset at the store: one pointer fewer held in the loop
+  // This block's (batch, head) in each tensor; rows are L.q.n, L.k.n, ... elements apart (D when
+  // contiguous, H * D in transformers' views). O is offset at the store: one pointer fewer held.
+  const int b = bh / L.H, h = bh % L.H;
+  Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
 
   const int last_key = causal ? min(N, q0 + BR) : N;
   const int n_tiles = (last_key + BC - 1) / BC;
   // Prologue: Q and K/V tile 0 form the first group, tiles 1 .. STAGES-2 one group each. A group
   // is committed even when there is no tile left to load, so that "tile j has arrived" is always
   // "at most STAGES-2 groups are pending".
-  load_tile_async<BR, D, THREADS>(Qs, Q, q0, N);
+  load_tile_async<BR, D, THREADS>(Qs, Q, L.q.n, q0, N);
 #pragma unroll
   for (int st = 0; st < STAGES - 1; st++) {
     if (st < n_tiles) {
-      load_tile_async<BC, D, THREADS>(Ks + st * BC * D, K, st * BC, N);
-      load_tile_async<BC, D, THREADS>(Vs + st * BC * D, V, st * BC, N);
+      load_tile_async<BC, D, THREADS>(Ks + st * BC * D, K, L.k.n, st * BC, N);
+      load_tile_async<BC, D, THREADS>(Vs + st * BC * D, V, L.v.n, st * BC, N);
     }
     cp_async_commit();
   }
@@ -116,8 +120,8 @@ cp_async_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __res
     // Refill the buffer that tile j-1 used with tile j + STAGES - 1, in the background.
     const int next = j + STAGES - 1;
     if (next < n_tiles) {
-      load_tile_async<BC, D, THREADS>(Ks + next % STAGES * BC * D, K, next * BC, N);
-      load_tile_async<BC, D, THREADS>(Vs + next % STAGES * BC * D, V, next * BC, N);
+      load_tile_async<BC, D, THREADS>(Ks + next % STAGES * BC * D, K, L.k.n, next * BC, N);
+      load_tile_async<BC, D, THREADS>(Vs + next % STAGES * BC * D, V, L.v.n, next * BC, N);
     }
     cp_async_commit();
     // STUB: // TODO: nothing waits and nothing loads after the prologue, so every tile past the
@@ -225,7 +229,7 @@ cp_async_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __res
     const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
     const int row = q0 + warp * 16 + r;
     if (row < N)
-      *reinterpret_cast<uint4*>(O + ((size_t)bh * N + row) * D + c) =
+      *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
           *reinterpret_cast<const uint4*>(Qw + swz<D>(r, c));
   }
 }
@@ -238,7 +242,7 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   // 1-D grid, tiles * B * H < 2^31 blocks: flashlab rejects inputs of 2^31 elements or more.
   dim3 grid(flashlab_cdiv(p->N, BR) * p->B * p->H);
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
-      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->N,
+      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->layout, p->N,
       p->scale * 1.4426950408889634f, p->causal);
   FLASHLAB_TRY(cudaGetLastError());
   return nullptr;

@@ -49,23 +49,25 @@ __device__ __forceinline__ int swz(int row, int col) {
 
 // Start copying rows [first, first + ROWS) into a swizzled tile; rows past N become zeros (stage 07).
 // Thread t copies chunk t % (D/8) of rows t / (D/8) + i * STEP. STEP is a multiple of 8, so the
-// swizzle (row % 8) is the same for all of a thread's rows: one offset, then constant strides.
+// swizzle (row % 8) is the same for all of a thread's rows: one shared-memory offset, then
+// constant strides.
 template <int ROWS, int D, int THREADS, bool LANE, typename T>
-__device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int first, int N) {
+__device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int ld, int first,
+                                                int N) {
   constexpr int CHUNKS = D / 8, STEP = THREADS / CHUNKS;
   static_assert(ROWS * CHUNKS % THREADS == 0 && STEP % 8 == 0, "tile does not split evenly");
   const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
   const uint32_t s0 = dst + 2 * swz<D>(r, 8 * c);
-  const T* g0 = src + (size_t)(first + r) * D + 8 * c;
 #pragma unroll
   for (int i = 0; i < ROWS / STEP; i++) {
-    if constexpr (LANE) {  // one swizzle per thread, then constant strides
-      const bool in = first + r + i * STEP < N;
-      cp_async_16(s0 + 2 * i * STEP * D, in ? g0 + i * STEP * D : src, in ? 16 : 0);
+    if constexpr (LANE) {  // one swizzle per thread, then constant strides in shared memory
+      const int row = first + r + i * STEP;  // rows past N: 0 bytes of the clamped last row
+      cp_async_16(s0 + 2 * i * STEP * D, src + min(row, N - 1) * ld + 8 * c,
+                  row < N ? 16 : 0);
     } else {  // stage 07's: the whole formula for every chunk
       const int e = threadIdx.x + i * THREADS, rr = e / CHUNKS, cc = (e % CHUNKS) * 8;
       const bool in = first + rr < N;
-      cp_async_16(dst + 2 * swz<D>(rr, cc), src + (size_t)(in ? first + rr : 0) * D + cc,
+      cp_async_16(dst + 2 * swz<D>(rr, cc), src + (in ? first + rr : 0) * ld + cc,
                   in ? 16 : 0);
     }
   }
@@ -116,7 +118,8 @@ struct LaneOffsets {
 template <typename T, int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS, int OPTS>
 __global__ void __launch_bounds__(WARPS * 32)
 tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
-             T* __restrict__ O, int N, float scale_log2, int causal) {
+             T* __restrict__ O, const FlashlabLayout L, int N, float scale_log2,
+             int causal) {
   using Cfg = Tiles<D, BC, WARPS, WM, STAGES, Q_REGS>;
   constexpr int BR = Cfg::BR, THREADS = Cfg::THREADS;
   constexpr int KD = D / 16, NS = BC / 8, KS = BC / 16, NO = D / 8;
@@ -135,17 +138,19 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
   const int tiles = (N + BR - 1) / BR, bh = blockIdx.x / tiles, qt = blockIdx.x % tiles;
   const int tile = causal ? tiles - 1 - qt : qt;
   const int q0 = tile * BR;
-  const size_t base = (size_t)bh * N * D;
-  Q += base; K += base; V += base;  // O is offset at the store: one pointer fewer held in the loop
+  // This block's (batch, head) in each tensor; rows are L.q.n, L.k.n, ... elements apart (D when
+  // contiguous, H * D in transformers' views). O is offset at the store: one pointer fewer held.
+  const int b = bh / L.H, h = bh % L.H;
+  Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
 
   const int last_key = causal ? min(N, q0 + BR) : N;
   const int n_tiles = (last_key + BC - 1) / BC;
-  load_tile_async<BR, D, THREADS, kLane>(Qs_u, Q, q0, N);
+  load_tile_async<BR, D, THREADS, kLane>(Qs_u, Q, L.q.n, q0, N);
 #pragma unroll
   for (int st = 0; st < STAGES - 1; st++) {
     if (st < n_tiles) {
-      load_tile_async<BC, D, THREADS, kLane>(Ks_u + 2 * st * BC * D, K, st * BC, N);
-      load_tile_async<BC, D, THREADS, kLane>(Vs_u + 2 * st * BC * D, V, st * BC, N);
+      load_tile_async<BC, D, THREADS, kLane>(Ks_u + 2 * st * BC * D, K, L.k.n, st * BC, N);
+      load_tile_async<BC, D, THREADS, kLane>(Vs_u + 2 * st * BC * D, V, L.v.n, st * BC, N);
     }
     cp_async_commit();
   }
@@ -192,8 +197,10 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
     }
     const int next = j + STAGES - 1;
     if (next < n_tiles) {
-      load_tile_async<BC, D, THREADS, kLane>(Ks_u + 2 * (next % STAGES) * BC * D, K, next * BC, N);
-      load_tile_async<BC, D, THREADS, kLane>(Vs_u + 2 * (next % STAGES) * BC * D, V, next * BC, N);
+      load_tile_async<BC, D, THREADS, kLane>(Ks_u + 2 * (next % STAGES) * BC * D, K, L.k.n,
+                                             next * BC, N);
+      load_tile_async<BC, D, THREADS, kLane>(Vs_u + 2 * (next % STAGES) * BC * D, V, L.v.n,
+                                             next * BC, N);
     }
     cp_async_commit();
     const uint32_t Kt = Ks_u + 2 * (j % STAGES) * BC * D;
@@ -376,7 +383,7 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
     const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
     const int row = q0 + warp * WM * 16 + r;
     if (row < N)
-      *reinterpret_cast<uint4*>(O + ((size_t)bh * N + row) * D + c) =
+      *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
           *reinterpret_cast<const uint4*>(Qw + swz<D>(r, c));
   }
 }
@@ -389,7 +396,7 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   // 1-D grid, tiles * B * H < 2^31 blocks: flashlab rejects inputs of 2^31 elements or more.
   dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
-      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->N,
+      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->layout, p->N,
       p->scale * 1.4426950408889634f, p->causal);
   FLASHLAB_TRY(cudaGetLastError());
   return nullptr;

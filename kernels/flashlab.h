@@ -9,8 +9,19 @@
 
 enum FlashlabDtype { FLASHLAB_F32 = 0, FLASHLAB_F16 = 1, FLASHLAB_BF16 = 2 };
 
+// How far apart, in elements, one tensor's consecutive batches, heads and rows are; the last dim
+// is always contiguous. A contiguous (B, H, N, D) tensor has {H*N*D, N*D, D}; the (B, H, N, D)
+// view of a (B, N, H, D) projection, which is what transformers hands to attention, has
+// {N*H*D, D, H*D}: its rows are H*D apart. flashlab checks that every element of every tensor
+// lies fewer than 2^31 elements past its pointer, so kernels index in 32-bit ints.
+struct FlashlabStrides { int b, h, n; };
+struct FlashlabLayout {
+  FlashlabStrides q, k, v, o;
+  int H;             // heads: block (batch, head) index bh is batch bh / H, head bh % H
+};
+
 struct FlashlabProblem {
-  const void* q;     // (B, H, N, D), contiguous, dtype as below
+  const void* q;     // (B, H, N, D), dtype as below, laid out as `layout` says
   const void* k;     // (B, H, N, D)
   const void* v;     // (B, H, N, D)
   void* o;           // (B, H, N, D), written by the stage
@@ -19,6 +30,8 @@ struct FlashlabProblem {
   int dtype;         // FlashlabDtype
   int causal;        // 1: query i attends to keys 0..i only
   float scale;       // softmax scale, usually 1/sqrt(D)
+  FlashlabLayout layout;  // strides of q, k, v, o. Stages whose registry entry has row_strides
+  //                       read them; the others are only ever given contiguous tensors.
 };
 
 extern "C" {

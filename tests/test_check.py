@@ -1,12 +1,13 @@
 """fl.check on the CPU with pure-PyTorch attention functions: a correct one passes, and each kind
 of broken one fails. Also the float64 reference and rel_err."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import flashlab as fl
-from flashlab.check import FP32_TOL, SHAPES, CheckResult
+from flashlab.check import FP32_TOL, SHAPES, STRIDED_SHAPES, CheckResult, inputs
 
 
 def _attention(q, k, v, causal=False, scale=None):
@@ -163,3 +164,52 @@ def test_rel_err():
     bad[0, 0, 0, 0] = float("inf")
     assert fl.rel_err(bad, ref) == math.inf
     assert fl.rel_err(torch.full_like(ref, float("nan")).float(), ref) == math.inf
+
+
+# --- the layout a model passes (stages with row_strides) ---------------------------------------------
+
+class _Strided:
+    """A callable that looks like a built stage which reads strided rows."""
+
+    def __init__(self, fn):
+        self.fn, self.__name__ = fn, fn.__name__
+        self.stage = SimpleNamespace(slug=fn.__name__, dtypes=("fp32",), head_dims=(16,),
+                                     causal=True, row_strides=True)
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def rows_as_if_contiguous(q, k, v, causal=False, out=None):
+    """Reads every tensor as if its rows were D apart, as a kernel that ignores the strides."""
+    dense = lambda t: t.as_strided(t.shape, torch.empty(t.shape).stride())  # noqa: E731
+    return _into(out, _attention(dense(q), dense(k), dense(v), causal))
+
+
+def test_a_stage_with_row_strides_is_also_checked_in_the_models_layout():
+    result = fl.check(_Strided(correct), device="cpu", dtype="fp32", seed=0)
+    assert result.passed, str(result)
+    bnhd = [c for c in result.cases if c.layout == "bnhd"]
+    assert {(c.B, c.H, c.N) for c in bnhd} == set(STRIDED_SHAPES)
+    assert all(c.B > 1 and c.H > 1 for c in bnhd)  # batch and head strides both matter
+    assert "bnhd" in str(result) and {r["layout"] for r in result.rows()} == {"contiguous", "bnhd"}
+    plain = fl.check(correct, device="cpu", dtype="fp32", seed=0)  # no stage: contiguous only
+    assert {c.layout for c in plain.cases} == {"contiguous"}
+
+
+@pytest.mark.parametrize("fn", [rows_as_if_contiguous, returns_fresh_tensor])
+def test_ignoring_the_strides_or_the_given_output_fails_the_models_layout(fn):
+    result = fl.check(_Strided(fn), device="cpu", dtype="fp32", seed=0)
+    assert not result.passed
+    assert [c.passed for c in result.cases] == [c.layout == "contiguous" for c in result.cases], \
+        str(result)
+
+
+def test_the_models_layout():
+    q, k, v, out = inputs(2, 3, 5, 8, torch.float32, "bnhd", device="cpu")
+    assert q.shape == k.shape == v.shape == out.shape == (2, 3, 5, 8)
+    assert q.stride() == (5 * 3 * 3 * 8, 8, 3 * 3 * 8, 1)  # rows 3·H·D apart
+    assert out.stride() == (5 * 3 * 8, 8, 3 * 8, 1) and out.isnan().all()
+    assert k.data_ptr() - q.data_ptr() == 3 * 8 * 4  # k follows q in each row of the projection
+    with pytest.raises(ValueError, match="unknown layout"):
+        inputs(1, 1, 1, 8, torch.float32, "bhnd_t", device="cpu")

@@ -57,6 +57,56 @@ def test_bad_input_is_a_value_error_naming_the_problem(what, args, kwargs, words
     assert str(err.value).startswith("03_coarsened: ")  # says who refused
 
 
+def bnhd(B=2, H=3, N=16, D=64, dtype=torch.float16, pack=3):
+    """(B, H, N, D) views of one (B, N, pack, H, D) projection, as transformers passes them."""
+    x = torch.randn(B, N, pack, H, D, dtype=dtype)
+    return [x[:, :, i].transpose(1, 2) for i in range(pack)]
+
+
+def _bad_strided_calls():
+    q, k, v = bnhd()
+    sq, sk, sv = bnhd(N=64)  # N == D: a transpose keeps the shape
+    yield "strided head dim", (sq, sk.transpose(2, 3), sv), {}, "k's last dim is strided"
+    odd = torch.randn(2, 16, 3 * 64 + 1, dtype=torch.float16)[..., :3 * 64].view(2, 16, 3, 64)
+    yield "rows off 16 bytes", (q, k, odd.transpose(1, 2)), {}, "v has strides .*16-byte boundary"
+    over = torch.empty(2, 16, 64, dtype=torch.float16)[:, None].expand(2, 3, 16, 64)
+    yield "out overlaps itself", (q, k, v), {"out": over}, "several of its elements share memory"
+    skewed = torch.empty(2 * 3 * 16 * 64 + 1, dtype=torch.float16)[1:].view(2, 3, 16, 64)
+    yield "out misaligned", (q, k, v), {"out": skewed}, "out is not 16-byte aligned"
+
+
+STRIDED_BAD = list(_bad_strided_calls())
+
+
+@pytest.mark.parametrize("what,args,kwargs,words", STRIDED_BAD, ids=[b[0] for b in STRIDED_BAD])
+def test_strided_rows_a_stage_cannot_read_are_refused(what, args, kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        validate("08_tuned", *args, dtypes=("fp16",), row_strides=True, **kwargs)
+
+
+def test_what_a_model_passes_is_read_in_place_by_stages_with_row_strides():
+    q, k, v = bnhd()
+    out = torch.empty(2, 16, 3, 64, dtype=torch.float16).transpose(1, 2)
+    with pytest.raises(ValueError, match="CUDA"):  # every layout rule passed; only the device is left
+        validate("08_tuned", q, k, v, dtypes=("fp16",), out=out, row_strides=True)
+    with pytest.raises(ValueError, match="q is not contiguous.*contiguous .* tensors only"):
+        validate("04_wmma", q, k, v, dtypes=("fp16",))
+    assert fl.inputs.strides(q) == (16 * 3 * 3 * 64, 64, 3 * 3 * 64)
+    assert fl.inputs.strides(q[:1, :1]) == (0, 0, 3 * 3 * 64)  # size-1 dims: stride unused
+    assert [st.slug for st in fl.stages() if st.row_strides][:4] == \
+        ["05_mma", "06_swizzle", "07_cp_async", "08_tuned"]
+
+
+def test_a_view_reaching_past_32_bit_offsets_is_refused():
+    base = torch.empty(2**32, dtype=torch.float16, device="meta")  # no memory
+    far = (2**31 - 128, 64, 64, 1)  # batch 1 starts 2**31 - 128 elements in
+    q = base.as_strided((2, 1, 4, 64), far)  # 512 elements, the last at 2**31 + 127
+    with pytest.raises(ValueError, match="reach element 2147483775, which is too many for 32-bit"):
+        validate("08_tuned", q, q, q, dtypes=("fp16",), row_strides=True)
+    assert fl.inputs.span(base.as_strided((1, 1, 4, 64), far)) == 256
+    assert fl.inputs.span(q) == 2**31 + 128
+
+
 def test_mixed_dtypes_when_both_are_allowed():
     q = t()
     with pytest.raises(ValueError, match=r"k has dtype torch.float16 but q has torch.float32"):

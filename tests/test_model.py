@@ -2,6 +2,7 @@
 cannot compute, and a GPT-2 built from its config runs through transformers' attention
 interface. On CPU a float64 reference stands in for the kernel; on a GPU the stages run."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,19 @@ transformers = pytest.importorskip("transformers")
 
 def stand_in(q, k, v, causal=False, scale=None):
     return reference(q, k, v, causal=causal, scale=scale).to(q.dtype)
+
+
+class StridedStandIn:
+    """Looks like a built stage that reads strided rows (registry: row_strides), writes `out`."""
+    stage = SimpleNamespace(slug="strided", row_strides=True)
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, q, k, v, causal=False, scale=None, out=None):
+        self.seen.append((q.stride(), out.stride()))
+        out.copy_(reference(q, k, v, causal=causal, scale=scale))
+        return out
 
 
 def qkv(B=2, H=4, N=16, D=32, strided=False):
@@ -32,6 +46,22 @@ def test_the_adapter_matches_sdpa_and_copies_strided_inputs():
     assert ad.copies == 6
     ad(*qkv())
     assert ad.copies == 6  # contiguous inputs are not copied
+
+
+def test_a_stage_with_row_strides_reads_the_models_views_in_place():
+    attn = StridedStandIn()
+    ad = model.SDPA(attn)
+    assert ad.name == "strided" and ad.row_strides
+    q, k, v = qkv(strided=True)
+    got = ad(q, k, v, is_causal=True)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert torch.allclose(got, want, atol=1e-5)
+    assert ad.copies == 0
+    assert attn.seen[0][0] == q.stride()                       # the view itself reached the kernel
+    assert got.transpose(1, 2).is_contiguous()                 # written as (B, N, H, D): the model
+    k_odd = torch.randn(2, 16, 4, 33)[..., :32].transpose(1, 2)  # rows 33 floats apart: unreadable
+    ad(q, k_odd, v)
+    assert ad.copies == 1                                      # so that one is copied
 
 
 @pytest.mark.parametrize("kwargs, words", [
@@ -65,6 +95,11 @@ def test_gpt2_from_its_config_runs_on_the_adapter():
     diff = model.compare_logits(base, ours, tokens)
     assert diff["max_abs_diff"] < 1e-4 * max(1.0, diff["max_abs_logit"])
     assert model.register.adapters[name].copies > 0  # transformers passes strided views
+    strided = model.register(model.SDPA(StridedStandIn()))
+    again = model.gpt2(strided, n_layer=2)
+    again.load_state_dict(base.state_dict())
+    assert model.compare_logits(base, again, tokens)["max_abs_diff"] < 1e-4 * max(1.0, diff["max_abs_logit"])
+    assert model.register.adapters[strided].copies == 0  # read in place, no copy
     with pytest.raises(ValueError, match="padding mask"):
         with torch.no_grad():
             ours(tokens, attention_mask=torch.tensor([[1] * 24, [1] * 20 + [0] * 4]), use_cache=False)

@@ -329,7 +329,8 @@ def failure(result, calls) -> dict:
     ref = reference(q, k, v, causal=causal)
     atol, rtol = ELEMENT_TOL.get(c.dtype, ELEMENT_TOL["fp32"])
     first = first_wrong_element(got, ref, atol, rtol)
-    return {"case": f"B={c.B} H={c.H} N={c.N} D={c.D} {c.dtype} causal={c.causal}",
+    layout = "" if c.layout == "contiguous" else f" ({c.layout} layout)"
+    return {"case": f"B={c.B} H={c.H} N={c.N} D={c.D} {c.dtype} causal={c.causal}{layout}",
             "rel_err": c.rel_err, "tol": c.tol, "failed_cases": len(result.failures()),
             "element": str(first) if first else None, "worst": str(worst_element(got, ref))}
 
