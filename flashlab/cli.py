@@ -17,6 +17,8 @@ COMMANDS = [
     ("flashlab sass 03", "stage 03's SASS instruction counts by kind, no GPU (--arch, --record)"),
     ("flashlab tune", "stage 08's autotune on this GPU (data/tune08.csv)"),
     ("flashlab tune --apply", "write the recorded choice into kernels/08_tuned.cu's pick(), no GPU"),
+    ("flashlab model", "GPT-2 from its config with SDPA, eager and each stage as its attention: "
+                       "logits against SDPA and forward time (data/model.csv)"),
     ("flashlab plot", "redraw data/figures/*.png from the recorded results"),
     ("flashlab table", "print the recorded results (--all: every config)"),
     ("flashlab report", "one self-contained page (table + every figure) for a class handout"),
@@ -78,7 +80,7 @@ def _cmd_run(args):
     from .runner import run
     df = run(args.stage or None, with_baselines=not args.no_baselines,
              with_sweep=not args.no_sweep, progress=not args.no_progress,
-             with_profile=args.profile)
+             with_profile=args.profile, with_stages=not args.no_stages)
     if paths.data_dir() == paths.ROOT / "data" and not df.attrs.get("replay"):
         _cmd_readme(argparse.Namespace(check=False))  # the repository's own table changed
     return 1 if df.attrs.get("failed") else 0
@@ -97,6 +99,28 @@ def _cmd_tune(args):
     if _cannot("tune", autotune.tuned()):
         return 2
     autotune.measure()
+    return 0
+
+
+def _cmd_model(args):
+    from . import model
+    from .env import gpu_available
+    if not gpu_available():
+        import pandas as pd
+
+        from .tables import NotRecorded, model_rows
+        try:
+            rows = model_rows(args.gpu)
+        except NotRecorded as err:
+            print(f"flashlab model: no CUDA GPU here, and {err}", file=sys.stderr)
+            return 2
+        print(f"flashlab model: no CUDA GPU here; the recorded measurements on {rows['gpu'].iloc[0]}:")
+        with pd.option_context("display.width", 160):
+            print(rows[["impl", "dtype", "batch", "seq", "n_layer", "max_abs_diff", "forward_ms",
+                        "input_copies", "commit"]].to_string(index=False))
+        return 0
+    model.measure(stages=args.stage or None, dtypes=args.dtype or ("fp16", "bf16"),
+                  batch=args.batch, seq=args.seq, n_layer=args.layers)
     return 0
 
 
@@ -233,6 +257,8 @@ def parser():
     p.add_argument("--stage", action="append", metavar="NN",
                    help="only this stage (repeatable), e.g. --stage 03")
     p.add_argument("--no-baselines", action="store_true", help="skip PyTorch's baselines and GPU peaks")
+    p.add_argument("--no-stages", action="store_true",
+                   help="only PyTorch's baselines and the GPU peaks (the notebooks time the stages)")
     p.add_argument("--no-sweep", action="store_true", help="only the teaching config, not the N sweep")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--profile", action="store_true",
@@ -289,6 +315,21 @@ def parser():
     p.add_argument("--arch", default="sm_90", help="e.g. sm_80, sm_90 (default sm_90)")
     p.add_argument("--record", action="store_true", help="also write the counts to data/sass.csv")
     p.set_defaults(fn=_cmd_sass)
+
+    p = sub.add_parser("model", help="GPT-2 with each stage as its attention (data/model.csv)",
+                       description="Build a GPT-2 from its config (random weights, nothing "
+                       "downloaded; needs transformers) and run the same tokens with SDPA, eager "
+                       "and each fast stage as its attention: the largest logit difference from "
+                       "SDPA, the inputs the adapter had to copy, and the forward pass's time. "
+                       "Records data/model.csv. Without a GPU: print the recorded rows.")
+    p.add_argument("--stage", action="append", metavar="NN", help="only this stage (repeatable)")
+    p.add_argument("--dtype", action="append", choices=["fp16", "bf16"],
+                   help="fp16 or bf16 (repeatable; default both)")
+    p.add_argument("--batch", type=int, default=8, help="sequences (default 8)")
+    p.add_argument("--seq", type=int, default=1024, help="tokens per sequence (default 1024)")
+    p.add_argument("--layers", type=int, default=12, help="transformer layers (default 12)")
+    p.add_argument("--gpu", help=GPU_HELP)
+    p.set_defaults(fn=_cmd_model)
 
     p = sub.add_parser("plot", help="redraw the figures from the recorded results")
     p.add_argument("--gpu", help=GPU_HELP)

@@ -512,3 +512,51 @@ def pipeline_timeline(load, compute, tiles=6, stages=2, unit="ns", latency=0.0, 
                  f"{unit} a tile{lat} — {serial / piped:.2f}x faster over {tiles} tiles, at most "
                  f"{bound:.2f}x over many", fontsize=10)
     return fig
+
+
+# --- the capstone: attention as a transformer calls it --------------------------------------------
+
+QKV_COLORS = {"q": "#9ecae1", "k": "#fdd0a2", "v": "#c7e9c0"}
+
+
+def projection_layout(H=4, tokens=4, head=1):
+    """How a transformer lays out q, k and v: one projection of each token, (B, N, 3·H·D) —
+    q's H heads, then k's, then v's, D elements each — and attention's (B, H, N, D) views of it.
+    Head `head` of q is outlined in every token's row: its rows are 3·H·D elements apart, not D.
+    (Drawn with H heads; GPT-2 small has H = 12, D = 64.)"""
+    fig = Figure(figsize=(10, 0.9 + 0.62 * tokens))
+    ax = fig.subplots()
+    per = 3 * H
+    for n in range(tokens):
+        y = tokens - 1 - n
+        for j in range(per):
+            which = "qkv"[j // H]
+            outline = which == "q" and j % H == head
+            ax.add_patch(Rectangle((j, y), 0.94, 0.8, fc=QKV_COLORS[which],
+                                   ec="#08519c" if outline else "0.55", lw=2.2 if outline else 0.6))
+            ax.text(j + 0.47, y + 0.4, f"{which}{j % H}", ha="center", va="center", fontsize=8)
+        ax.text(-0.3, y + 0.4, f"token {n}", ha="right", va="center", fontsize=9)
+        if n < tokens - 1:
+            ax.annotate("", (head + 0.47, y - 0.2), (head + 0.47, y + 0.0),
+                        arrowprops=dict(arrowstyle="-|>", color="#08519c", lw=1.2))
+    ax.annotate("", (per - 0.06, tokens - 0.08), (0, tokens - 0.08),
+                arrowprops=dict(arrowstyle="<->", color="#08519c", lw=1.2))
+    ax.text(per / 2, tokens + 0.0, "one token's row: 3·H·D elements = the row stride of every "
+            "view (heads D apart, batches N·3·H·D apart)", ha="center", va="bottom", fontsize=8.5,
+            color="#08519c")
+    ax.set_xlim(-2.2, per + 0.2)
+    ax.set_ylim(-0.3, tokens + 0.45)
+    ax.axis("off")
+    ax.set_title(f"One (B, N, 3·H·D) projection, seen by attention as three (B, H, N, D) views "
+                 f"(H = {H} drawn)", fontsize=10)
+    ax.legend(handles=[Patch(fc=c, ec="0.55", label=f"{w}: heads 0..H-1, D elements each")
+                       for w, c in QKV_COLORS.items()], loc="upper center",
+              bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout()
+    return fig
+
+
+def amdahl(share, speedup) -> float:
+    """The whole's time, as a fraction of before, when a part taking `share` of it runs
+    `speedup`× faster (below 1: slower) and the rest is unchanged."""
+    return (1 - share) + share / speedup

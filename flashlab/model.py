@@ -151,3 +151,76 @@ def compare_logits(model_a, model_b, tokens) -> dict:
         a = model_a(tokens, use_cache=False).logits.float()
         b = model_b(tokens, use_cache=False).logits.float()
     return {"max_abs_diff": float((a - b).abs().max()), "max_abs_logit": float(a.abs().max())}
+
+
+def flops(n_layer=12, n_embd=768, seq=1024, batch=1, vocab=50257, causal=True) -> dict:
+    """Forward-pass FLOPs of a GPT-2 by part, counting a multiply-add as 2: the per-layer matmuls
+    (QKV 6·N·d², output projection 2·N·d², MLP 16·N·d²), attention (QKᵀ and PV, 4·N²·d, half
+    of it when causal, as flashlab counts attention) and the LM head (2·N·d·V)."""
+    N, d = seq, n_embd
+    attention = n_layer * 4 * N * N * d * (0.5 if causal else 1.0)
+    return {"matmuls": batch * n_layer * 24 * N * d * d, "attention": batch * attention,
+            "lm_head": batch * 2 * N * d * vocab}
+
+
+def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12, record=True,
+            log=print, seed=0):
+    """A GPT-2 (12 layers by default, random weights) with SDPA, eager and each stage as its
+    attention, on the same tokens and weights: the largest logit difference from SDPA, the
+    inputs the adapter had to copy per forward pass, and the forward pass's time (warmed, L2
+    flushed, median). Stages: the fast ones this GPU runs in each dtype. Records data/model.csv;
+    returns the rows."""
+    import pandas as pd
+
+    from .bench import time_fn
+    from .env import environment
+    from .inputs import dtype_of
+    from .stages import stages as _stages
+    from .tables import MODEL
+
+    chosen = [_stage(s) for s in stages] if stages else [st for st in _stages() if st.fast]
+    env, rows = environment(), []
+    for dt in dtypes:
+        dtype = dtype_of(dt)
+        base = gpt2("sdpa", n_layer=n_layer).cuda().to(dtype)
+        weights = base.state_dict()
+        cfg = base.config
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        tokens = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda", generator=gen)
+        with torch.no_grad():
+            ref = base(tokens, use_cache=False).logits.float()
+        impls = [("sdpa", "baseline", None), ("eager", "baseline", None)]
+        for st in chosen:
+            why = st.unavailable(dtype=dt) if dt in st.dtypes else f"{st.slug} takes no {dt}"
+            if why:
+                log(f"{st.slug} {dt}: not run here: {why}")
+                continue
+            impls.append((st.slug, "stage", register(st.slug)))
+        for impl, kind, name in impls:
+            m = base if impl == "sdpa" else gpt2(name or impl, n_layer=n_layer).cuda().to(dtype)
+            m.load_state_dict(weights)
+            adapter = register.adapters.get(name)
+            with torch.no_grad():
+                if adapter is not None:
+                    adapter.copies = 0
+                logits = m(tokens, use_cache=False).logits.float()
+                copies = adapter.copies if adapter is not None else 0
+                diff = float((logits - ref).abs().max())
+                del logits
+                t = time_fn(lambda: m(tokens, use_cache=False))
+            rows.append(dict(model="gpt2", impl=impl, kind=kind, dtype=dt, batch=batch, seq=seq,
+                             n_layer=n_layer, n_head=cfg.n_head, head_dim=cfg.n_embd // cfg.n_head,
+                             max_abs_diff=diff, max_abs_logit=float(ref.abs().max()),
+                             forward_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
+                             tokens_per_s=batch * seq / (t.median_ms * 1e-3), input_copies=copies,
+                             runs=t.runs, retimes=t.retimes, note=t.note, **env))
+            log(f"gpt2 {dt} {impl:12} max|Δlogit| {diff:.4g}  {t.median_ms:8.3f} ms  "
+                f"input copies {copies}")
+            if m is not base:
+                del m
+        del base, ref
+        torch.cuda.empty_cache()
+    df = pd.DataFrame(rows)
+    if record and len(df):
+        MODEL.upsert(df)
+    return df

@@ -676,3 +676,33 @@ def save_all(df=None, outdir=None, gpu=None, profile=None):
         draw().savefig(path, dpi=110, metadata={"Software": None})
         written.append(path)
     return written
+
+
+def model_forward(rows=None, gpu=None):
+    """A GPT-2 forward pass with each attention (data/model.csv): its time against SDPA's, one
+    panel per dtype, the bar labelled with the largest logit difference from SDPA."""
+    rows = tables.model_rows(gpu) if rows is None else rows
+    dtypes = list(dict.fromkeys(rows["dtype"]))
+    fig, axes = _axes((5.2 * len(dtypes), 0.9 + 0.42 * rows.groupby("dtype").size().max()),
+                      1, len(dtypes), squeeze=False)
+    for ax, dt in zip(axes[0], dtypes):
+        sub = rows[rows["dtype"] == dt].reset_index(drop=True)
+        sdpa = float(sub.loc[sub["impl"] == "sdpa", "forward_ms"].iloc[0])
+        y = np.arange(len(sub))[::-1]
+        colors = [_color_of(i) if k == "stage" else "0.65" for i, k in zip(sub["impl"], sub["kind"])]
+        ax.barh(y, sub["forward_ms"], color=colors, height=0.7)
+        ax.axvline(sdpa, color="0.3", lw=1, ls="--")
+        for yi, r in zip(y, sub.itertuples()):
+            diff = "reference" if r.impl == "sdpa" else f"max|Δlogit| {r.max_abs_diff:.2g}"
+            ax.text(r.forward_ms, yi, f" {r.forward_ms:.1f} ms ({r.forward_ms / sdpa:.2f}×), {diff}",
+                    va="center", fontsize=8)
+        ax.set_yticks(y, sub["impl"])
+        ax.set_xlim(0, sub["forward_ms"].max() * 1.9)
+        ax.set_xlabel("forward pass, ms (dashed: SDPA)")
+        r0 = sub.iloc[0]
+        ax.set_title(f"GPT-2, {r0.n_layer} layers, {r0.batch}×{r0.seq} tokens, {dt}", fontsize=10)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    fig.suptitle(f"Each attention inside the model, on {rows['gpu'].iloc[0]}", fontsize=11)
+    fig.tight_layout()
+    return fig

@@ -69,11 +69,14 @@ def _job(args, log, out):
 
 
 def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, out=print,
-        with_profile=False):
+        with_profile=False, with_stages=True):
     """The main job. Returns the results table; df.attrs["failed"] lists the jobs that failed,
-    df.attrs["replayed"] the stages this machine could not run (and why)."""
+    df.attrs["replayed"] the stages this machine could not run (and why). with_stages=False:
+    only the peaks and the baselines (to re-time them beside stages that notebooks record)."""
     asked = {get_stage(k) for k in stage_keys or ()}  # ValueError names a stage that does not exist
-    chosen = [s for s in all_stages() if not asked or s in asked]
+    if not with_stages and (asked or not with_baselines):
+        raise ValueError("no stages and no baselines: nothing to run")
+    chosen = [s for s in all_stages() if with_stages and (not asked or s in asked)]
     if not gpu_available():
         return replay(out)
     from tqdm.auto import tqdm

@@ -7,6 +7,8 @@ opens these files or filters their rows by hand.
   profile.csv   Nsight Compute metrics (raw ncu output beside it, in profiles/)
   sass.csv      each stage's static SASS instruction mix
   tune08.csv    stage 08's tuning log
+  minimal.csv   stage 01 beside the published flash-attention-minimal kernel
+  model.csv     a GPT-2 run with each attention: logits against SDPA, forward time
 
 Each is a Table: its file, key and column types, a loader that gives the same types every time,
 and an upsert that holds a file lock and replaces the file by an atomic rename, so a killed run or
@@ -210,7 +212,17 @@ MINIMAL = Table(
              *SOFTWARE, "note"],
     ints=["order", "B", "H", "N", "D"],
     floats=["median_ms", "p20_ms", "p80_ms", "tflops", "rel_err", "runs", "retimes"])
-ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL)
+# A GPT-2 built from its config with each attention (flashlab.model.measure): its logits against
+# SDPA's and the forward pass's time, per dtype. impl: "sdpa", "eager" or a stage's slug.
+MODEL = Table(
+    "model.csv", key=["gpu", "model", "impl", "dtype", "batch", "seq"],
+    columns=["model", "impl", "kind", "dtype", "batch", "seq", "n_layer", "n_head", "head_dim",
+             "max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
+             "input_copies", "runs", "retimes", "gpu", *SOFTWARE, "note"],
+    ints=["batch", "seq", "n_layer", "n_head", "head_dim"],
+    floats=["max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
+            "input_copies", "runs", "retimes"])
+ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL)
 
 results = RESULTS  # `fl.results.load()`: the shared results table
 
@@ -221,6 +233,20 @@ def minimal_rows(gpu=None) -> pd.DataFrame:
     df = MINIMAL.load()
     gpu = gpu or gpu_shown(df=RESULTS.load())
     return df[df["gpu"] == gpu].sort_values("order").reset_index(drop=True)
+
+
+def model_rows(gpu=None) -> pd.DataFrame:
+    """The model measurements recorded on `gpu` (default: the GPU shown), SDPA first, then
+    eager, then the stages in order; NotRecorded if there are none."""
+    df = MODEL.load()
+    gpu = gpu or gpu_shown(df=RESULTS.load())
+    df = df[df["gpu"] == gpu]
+    if df.empty:
+        raise NotRecorded(f"no model measurements on {gpu}: run `flashlab model` on a GPU "
+                          "(or the capstone notebook live)")
+    order = {"sdpa": 0, "eager": 1}
+    df = df.assign(_o=df["impl"].map(lambda i: order.get(i, 2)))
+    return df.sort_values(["dtype", "_o", "impl"]).drop(columns="_o").reset_index(drop=True)
 
 
 def profile_raw_path(slug, cfg, gpu) -> Path:
@@ -326,6 +352,15 @@ def sweep_rows(df, gpu, dtype="fp16") -> pd.DataFrame:
     """The sweep's rows of `gpu` in `dtype` that ran."""
     df = ok(on_gpu(df, gpu))
     return df[(df["dtype"] == dtype) & is_sweep(df)]
+
+
+def sweep_at(N, D, causal, dtype="fp16", gpu=None, df=None) -> pd.Series:
+    """TFLOP/s of every stage and baseline recorded at one point of the sweep, by name."""
+    df = RESULTS.load() if df is None else df
+    gpu = gpu or gpu_shown(df=df)
+    rows = sweep_rows(df, gpu, dtype)
+    rows = rows[(rows["N"] == N) & (rows["D"] == D) & (rows["causal"] == bool(causal))]
+    return rows.set_index("stage")["tflops"]
 
 
 def versus(df=None, stage=None, others=("sdpa_flash", "sdpa_cudnn"), gpu=None,

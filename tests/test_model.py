@@ -123,5 +123,13 @@ def test_gpt2_on_a_stage_agrees_with_sdpa_as_closely_as_eager_does(slug, dtype):
     ours.load_state_dict(base.state_dict())
     tokens = torch.randint(0, base.config.vocab_size, (4, 512), device="cuda")
     own = model.compare_logits(base, eager, tokens)["max_abs_diff"]
+    adapter = model.register.adapters[name]
+    adapter.copies = 0
     got = model.compare_logits(base, ours, tokens)["max_abs_diff"]
+    print(f"{slug} {dtype}: max|Δlogit| {got:.4g} against SDPA; eager's own {own:.4g}; "
+          f"{adapter.copies} input copies")
     assert got <= 2 * own + 1e-3, f"{slug} {dtype}: {got:.3g} against SDPA; eager's own {own:.3g}"
+    if stage(slug).row_strides:  # transformers' views read in place
+        assert adapter.copies == 0, adapter
+    else:                         # q, k, v copied in each of the 4 layers
+        assert adapter.copies == 3 * 4, adapter

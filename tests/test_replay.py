@@ -108,7 +108,25 @@ SUBCOMMANDS = sorted(next(a for a in cli.parser()._actions
 
 def test_the_subcommands():
     assert set(SUBCOMMANDS) == {"list", "run", "profile", "check", "bench", "plot", "table", "report",
-                                "sass", "readme", "tune", "student", "grade", "leaderboard"}
+                                "sass", "readme", "tune", "student", "grade", "leaderboard",
+                                "model"}
+
+
+def test_model_without_a_gpu_shows_what_is_recorded(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FLASHLAB_DATA", str(tmp_path))
+    assert cli.main(["model", "--gpu", "NVIDIA H100 80GB HBM3"]) == 2
+    assert "no model measurements on NVIDIA H100 80GB HBM3: run `flashlab model`" in \
+        capsys.readouterr().err
+    from flashlab import tables
+    tables.MODEL.upsert([dict(model="gpt2", impl=i, kind=k, dtype="fp16", batch=8, seq=1024,
+                              n_layer=12, n_head=12, head_dim=64, max_abs_diff=d, forward_ms=ms,
+                              input_copies=0, gpu="NVIDIA H100 80GB HBM3", commit="abc")
+                         for i, k, d, ms in (("08_tuned", "stage", 0.01, 9.0),
+                                             ("sdpa", "baseline", 0.0, 10.0),
+                                             ("eager", "baseline", 0.01, 20.0))])
+    assert cli.main(["model", "--gpu", "NVIDIA H100 80GB HBM3"]) == 0
+    out = capsys.readouterr().out
+    assert [ln.split()[0] for ln in out.splitlines()[2:]] == ["sdpa", "eager", "08_tuned"]
 
 
 @pytest.mark.parametrize("command", SUBCOMMANDS)

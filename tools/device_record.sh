@@ -7,6 +7,7 @@
 #   again      a second, separate flashlab run --no-sweep into a scratch data/ (its log and table
 #              go to data/runs/), then `flashlab bench sdpa_cudnn --dtype fp16` on its own: three
 #              timings of the same baseline to compare
+#   model      GPT-2 from its config with SDPA, eager and each fast stage as attention (data/model.csv)
 #   minimal    stage 01 beside the published flash-attention-minimal kernel (tools/compare_minimal.py;
 #              MINIMAL_CHECKOUT: a checkout of it, carried, never committed), data/minimal.csv
 #   notebooks  every notebook executed live, outputs saved; figures and README regenerated
@@ -28,7 +29,7 @@ for phase in "${@:-tests run again notebooks}"; do for p in $phase; do case $p i
     python3 tools/tune08.py 2>&1 | grep -v Warning | tee "data/runs/tune08-$stamp.log" | tail -6 ;;
   tests)
     echo "== GPU tests"
-    python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4 ;;
+    python3 -m pytest -q -rP -m gpu ${TEST_ARGS:-tests} -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4 ;;
   run)
     echo "== flashlab run ${RUN_ARGS:-}"
     # RUN_ARGS, e.g. "--stage 04 --stage 05", splits a long run over several device calls
@@ -54,6 +55,9 @@ print(f"sdpa_cudnn fp16 teaching on {gpu}, TFLOP/s: run 1 {first.tflops.round(1)
       f"run 2 {second.tflops.round(1).tolist()} (re-timed {first.retimes.tolist()}, {second.retimes.tolist()})")
 PY
     ;;
+  model)
+    echo "== GPT-2 with each attention (flashlab model)"
+    python3 -m flashlab model 2>&1 | grep -v Warning | tee "data/runs/model-$stamp.log" | tail -16 ;;
   minimal)
     echo "== stage 01 beside the published kernel"
     python3 tools/compare_minimal.py "${MINIMAL_CHECKOUT:?set MINIMAL_CHECKOUT}" 2>&1 \

@@ -2,6 +2,7 @@
 notebook runs live, and reads the same from data/ when it replays; compare(), speedup(),
 sweep_ratio() and profile() read the recorded tables. All of them show the notebook's GPU only
 (flashlab.notebook.view.gpu)."""
+import importlib.util
 import time
 from dataclasses import dataclass
 
@@ -198,3 +199,23 @@ def published_minimal(missing_ok=True) -> pd.DataFrame:
     out = rows[["variant", "description", "median_ms", "tflops", "rel_err"]].copy()
     out["speedup"] = rows["median_ms"].iloc[0] / rows["median_ms"]
     return out.round({"median_ms": 1, "tflops": 3, "speedup": 2})
+
+
+def in_a_model(**kwargs) -> pd.DataFrame:
+    """Live (the notebook's stage runs here and transformers is installed): flashlab.model.measure
+    (GPT-2 with SDPA, eager and each fast stage as its attention; kwargs: its options), recorded
+    in data/model.csv. Replay: the rows recorded on the notebook's GPU."""
+    from .. import model
+    if tables.live(view.stage()) and importlib.util.find_spec("transformers") is not None:
+        model.measure(log=lambda msg: None, **kwargs)
+    rows = tables.model_rows(view.gpu())
+    shown = ["impl", "dtype", "max_abs_diff", "forward_ms", "tokens_per_s", "input_copies"]
+    out = rows[shown + ["kind", "batch", "seq", "n_layer", "max_abs_logit", "gpu", "commit"]].copy()
+    for dt, sub in out.groupby("dtype"):
+        sdpa = sub.loc[sub["impl"] == "sdpa", "forward_ms"]
+        eager = sub.loc[sub["impl"] == "eager", "max_abs_diff"]
+        if len(sdpa):
+            out.loc[sub.index, "vs_sdpa"] = sub["forward_ms"] / float(sdpa.iloc[0])
+        if len(eager):
+            out.loc[sub.index, "within_rule"] = sub["max_abs_diff"] <= 2 * float(eager.iloc[0])
+    return out
