@@ -163,12 +163,48 @@ def flops(n_layer=12, n_embd=768, seq=1024, batch=1, vocab=50257, causal=True) -
             "lm_head": batch * 2 * N * d * vocab}
 
 
+# How a GPU kernel's name says what it computes (checked in this order; the stages' own kernels
+# are added from the registry): SDPA's flash, memory-efficient and cuDNN kernels, then cuBLAS's
+# matmuls (nvjet and sm90_xmma on Hopper, cutlass and gemm elsewhere).
+ATTENTION_NAMES = ("flash", "fmha", "attention", "sdpa")
+MATMUL_NAMES = ("nvjet", "gemm", "xmma", "cutlass", "matmul", "gemv")
+
+
+def kernel_kind(name, stage_kernels=()) -> str:
+    """'attention', 'matmul' or 'other' for a CUDA kernel's name."""
+    low = name.lower()
+    if any(k in name for k in stage_kernels) or any(a in low for a in ATTENTION_NAMES):
+        return "attention"
+    if any(m in low for m in MATMUL_NAMES):
+        return "matmul"
+    return "other"
+
+
+def gpu_time_by_kind(fn, stage_kernels=()) -> dict:
+    """One call of fn under torch.profiler: the GPU time of its kernels in ms, by kernel_kind,
+    and in all ("busy": the GPU's time computing; the forward pass's wall time minus this is
+    time the GPU waited for the CPU to launch work)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    ms = {"attention": 0.0, "matmul": 0.0, "other": 0.0}
+    for evt in prof.events():
+        if getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            ms[kernel_kind(evt.name, stage_kernels)] += evt.time_range.elapsed_us() / 1e3
+    ms["busy"] = sum(ms.values())
+    return ms
+
+
 def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12, record=True,
             log=print, seed=0):
     """A GPT-2 (12 layers by default, random weights) with SDPA, eager and each stage as its
     attention, on the same tokens and weights: the largest logit difference from SDPA, the
-    inputs the adapter had to copy per forward pass, and the forward pass's time (warmed, L2
-    flushed, median). Stages: the fast ones this GPU runs in each dtype. Records data/model.csv;
+    inputs the adapter had to copy per forward pass, the forward pass's time (warmed, L2
+    flushed, median) and its GPU time by kind of kernel (gpu_time_by_kind; eager's attention is
+    ordinary matmuls and softmax kernels, so it counts as matmul and other). Stages: the fast ones this GPU runs in each dtype. Records data/model.csv;
     returns the rows."""
     import pandas as pd
 
@@ -208,6 +244,12 @@ def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12,
                 diff = float((logits - ref).abs().max())
                 del logits
                 t = time_fn(lambda: m(tokens, use_cache=False))
+                try:
+                    by = gpu_time_by_kind(lambda: m(tokens, use_cache=False),
+                                          [st.kernel for st in _stages()])
+                except Exception as err:  # noqa: BLE001 -- no profiler here: times stay unknown
+                    log(f"gpu time by kind not measured: {err}")
+                    by = {}
             rows.append(dict(model="gpt2", impl=impl, kind=kind, dtype=dt, batch=batch, seq=seq,
                              n_layer=n_layer, n_head=cfg.n_head, head_dim=cfg.n_embd // cfg.n_head,
                              max_abs_diff=diff, max_abs_logit=float(ref.abs().max()),
@@ -215,7 +257,8 @@ def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12,
                              tokens_per_s=batch * seq / (t.median_ms * 1e-3), input_copies=copies,
                              runs=t.runs, retimes=t.retimes, note=t.note, **env))
             log(f"gpt2 {dt} {impl:12} max|Δlogit| {diff:.4g}  {t.median_ms:8.3f} ms  "
-                f"input copies {copies}")
+                f"input copies {copies}  GPU ms: " +
+                ", ".join(f"{k} {v:.3f}" for k, v in by.items()))
             if m is not base:
                 del m
         del base, ref

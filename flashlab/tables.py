@@ -218,10 +218,12 @@ MODEL = Table(
     "model.csv", key=["gpu", "model", "impl", "dtype", "batch", "seq"],
     columns=["model", "impl", "kind", "dtype", "batch", "seq", "n_layer", "n_head", "head_dim",
              "max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
-             "input_copies", "runs", "retimes", "gpu", *SOFTWARE, "note"],
+             "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
+             "runs", "retimes", "gpu", *SOFTWARE, "note"],
     ints=["batch", "seq", "n_layer", "n_head", "head_dim"],
     floats=["max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
-            "input_copies", "runs", "retimes"])
+            "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
+            "runs", "retimes"])
 ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL)
 
 results = RESULTS  # `fl.results.load()`: the shared results table

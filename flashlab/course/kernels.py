@@ -340,7 +340,8 @@ def stage_report(root, slug) -> dict:
     a dict that json can carry (what the child process prints). Needs a GPU."""
     import torch
 
-    from .. import bench, build, check as chk
+    from .. import bench, build
+    from ..check import check as run_check
     from ..stages import Attention, stage
 
     st = stage(slug)
@@ -354,7 +355,7 @@ def stage_report(root, slug) -> dict:
         return rep
     rep["built"] = True
     attn = _Recording(Attention(st, module))
-    result = chk.check(attn)
+    result = run_check(attn)
     torch.cuda.synchronize()
     rep.update(passed=result.passed, cases=len(result.cases), seed=result.seed,
                max_rel_err=result.max_rel_err)
