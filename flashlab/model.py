@@ -255,15 +255,51 @@ def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12,
                              max_abs_diff=diff, max_abs_logit=float(ref.abs().max()),
                              forward_ms=t.median_ms, p20_ms=t.p20_ms, p80_ms=t.p80_ms,
                              tokens_per_s=batch * seq / (t.median_ms * 1e-3), input_copies=copies,
+                             attention_gpu_ms=by.get("attention"), matmul_gpu_ms=by.get("matmul"),
+                             other_gpu_ms=by.get("other"), busy_gpu_ms=by.get("busy"),
                              runs=t.runs, retimes=t.retimes, note=t.note, **env))
             log(f"gpt2 {dt} {impl:12} max|Δlogit| {diff:.4g}  {t.median_ms:8.3f} ms  "
                 f"input copies {copies}  GPU ms: " +
                 ", ".join(f"{k} {v:.3f}" for k, v in by.items()))
             if m is not base:
                 del m
+            if impl != "eager":
+                rows += attention_alone(impl, adapter, dt, batch, seq, cfg, env, log)
         del base, ref
         torch.cuda.empty_cache()
     df = pd.DataFrame(rows)
     if record and len(df):
         MODEL.upsert(df)
     return df
+
+
+def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print) -> list:
+    """One attention call as GPT-2 makes it (B, H, N, D = batch, heads, seq, head dim; causal),
+    timed alone in the model's layout ("bnhd": views of one (B, N, 3, H, D) projection, output
+    into (B, N, H, D)) and in contiguous tensors: what the layout costs each attention."""
+    from .bench import flops, time_fn
+    from .check import inputs
+    from .inputs import dtype_of
+
+    H, D = cfg.n_head, cfg.n_embd // cfg.n_head
+    call = (adapter if adapter is not None else
+            torch.nn.functional.scaled_dot_product_attention)
+    rows = []
+    for layout in ("bnhd", "contiguous"):
+        q, k, v, _ = inputs(batch, H, seq, D, dtype_of(dt), layout)
+        if adapter is not None:
+            adapter.copies = 0
+        call(q, k, v, is_causal=True)
+        copies = adapter.copies if adapter is not None else 0
+        t = time_fn(lambda: call(q, k, v, is_causal=True))
+        rows.append(dict(model="gpt2-attention", impl=impl, kind="baseline" if adapter is None
+                         else "stage", layout=layout, dtype=dt, batch=batch, seq=seq, n_layer=1,
+                         n_head=H, head_dim=D, forward_ms=t.median_ms, p20_ms=t.p20_ms,
+                         p80_ms=t.p80_ms, input_copies=copies, runs=t.runs, retimes=t.retimes,
+                         tokens_per_s=batch * seq / (t.median_ms * 1e-3),
+                         tflops=flops(batch, H, seq, D, causal=True) / (t.median_ms * 1e-3) / 1e12,
+                         note=t.note, **env))
+        log(f"  attention alone {impl:12} {dt} {layout:10} {t.median_ms * 1e3:7.1f} µs  "
+            f"{rows[-1]['tflops']:.0f} TFLOP/s  input copies {copies}")
+        del q, k, v
+    return rows

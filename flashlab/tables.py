@@ -214,16 +214,20 @@ MINIMAL = Table(
     floats=["median_ms", "p20_ms", "p80_ms", "tflops", "rel_err", "runs", "retimes"])
 # A GPT-2 built from its config with each attention (flashlab.model.measure): its logits against
 # SDPA's and the forward pass's time, per dtype. impl: "sdpa", "eager" or a stage's slug.
+# model "gpt2-attention": one attention call alone at the model's shape, in the model's layout
+# ("bnhd": views of one (B, N, 3, H, D) projection) or contiguous; forward_ms is that call's time.
 MODEL = Table(
-    "model.csv", key=["gpu", "model", "impl", "dtype", "batch", "seq"],
-    columns=["model", "impl", "kind", "dtype", "batch", "seq", "n_layer", "n_head", "head_dim",
+    "model.csv", key=["gpu", "model", "impl", "dtype", "batch", "seq", "layout"],
+    columns=["model", "impl", "kind", "layout", "dtype", "batch", "seq", "n_layer", "n_head",
+             "head_dim",
              "max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
-             "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
+             "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
              "runs", "retimes", "gpu", *SOFTWARE, "note"],
     ints=["batch", "seq", "n_layer", "n_head", "head_dim"],
     floats=["max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
-            "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
-            "runs", "retimes"])
+            "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
+            "runs", "retimes"],
+    defaults={"layout": "model"})
 ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL)
 
 results = RESULTS  # `fl.results.load()`: the shared results table
@@ -237,18 +241,19 @@ def minimal_rows(gpu=None) -> pd.DataFrame:
     return df[df["gpu"] == gpu].sort_values("order").reset_index(drop=True)
 
 
-def model_rows(gpu=None) -> pd.DataFrame:
+def model_rows(gpu=None, model="gpt2") -> pd.DataFrame:
     """The model measurements recorded on `gpu` (default: the GPU shown), SDPA first, then
-    eager, then the stages in order; NotRecorded if there are none."""
+    eager, then the stages in order; NotRecorded if there are none. model "gpt2-attention": the
+    attention calls alone at the model's shape, in each layout."""
     df = MODEL.load()
     gpu = gpu or gpu_shown(df=RESULTS.load())
-    df = df[df["gpu"] == gpu]
+    df = df[(df["gpu"] == gpu) & (df["model"] == model)]
     if df.empty:
         raise NotRecorded(f"no model measurements on {gpu}: run `flashlab model` on a GPU "
                           "(or the capstone notebook live)")
     order = {"sdpa": 0, "eager": 1}
     df = df.assign(_o=df["impl"].map(lambda i: order.get(i, 2)))
-    return df.sort_values(["dtype", "_o", "impl"]).drop(columns="_o").reset_index(drop=True)
+    return df.sort_values(["dtype", "_o", "impl", "layout"]).drop(columns="_o").reset_index(drop=True)
 
 
 def profile_raw_path(slug, cfg, gpu) -> Path:

@@ -149,3 +149,25 @@ def test_the_rule_would_catch_a_cycle_and_an_upward_import(tmp_path, monkeypatch
     with pytest.raises(pytest.fail.Exception,
                        match="import cycle: flashlab.course.(exercises|kernels)"):
         test_no_import_cycles()
+
+
+def test_no_module_imports_a_submodule_the_package_rebinds():
+    """`flashlab.check`, `.bench`, `.stages` and `.reference` are functions on the package (the
+    facade `fl.check(...)`), so `from .. import check` hands over the function, not the module,
+    and `check.check(...)` fails only when that line runs (on a GPU, say). Import the names."""
+    import types
+
+    import flashlab
+    rebound = {name for name in vars(flashlab) if (PACKAGE / f"{name}.py").exists()
+               and not isinstance(getattr(flashlab, name), types.ModuleType)}
+    assert {"check", "bench"} <= rebound
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level and (node.module or "") in ("", "flashlab"):
+                parent = name.split(".")[:len(name.split(".")) - node.level + (path.name == "__init__.py")]
+                if parent != ["flashlab"]:
+                    continue
+                found += [f"{name}: from {'.' * node.level} import {a.name}" for a in node.names
+                          if a.name in rebound]
+    assert not found, found

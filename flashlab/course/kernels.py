@@ -340,7 +340,8 @@ def stage_report(root, slug) -> dict:
     a dict that json can carry (what the child process prints). Needs a GPU."""
     import torch
 
-    from .. import bench, build
+    from .. import build
+    from ..bench import teaching, time_fn
     from ..check import check as run_check
     from ..stages import Attention, stage
 
@@ -363,9 +364,9 @@ def stage_report(root, slug) -> dict:
         rep["failure"] = failure(result, attn.calls)
         return rep
     del attn.calls[:]
-    cfg = bench.teaching(_timing_dtype(st, cc))
+    cfg = teaching(_timing_dtype(st, cc))
     q, k, v = cfg.inputs()
-    t = bench.time_fn(lambda: attn.attn(q, k, v, causal=cfg.causal))
+    t = time_fn(lambda: attn.attn(q, k, v, causal=cfg.causal))
     rep.update(ms=t.median_ms, config=cfg.label, dtype=cfg.dtype, timing_note=t.note)
     return rep
 

@@ -28,7 +28,7 @@
 # %%
 # %matplotlib inline
 import flashlab as fl
-from flashlab import diagrams, plots
+from flashlab import diagrams, plots, tiling
 from flashlab import notebook as nb
 nb.banner("01_naive")
 
@@ -189,7 +189,7 @@ print("top stalls (% of active warp time): "
       + ", ".join(f"{k.removeprefix('stall_')} {v:.0f}" for k, v in stalls.items())
       + f"; mio_throttle {m['stall_mio_throttle']:.0f}, long_scoreboard {m['stall_long_scoreboard']:.0f}")
 sms = fl.TEACHING.B * fl.TEACHING.H  # SMs with a block: one warp each
-busy = m["smem_wavefronts"] / sms / (clock_ghz * 1e6 * m["duration_ms"])
+busy = tiling.busy_share(m["smem_wavefronts"], m["duration_ms"], sms, clock_ghz=clock_ghz)
 print(f"shared-memory pipe busy {busy:.0%} of the kernel's time (1 wavefront per clock per SM "
       f"at {clock_ghz} GHz)")
 
