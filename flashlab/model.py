@@ -180,21 +180,27 @@ def kernel_kind(name, stage_kernels=()) -> str:
     return "other"
 
 
-def gpu_time_by_kind(fn, stage_kernels=()) -> dict:
-    """One call of fn under torch.profiler: the GPU time of its kernels in ms, by kernel_kind,
-    and in all ("busy": the GPU's time computing; the forward pass's wall time minus this is
-    time the GPU waited for the CPU to launch work)."""
+def gpu_time_by_kind(fn, stage_kernels=(), calls=1) -> dict:
+    """fn called `calls` times under torch.profiler: the GPU time of its kernels in ms per call,
+    by kernel_kind, and in all ("busy": the GPU's time computing; a forward pass's wall time
+    minus this is time the GPU waited for the CPU to launch work); "attention_kernels": the
+    attention kernels' names (which backend SDPA chose)."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+        for _ in range(calls):
+            fn()
         torch.cuda.synchronize()
-    ms = {"attention": 0.0, "matmul": 0.0, "other": 0.0}
+    ms, names = {"attention": 0.0, "matmul": 0.0, "other": 0.0}, set()
     for evt in prof.events():
         if getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA:
-            ms[kernel_kind(evt.name, stage_kernels)] += evt.time_range.elapsed_us() / 1e3
+            kind = kernel_kind(evt.name, stage_kernels)
+            ms[kind] += evt.time_range.elapsed_us() / 1e3 / calls
+            if kind == "attention":
+                names.add(evt.name.split("(")[0].split("<")[0].removeprefix("void ")[:60])
     ms["busy"] = sum(ms.values())
+    ms["attention_kernels"] = ", ".join(sorted(names))
     return ms
 
 
@@ -257,10 +263,12 @@ def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12,
                              tokens_per_s=batch * seq / (t.median_ms * 1e-3), input_copies=copies,
                              attention_gpu_ms=by.get("attention"), matmul_gpu_ms=by.get("matmul"),
                              other_gpu_ms=by.get("other"), busy_gpu_ms=by.get("busy"),
+                             attention_kernels=by.get("attention_kernels", ""),
                              runs=t.runs, retimes=t.retimes, note=t.note, **env))
             log(f"gpt2 {dt} {impl:12} max|Δlogit| {diff:.4g}  {t.median_ms:8.3f} ms  "
                 f"input copies {copies}  GPU ms: " +
-                ", ".join(f"{k} {v:.3f}" for k, v in by.items()))
+                ", ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                          for k, v in by.items()))
             if m is not base:
                 del m
             if impl != "eager":
@@ -273,13 +281,16 @@ def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12,
     return df
 
 
-def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print) -> list:
+def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20) -> list:
     """One attention call as GPT-2 makes it (B, H, N, D = batch, heads, seq, head dim; causal),
-    timed alone in the model's layout ("bnhd": views of one (B, N, 3, H, D) projection, output
-    into (B, N, H, D)) and in contiguous tensors: what the layout costs each attention."""
+    alone, in the model's layout ("bnhd": views of one (B, N, 3, H, D) projection, output into
+    (B, N, H, D)) and in contiguous tensors: its kernels' GPU time per call (the profiler, over
+    `calls` calls: attention, and copies as other) and its wall time (bench.time_fn), which at
+    tens of microseconds is the Python call's own time as much as the GPU's."""
     from .bench import flops, time_fn
     from .check import inputs
     from .inputs import dtype_of
+    from .stages import stages as _stages
 
     H, D = cfg.n_head, cfg.n_embd // cfg.n_head
     call = (adapter if adapter is not None else
@@ -292,14 +303,19 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print) -> list:
         call(q, k, v, is_causal=True)
         copies = adapter.copies if adapter is not None else 0
         t = time_fn(lambda: call(q, k, v, is_causal=True))
+        by = gpu_time_by_kind(lambda: call(q, k, v, is_causal=True),
+                              [st.kernel for st in _stages()], calls=calls)
         rows.append(dict(model="gpt2-attention", impl=impl, kind="baseline" if adapter is None
                          else "stage", layout=layout, dtype=dt, batch=batch, seq=seq, n_layer=1,
                          n_head=H, head_dim=D, forward_ms=t.median_ms, p20_ms=t.p20_ms,
                          p80_ms=t.p80_ms, input_copies=copies, runs=t.runs, retimes=t.retimes,
                          tokens_per_s=batch * seq / (t.median_ms * 1e-3),
-                         tflops=flops(batch, H, seq, D, causal=True) / (t.median_ms * 1e-3) / 1e12,
-                         note=t.note, **env))
-        log(f"  attention alone {impl:12} {dt} {layout:10} {t.median_ms * 1e3:7.1f} µs  "
-            f"{rows[-1]['tflops']:.0f} TFLOP/s  input copies {copies}")
+                         tflops=flops(batch, H, seq, D, causal=True) / (by["attention"] * 1e-3) / 1e12,
+                         attention_gpu_ms=by["attention"], matmul_gpu_ms=by["matmul"],
+                         other_gpu_ms=by["other"], busy_gpu_ms=by["busy"],
+                         attention_kernels=by["attention_kernels"], note=t.note, **env))
+        log(f"  attention alone {impl:12} {dt} {layout:10} kernels {by['attention'] * 1e3:6.1f} µs "
+            f"({rows[-1]['tflops']:.0f} TFLOP/s), copies {by['other'] * 1e3:5.1f} µs, wall "
+            f"{t.median_ms * 1e3:6.1f} µs, input copies {copies}")
         del q, k, v
     return rows

@@ -679,30 +679,38 @@ def save_all(df=None, outdir=None, gpu=None, profile=None):
 
 
 def model_forward(rows=None, gpu=None):
-    """A GPT-2 forward pass with each attention (data/model.csv): its time against SDPA's, one
-    panel per dtype, the bar labelled with the largest logit difference from SDPA."""
+    """A GPT-2 forward pass with each attention (data/model.csv): the GPU's time by kind of kernel
+    (attention, matmul, other) stacked, and the pass's wall time as a dot, one panel per dtype."""
     rows = tables.model_rows(gpu) if rows is None else rows
-    dtypes = list(dict.fromkeys(rows["dtype"]))
-    fig, axes = _axes((5.2 * len(dtypes), 0.9 + 0.42 * rows.groupby("dtype").size().max()),
-                      1, len(dtypes), squeeze=False)
+    dtypes = sorted(dict.fromkeys(rows["dtype"]), key=lambda d: d != "fp16")
+    n = rows.groupby("dtype").size().max()
+    fig, axes = _axes((5.6 * len(dtypes), 1.7 + 0.45 * n), 1, len(dtypes), squeeze=False)
+    kinds = (("attention_gpu_ms", "attention kernels", "#d62728"),
+             ("matmul_gpu_ms", "matmul kernels", "#9ecae1"),
+             ("other_gpu_ms", "other kernels (norms, GELU, adds, copies)", "#d9d9d9"))
     for ax, dt in zip(axes[0], dtypes):
         sub = rows[rows["dtype"] == dt].reset_index(drop=True)
-        sdpa = float(sub.loc[sub["impl"] == "sdpa", "forward_ms"].iloc[0])
         y = np.arange(len(sub))[::-1]
-        colors = [_color_of(i) if k == "stage" else "0.65" for i, k in zip(sub["impl"], sub["kind"])]
-        ax.barh(y, sub["forward_ms"], color=colors, height=0.7)
-        ax.axvline(sdpa, color="0.3", lw=1, ls="--")
-        for yi, r in zip(y, sub.itertuples()):
-            diff = "reference" if r.impl == "sdpa" else f"max|Δlogit| {r.max_abs_diff:.2g}"
-            ax.text(r.forward_ms, yi, f" {r.forward_ms:.1f} ms ({r.forward_ms / sdpa:.2f}×), {diff}",
-                    va="center", fontsize=8)
+        left = np.zeros(len(sub))
+        for col, label, color in kinds:
+            vals = pd.to_numeric(sub[col], errors="coerce").fillna(0).to_numpy()
+            ax.barh(y, vals, left=left, color=color, height=0.7, label=label)
+            left += vals
+        ax.plot(sub["forward_ms"], y, "o", color="0.15", ms=4, label="wall time of the pass")
+        for yi, r, busy in zip(y, sub.itertuples(), left):
+            att = getattr(r, "attention_gpu_ms", float("nan"))
+            text = f" {busy:.1f} ms GPU" + (f", attention {att:.2f}" if att and att == att else "")
+            ax.text(max(busy, r.forward_ms), yi, text, va="center", fontsize=7.5)
         ax.set_yticks(y, sub["impl"])
-        ax.set_xlim(0, sub["forward_ms"].max() * 1.9)
-        ax.set_xlabel("forward pass, ms (dashed: SDPA)")
+        ax.set_xlim(0, max(left.max(), sub["forward_ms"].max()) * 1.55)
+        ax.set_xlabel("ms per forward pass")
         r0 = sub.iloc[0]
         ax.set_title(f"GPT-2, {r0.n_layer} layers, {r0.batch}×{r0.seq} tokens, {dt}", fontsize=10)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
-    fig.suptitle(f"Each attention inside the model, on {rows['gpu'].iloc[0]}", fontsize=11)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.suptitle(f"Where a forward pass spends the GPU, with each attention ({rows['gpu'].iloc[0]})",
+                 fontsize=11)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig

@@ -222,7 +222,7 @@ MODEL = Table(
              "head_dim",
              "max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
              "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
-             "runs", "retimes", "gpu", *SOFTWARE, "note"],
+             "attention_kernels", "runs", "retimes", "gpu", *SOFTWARE, "note"],
     ints=["batch", "seq", "n_layer", "n_head", "head_dim"],
     floats=["max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
             "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",

@@ -201,6 +201,18 @@ def published_minimal(missing_ok=True) -> pd.DataFrame:
     return out.round({"median_ms": 1, "tflops": 3, "speedup": 2})
 
 
+def attention_alone() -> pd.DataFrame:
+    """One attention call at GPT-2's shape, alone, in the model's layout and contiguous, as
+    recorded on the notebook's GPU by in_a_model: kernel time, TFLOP/s, copies, wall time."""
+    rows = tables.model_rows(view.gpu(), model="gpt2-attention")
+    out = rows[["impl", "dtype", "layout", "attention_gpu_ms", "tflops", "other_gpu_ms",
+                "forward_ms", "input_copies"]].copy()
+    for col in ("attention_gpu_ms", "other_gpu_ms", "forward_ms"):
+        out[col.replace("_ms", "_us")] = out.pop(col) * 1e3
+    return out.rename(columns={"attention_gpu_us": "kernel_us", "other_gpu_us": "copies_us",
+                               "forward_us": "wall_us"})
+
+
 def in_a_model(**kwargs) -> pd.DataFrame:
     """Live (the notebook's stage runs here and transformers is installed): flashlab.model.measure
     (GPT-2 with SDPA, eager and each fast stage as its attention; kwargs: its options), recorded
@@ -209,13 +221,18 @@ def in_a_model(**kwargs) -> pd.DataFrame:
     if tables.live(view.stage()) and importlib.util.find_spec("transformers") is not None:
         model.measure(log=lambda msg: None, **kwargs)
     rows = tables.model_rows(view.gpu())
-    shown = ["impl", "dtype", "max_abs_diff", "forward_ms", "tokens_per_s", "input_copies"]
-    out = rows[shown + ["kind", "batch", "seq", "n_layer", "max_abs_logit", "gpu", "commit"]].copy()
+    shown = ["impl", "dtype", "max_abs_diff", "forward_ms", "busy_gpu_ms", "attention_gpu_ms",
+             "matmul_gpu_ms", "other_gpu_ms", "input_copies"]
+    out = rows[shown + ["kind", "batch", "seq", "n_layer", "max_abs_logit", "attention_kernels",
+                        "gpu", "commit"]].copy()
     for dt, sub in out.groupby("dtype"):
         sdpa = sub.loc[sub["impl"] == "sdpa", "forward_ms"]
         eager = sub.loc[sub["impl"] == "eager", "max_abs_diff"]
+        busy = sub.loc[sub["impl"] == "sdpa", "busy_gpu_ms"]
         if len(sdpa):
-            out.loc[sub.index, "vs_sdpa"] = sub["forward_ms"] / float(sdpa.iloc[0])
+            out.loc[sub.index, "wall_vs_sdpa"] = sub["forward_ms"] / float(sdpa.iloc[0])
+        if len(busy):
+            out.loc[sub.index, "gpu_vs_sdpa"] = sub["busy_gpu_ms"] / float(busy.iloc[0])
         if len(eager):
             out.loc[sub.index, "within_rule"] = sub["max_abs_diff"] <= 2 * float(eager.iloc[0])
     return out

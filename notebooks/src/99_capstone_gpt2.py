@@ -1,0 +1,236 @@
+# %% [markdown]
+# # Capstone — your kernel inside GPT-2
+#
+# Every stage so far was timed alone, on random contiguous q, k and v. A model calls attention
+# differently: twelve times per forward pass, between the matrix multiplies that make its inputs
+# and use its output, on **views** of a projection rather than tensors of their own, with a causal
+# mask and its own scale. This notebook runs the stages as the attention of a GPT-2 built from its
+# configuration, checks the model's logits against PyTorch's attention and asks what a faster
+# attention kernel buys a whole model.
+#
+# ## Objectives
+# After this notebook you can:
+# - run a flashlab stage as a transformers attention implementation, with SDPA's signature
+# - explain the memory layout a model hands to attention, and why a kernel that reads row strides
+#   needs no copy of it
+# - judge a kernel inside a model by its logits, against the difference PyTorch's own two
+#   attentions show
+# - predict from FLOPs and measured rates how much of a forward pass attention is, and read the
+#   answer off a profile of the pass
+#
+# **Prerequisites:** notebooks 05–08 (the kernels this one runs); notebook 00's timing method and
+# roofline.
+#
+# **Time:** about 15 min to read, 30 min to work through.
+
+# %%
+# %matplotlib inline
+import torch
+from IPython.display import display
+
+import flashlab as fl
+from flashlab import diagrams, model, plots
+from flashlab import notebook as nb
+LAST = [st for st in fl.stages() if st.row_strides][-1].slug  # the last stage of the workbook
+nb.banner(LAST)
+
+# %% [markdown]
+# ## 1 · Attention as a model calls it
+#
+# GPT-2 computes q, k and v for all heads with one matrix multiply, `c_attn`: each token's
+# hidden vector (768 numbers) becomes 3 × 768 numbers, q for 12 heads of 64, then k, then v. The
+# attention layer then *views* that output as three (B, H, N, D) tensors: a split, a reshape and a
+# transpose, none of which moves data. In memory, consecutive rows of one head are a whole
+# projection row apart, 3 · 12 · 64 = 2 304 elements, not 64:
+
+# %%
+diagrams.projection_layout()
+
+# %%
+B, N, H, D = 8, 1024, 12, 64
+x = torch.empty(B, N, 3 * H * D, dtype=torch.float16)  # c_attn's output (no GPU needed)
+q, k, v = (t.view(B, N, H, D).transpose(1, 2) for t in x.split(H * D, dim=2))
+print(f"q: shape {tuple(q.shape)}, strides {q.stride()}, contiguous: {q.is_contiguous()}")
+print(f"k starts {(k.data_ptr() - q.data_ptr()) // 2} elements after q: the same rows, later columns")
+
+# %% [markdown]
+# ## 2 · What the kernel reads
+#
+# Stages 01–04 index their inputs as contiguous (B, H, N, D): row `n` of head `bh` at
+# `(bh · N + n) · D`. Handed these views, they would read the wrong numbers, so flashlab refuses
+# them, and the adapter below copies each one first: three copies per layer. From stage 05 on,
+# the kernels take the strides with the pointers (`FlashlabLayout` in `kernels/flashlab.h`: batch,
+# head and row strides of q, k, v and the output) and do the indexing themselves. This is the
+# whole change, in stage 08:
+
+# %%
+nb.show_lines(LAST, r"This block's \(batch, head\)", r"const int last_key")
+
+# %% [markdown]
+# The loads then step by the row stride instead of `D` (`src + row · ld + c`), and the output is
+# written the same way, straight into the (B, N, H, D) tensor that the model's next matrix
+# multiply reads. Two rules keep it safe, and flashlab checks both before any kernel runs: every
+# row starts on a 16-byte boundary (the kernels move 16 bytes per instruction), and every
+# element lies fewer than 2³¹ elements past its pointer (the kernels index in 32-bit integers,
+# which costs fewer registers than 64-bit ones: stage 08 has none to spare).
+
+# %%
+for slug in ("04_wmma", LAST):
+    st = fl.stage(slug)
+    print(f"{slug}: " + (fl.inputs.layout_problem(slug, "q", q, st.row_strides) or
+                         "reads q in place"))
+
+# %% [markdown]
+# `fl.check` checks every stage with row strides on this layout too: q, k and v sliced from one
+# packed (B, N, 3, H, D) tensor, the output written into a (B, N, H, D) one, with B and H above 1
+# so that a kernel that mixed up the batch, head or row stride would read other rows and fail.
+#
+# ## 3 · A stage as transformers' attention
+#
+# transformers lets a model's attention be any function with its attention interface's
+# signature. `flashlab.model` wraps a stage in SDPA's signature, refuses what a flashlab kernel
+# cannot compute (masks other than causal, dropout, grouped heads, a key/value cache) with a
+# `ValueError`, and registers it:
+#
+# ```python
+# name = model.register("08_tuned")                    # "fl_08_tuned"
+# gpt2 = model.gpt2(attn_implementation=name).cuda().half()
+# ```
+#
+# `model.gpt2` builds GPT-2 small's architecture (12 layers, 12 heads of 64) from its
+# configuration with random weights: nothing is downloaded, and logits of random weights test
+# attention as well as trained ones. `model.measure` runs the same tokens through the same
+# weights with SDPA (PyTorch's fused attention, the model's default), eager (PyTorch's
+# attention written as matrix multiplies and a softmax) and each stage.
+
+# %% [markdown]
+# ## Prediction
+#
+# **Logits.** Two correct attentions in fp16 differ by rounding, and the model amplifies it through
+# twelve layers. The reference for "correct" is how far eager's logits are from SDPA's: a stage
+# passes if its difference is at most twice that (the FlashAttention tests' rule, applied to the
+# whole model). bf16 keeps 8 bits of mantissa to fp16's 11, so its differences should be about
+# 2³ = 8 times larger.
+#
+# **Time.** Count the FLOPs of one forward pass of 8 sequences of 1 024 tokens, and place each
+# part at a rate recorded earlier: the matrix multiplies at the measured fp16 ceiling, attention
+# at the rate each kernel reached at the nearest sweep point (D = 64, causal, N = 1 024).
+
+# %%
+f = model.flops(n_layer=12, n_embd=H * D, seq=N, batch=B)
+total = sum(f.values())
+print(", ".join(f"{k} {v / 1e12:.3f} TFLOP ({v / total:.1%})" for k, v in f.items()))
+gpu, cc, sms, roof = nb.the_gpu()
+ceiling = roof["matmul_fp16_tflops"]
+rest_ms = (f["matmuls"] + f["lm_head"]) / (ceiling * 1e12) * 1e3
+rates = fl.tables.sweep_at(N, D, True, gpu=gpu)
+names = [s for s in ("sdpa_flash", "sdpa_cudnn", "04_wmma", LAST) if s in rates]
+att_ms = {s: f["attention"] / (rates[s] * 1e12) * 1e3 for s in names}
+print(f"the matrix multiplies at the {ceiling:.0f} TFLOP/s ceiling: at least {rest_ms:.2f} ms")
+for s in names:
+    print(f"  attention as {s:10} ({rates[s]:5.0f} TFLOP/s in the sweep): {att_ms[s]:.2f} ms, "
+          f"{att_ms[s] / (att_ms[s] + rest_ms):.1%} of the pass")
+copy_gb = 3 * 12 * 2 * B * N * H * D * 2 / 1e9  # stage 04: q, k, v copied in 12 layers, read + written
+print(f"stage 04's copies: {copy_gb:.2f} GB moved, {copy_gb / roof['copy_tbps']:.2f} ms at the "
+      f"{roof['copy_tbps']:.1f} TB/s copy rate")
+
+# %% [markdown]
+# **Prediction:** attention is a few percent of the forward pass (7 % of its FLOPs, less of its
+# time if the matrix multiplies run near the ceiling), so even stage 04, 2–3 times slower than
+# SDPA at attention, changes the pass by well under 10 %, plus its copies; stages 05–08 change it
+# by a percent or two either way. The logits of every stage fall within twice eager's difference.
+
+# %% [markdown]
+# ## Measurement
+
+# %%
+rows = nb.in_a_model()  # live: GPT-2 with each attention, recorded in data/model.csv
+display(rows[["impl", "dtype", "max_abs_diff", "within_rule", "input_copies", "forward_ms",
+              "busy_gpu_ms", "attention_gpu_ms", "gpu_vs_sdpa"]].round(4))
+print("SDPA's attention kernels:", ", ".join(
+    rows.loc[rows["impl"] == "sdpa", "attention_kernels"].dropna().unique()) or "not recorded")
+
+# %%
+plots.model_forward(rows)
+
+# %% [markdown]
+# The bars are the GPU's time inside kernels, from a profile of one pass (`torch.profiler`), split
+# by kind of kernel; the dot is the pass's wall time (`bench.time_fn`: warmed, median of many).
+#
+# ### Discussion
+#
+# DISCUSSION
+
+# %% [markdown]
+# ## The profile: one attention call, alone
+#
+# The pass's profile says how long attention's kernels ran; timing one attention call at the
+# model's shape (B = 8, H = 12, N = 1 024, D = 64, causal) separates the kernel from its layout
+# and from the Python around it. Each stage and SDPA, in the model's layout and contiguous:
+
+# %%
+alone = nb.attention_alone()
+display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
+
+# %% [markdown]
+# ### Discussion
+#
+# ALONE
+
+# %% [markdown]
+# ## Exercises
+#
+# These use a GPU with transformers installed (`pip install -e ".[model]"`); exercise 3's reasoning
+# needs none.
+#
+# 1. **The copies.** Register stage 04 and run one forward pass: `adapter =
+#    model.register.adapters[model.register("04_wmma")]`, then read `adapter.copies`. Explain the
+#    number from the model's shape, and estimate their time from the copy rate printed above.
+#    Check it against the profile's "other" time for stage 04 and SDPA.
+# 2. **Shorter sequences.** Predict attention's share of the pass at N = 256 with the FLOP model
+#    above, then measure: `model.measure(stages=[LAST], dtypes=["fp16"], seq=256,
+#    record=False)`. Which part of the pass does not shrink with N?
+# 3. **Break the strides on purpose.** In your copy of `kernels/05_mma.cu`, load K with `D` as its
+#    row stride instead of `L.k.n`. Predict which cases of `fl.check(fl.stage("05").build())` fail
+#    and which still pass, and why; then run it on a GPU. (Restore the line afterwards.)
+#
+# ## Questions for discussion
+#
+# 1. A faster attention kernel changed this model's forward pass by a few percent. For which
+#    models and inputs would the same kernel change it by half? Name two properties of the input.
+# 2. The wall time of a pass moved by more between runs than stage 08's attention takes in total.
+#    What else runs in a forward pass besides the GPU's kernels, and how would you remove it?
+# 3. Twice eager's difference is a rule for the logits of one model on one input. What would it
+#    fail to catch, and what would you add before trusting a kernel for training?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* Attention's FLOPs grow with N² and the rest with N, so its share
+# grows with the sequence length: at N = 8 192 and the same width, attention is about as many
+# FLOPs as the rest; and with a smaller model width d (attention is 4·N²·d, the matrix multiplies
+# 24·N·d²), the ratio N/d decides. Long contexts and narrow models, then; and inference prefill
+# rather than decoding one token, where attention reads a cache instead.
+
+# %% [markdown]
+# **Instructor's answer.** *2.* Python and the CPU: each layer launches a few dozen kernels, and
+# the GPU waits whenever launching falls behind computing, so the wall time carries the CPU's
+# noise. CUDA graphs (`torch.cuda.graphs`, or `torch.compile(mode="reduce-overhead")`) record the
+# launches once and replay them; larger batches also hide launches behind longer kernels.
+
+# %% [markdown]
+# **Instructor's answer.** *3.* Errors that one input does not reach (a head dim, a sequence length
+# or a batch shape not tried, N not a multiple of the tile), errors in the backward pass (these
+# kernels have none), and slow drift that a single forward pass hides but training accumulates.
+# Check each supported shape against float64 (as `fl.check` does), test gradients if there is a
+# backward pass, and compare a short training run's loss curve.
+
+# %% [markdown]
+# ## Summary
+#
+# - A model hands attention views of one projection: rows 3·H·D elements apart. Stages 05 on read
+#   those strides directly (`FlashlabLayout`) and write the output where the model reads it, so
+#   nothing is copied; stages 01–04 need a copy of each input.
+# - Inside GPT-2 every stage's logits stay within twice eager's difference from SDPA's, in fp16
+#   and bf16: the check on random tensors carried over to a whole model.
+# - Attention was a few percent of this forward pass's FLOPs and GPU time, so kernels 1.4–3×
+#   apart moved the pass by a few percent; the matrix multiplies and the small kernels around
+#   them, and the CPU launching them, decide the rest.
