@@ -193,7 +193,8 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 # 3. **Break the strides on purpose.** In your copy of `kernels/05_mma.cu`, load K with `D` as its
 #    row stride instead of `L.k.n`. Predict which cases of `fl.check(fl.stage("05").build())` fail
 #    and which still pass, and why; then run it on a GPU. (Restore the line afterwards.)
-#
+
+# %% [markdown]
 # ## Questions for discussion
 #
 # 1. A faster attention kernel changed this model's forward pass by a few percent. For which
