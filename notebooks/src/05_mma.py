@@ -464,8 +464,8 @@ with nb.unless_missing():
 # and the K/V loads appear as latency, not as a throttle on the memory pipe (`lg_throttle` is 0).
 #
 # **Size.** The teaching config is small — 2.6 waves of blocks, 16 K/V tiles each — so prologue,
-# epilogue and the last wave weigh more. With up to 8 times the blocks, most sweep points run at
-# 190–240 TFLOP/s, inside the band's lower half, at a median three quarters of `sdpa_flash`.
+# epilogue and the last wave weigh more. With up to 8 times the blocks, the sweep reaches up to
+# 233 TFLOP/s, the bottom of the band, at a median 0.73× `sdpa_flash`.
 #
 # ## 13 · Resources: registers, no spills, and the instructions
 #
@@ -610,7 +610,7 @@ labs.check("05.fragment_owner", answer)
 
 # %% [markdown]
 # **Instructor's answer.** *3.* At the configs the kernel will serve, as a range with the config
-# named: over the sweep 0.70–1.00× `sdpa_flash`, median 0.77×. The teaching config is a small
+# named: over the sweep 0.63–1.01× `sdpa_flash`, median 0.73×. The teaching config is a small
 # launch (2.6 waves of blocks, 16 K/V tiles each) where prologue, epilogue and the last wave weigh
 # more; one point, any point, can flatter or understate a kernel.
 

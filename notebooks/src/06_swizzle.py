@@ -261,10 +261,11 @@ nb.compare("fp16", names=["sdpa_efficient", "04_wmma", "05_mma", "06_swizzle", "
 # %% [markdown]
 # ### Discussion
 #
-# Predicted: stage 05's time (0.97–1.03×). Measured: 1.00× at the teaching config (about
-# 173 TFLOP/s both), 0.98–1.03× over the sweep, up to 2 % slower at D = 128 for long sequences.
-# It held. Differences this small are the size of run-to-run noise: the single launch Nsight
-# Compute profiles (section 7) has stage 06 2 % shorter, the timing above has them equal. The
+# Predicted: stage 05's time (0.97–1.03×). Measured: 1.04× at the teaching config (169 → 175
+# TFLOP/s), just outside the band, and 0.98–1.02× over the sweep, up to 2 % slower at D = 128
+# for long sequences. It held where the launches are large. Differences this small are the size
+# of run-to-run noise: the single launch Nsight Compute profiles (section 7) has stage 06 2 %
+# shorter, the teaching timing 4 %, and earlier runs of the same two kernels had them equal. The
 # extra integer instructions in the loop (+0.8 % a trip at D = 64, +1.1 % at D = 128) are too
 # few to stand out of that noise.
 

@@ -305,8 +305,8 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted 1–1.45×, more at D = 128. Measured: 1.40× at the teaching config (about 173
-# → 242 TFLOP/s), 1.14–1.33× over the sweep, on average 1.21× at D = 64 and 1.25× at D = 128.
+# **Time.** Predicted 1–1.45×, more at D = 128. Measured: 1.38× at the teaching config (175 → 241
+# TFLOP/s), 1.13–1.34× over the sweep, on average 1.17× at D = 64 and 1.26× at D = 128.
 # Both held, the second narrowly. The model's load is too slow, though: a launch reads about
 # 268 MB of K/V tiles in 0.07 ms, faster than DRAM can copy, while DRAM moves about 27 MB. The
 # L2 serves the rest, so the true bound is nearer 2×.
@@ -420,7 +420,7 @@ labs.check("07.pipeline_period", answer)
 #
 # 1. At a latency of 1 500 ns, how many buffers would stage 07's blocks need at D = 64? A block
 #    alone on its SM?
-# 2. Stage 07 gained 1.40× at the teaching config, 1.14–1.34× over the sweep. What differs
+# 2. Stage 07 gained 1.38× at the teaching config, 1.13–1.34× over the sweep. What differs
 #    between those launches?
 # 3. Barrier stalls rose as a share but fell as time. Comparing kernels of different durations,
 #    which should you compare?
@@ -438,7 +438,7 @@ labs.check("07.pipeline_period", answer)
 # 2.6 waves at 3 blocks per SM; the sweep's launches have 4 to 8 times the blocks. With few waves,
 # stage 06 has fewer other blocks to compute while one waits for its copy, so more of each copy is
 # exposed and overlapping it inside the block buys more; the sweep's N = 512 points, with few tiles
-# per block, gain most too (1.25–1.33×).
+# per block, gain as much or more (1.21–1.34×).
 
 # %% [markdown]
 # **Instructor's answer.** *3.* Time: share × duration, or the stall samples themselves, which
@@ -457,7 +457,7 @@ labs.check("07.pipeline_period", answer)
 # ## Summary
 #
 # - `cp.async` copies global → shared without registers or waiting; with two buffers tile `j + 1`
-#   loads while tile `j` is computed: 1.40× stage 06.
+#   loads while tile `j` is computed: 1.38× stage 06.
 # - Overlap buys at most (load + compute) / max(load, compute) ≤ 2 per tile.
 # - Buffers cover latency: by Little's law the tiles in flight per SM, blocks × (S − 1), must hold
 #   bandwidth × latency plus a tile. Here two buffers did.

@@ -135,10 +135,10 @@ print(f"stage 04's copies: {copy_gb:.2f} GB moved, {copy_gb / roof['copy_tbps']:
       f"{roof['copy_tbps']:.1f} TB/s copy rate")
 
 # %% [markdown]
-# **Prediction:** attention is a few percent of the forward pass (7 % of its FLOPs, less of its
-# time if the matrix multiplies run near the ceiling), so even stage 04, 2–3 times slower than
-# SDPA at attention, changes the pass by well under 10 %, plus its copies; stages 05–08 change it
-# by a percent or two either way. The logits of every stage fall within twice eager's difference.
+# **Prediction:** attention is 7 % of the forward pass's FLOPs and, with the matrix multiplies at
+# the ceiling, 14–21 % of its time for SDPA and stage 08 and 37 % for stage 04, whose copies add
+# 0.3 ms. So stage 08 should land within a few percent of SDPA and stage 04 a third slower. The
+# logits of every stage fall within twice eager's difference, about 8 times larger in bf16.
 
 # %% [markdown]
 # ## Measurement
@@ -159,7 +159,35 @@ plots.model_forward(rows)
 #
 # ### Discussion
 #
-# DISCUSSION
+# **The logits held.** In fp16 eager's logits differ from SDPA's by 0.0049 at most, and every stage
+# lands at 0.0049–0.0051: not twice eager's difference but about once, the rounding of two correct
+# attentions. In bf16 eager is 0.043 away and the stages 0.035–0.041, about 8.8 times the fp16
+# figures, as the 2³ from the mantissa widths said. The check on random tensors carried over to a
+# model that feeds each layer's output into the next.
+#
+# **The time prediction missed, and in the good direction for the lesson.** It assumed the matrix
+# multiplies run at the 730 TFLOP/s ceiling, 2.8 ms, and found attention 14–37 % of the pass. The
+# profile says otherwise. In fp16 the GPU was busy 14.7 ms with SDPA: matrix multiplies 9.5 ms (2.0
+# TFLOP at about 210 TFLOP/s, 29 % of the ceiling: GPT-2's matrices are only 768 wide, and its
+# Conv1D layers add a bias in the same call), 4.5 ms of small kernels the FLOP count leaves out
+# (layer norms, GELU, residual adds, each a pass over the activations), and attention 0.57 ms:
+# 3.9 % of the GPU's time. With so little at stake:
+# - stages 07 and 08 (0.81 and 0.78 ms of attention) cost the pass 1–2 % of GPU time against SDPA,
+#   and stages 05 and 06 (1.0 ms) 3 %;
+# - stage 04 costs 16 % (20 % in bf16): 2.0 ms of attention and 1.0 ms more of "other", its 36
+#   copies. The copies took three times the predicted 0.30 ms: they gather 128-byte rows 4.6 KB
+#   apart, not one stream, and reached about 0.9 TB/s of the 3.0 the copy test gets;
+# - eager's matrix multiplies and softmax cost 72–76 %: it writes all 12 × 96 score matrices.
+#
+# SDPA chose cuDNN here (its kernel is named above: `…sm90_flash_fprop_wgmma_f16`), the backend
+# that led the sweep at this point, with Hopper's `wgmma` instructions that stages 05–08 do not use.
+#
+# **The wall time is not the GPU's time.** The dots sit 1–4 ms to the right of the bars and move
+# between stages by more than stage 08's whole attention: stage 08's pass took 18.9 ms of wall
+# time in fp16 and 15.2 in bf16 with the same 14 ms of kernels. The difference is the GPU waiting
+# for Python to launch the next kernel, which varies from pass to pass. A kernel's effect on a
+# model is measured in its kernels' time (the profile), or after removing the launches (CUDA
+# graphs), not by timing passes of a few milliseconds.
 
 # %% [markdown]
 # ## The profile: one attention call, alone
@@ -175,7 +203,25 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 # %% [markdown]
 # ### Discussion
 #
-# ALONE
+# **Reading strided rows costs nothing measurable.** In the model's layout stage 08's kernel took
+# 65.3 µs, contiguous 64.4 µs; stages 05–07 differ by under 1.5 % either way, as does cuDNN, which
+# also reads the views directly. Each 16-byte load fetches a row segment of a K or V tile whichever
+# way the rows are spaced, and the tiles are read once per query tile from L2, so the spacing only
+# changes addresses. Stage 04 pays 60 µs per call for its three copies, 36 % on top of its 164 µs
+# kernel.
+#
+# **The model's shape is not the sweep's.** Stage 08 reached 198 TFLOP/s here against 251 at the
+# sweep point with the same N, D and mask; cuDNN 283 against 335. The sweep runs B·H = 512 heads
+# of 1 024 tokens, the model 96: stage 08's 768 blocks of 128 query rows fill the H100's 132 SMs
+# about three times over, so the last, unevenly long causal blocks leave SMs idle for a larger
+# share of the call. Rates measured on one shape predict another only as far as the grid fills
+# the GPU alike.
+#
+# **The Python call is slower than stage 08's kernel.** Alone, a call of stage 08 took 105–110 µs
+# of wall time for 65 µs of kernel, while cuDNN's took 50 µs for 45: flashlab's adapter and input
+# checks cost roughly 100 µs of CPU per call, hidden when the kernel runs longer (stage 05's 83 µs
+# kernel shows 87 µs) and exposed when it does not. In the model those launches queue behind other
+# work, which is why the profile, not the wall time, decides between kernels.
 
 # %% [markdown]
 # ## Exercises
@@ -232,6 +278,8 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 #   nothing is copied; stages 01–04 need a copy of each input.
 # - Inside GPT-2 every stage's logits stay within twice eager's difference from SDPA's, in fp16
 #   and bf16: the check on random tensors carried over to a whole model.
-# - Attention was a few percent of this forward pass's FLOPs and GPU time, so kernels 1.4–3×
-#   apart moved the pass by a few percent; the matrix multiplies and the small kernels around
-#   them, and the CPU launching them, decide the rest.
+# - Attention was 7 % of this forward pass's FLOPs and 4 % of its GPU time, so attention kernels
+#   1.4–3.5× apart moved the pass by 1–20 %; GPT-2's narrow matrix multiplies, the small kernels
+#   around them and the CPU launching them decide the rest.
+# - Reading strided rows cost nothing measurable; a smaller grid than the sweep's cost stage 08 a
+#   fifth of its rate; copying the inputs cost stage 04 a third of its kernel time.
