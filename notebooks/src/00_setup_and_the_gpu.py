@@ -500,8 +500,9 @@ df[fl.results.contract].head(3)
 
 # %% [markdown]
 # **Instructor's answer.** *1.* The clock. 989 TFLOP/s is 132 SMs × 4 096 FLOP at 1.83 GHz; the
-# measured 763 TFLOP/s (the best of six timings, two sizes three times each; single timings of
-# one size have read as low as 676) is that count at about 1.41 GHz. Log the SM clock and power
+# measured 730 TFLOP/s (the best of six timings, two sizes three times each; the same
+# measurement read 763 in another run of the same day, and single timings as low as 676) is that
+# count at about 1.35 GHz. Log the SM clock and power
 # while the 8192³ product runs (`nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv -lms 100`): if the clock
 # sags under the power cap, the clock assumption fails; if it holds, the issue rate does (the
 # instructions and tiles the library picks), and other sizes or another library test that.

@@ -406,7 +406,7 @@ plots.roofline(last="04_wmma")
 # gains. The round trips, 58 % of the traffic, are the target (stage 05).
 
 # %% [markdown]
-# **Instructor's answer.** *2.* The measured ceiling, 763 TFLOP/s: it is what a tuned product
+# **Instructor's answer.** *2.* The measured ceiling, 730 TFLOP/s: it is what a tuned product
 # reaches on this GPU at the clock it holds under tensor-core load, so the gap to it is a gap a
 # kernel can hope to close (stage 04's 112 TFLOP/s is 15 % of it, 11 % of 989). The datasheet's
 # figure assumes 1.83 GHz sustained; quote it beside papers that use it, and say which one you
