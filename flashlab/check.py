@@ -34,7 +34,7 @@ class Case:
     dtype: str
     rel_err: float
     tol: float
-    layout: str = "contiguous"  # or "bnhd": see inputs()
+    layout: str = "contiguous"  # or "bnhd": see case_inputs()
 
     @property
     def passed(self) -> bool:
@@ -84,7 +84,7 @@ def tolerance(q, k, v, causal, ref) -> float:
     return 2 * rel_err(naive_attention(q, k, v, causal), ref) + 1e-6
 
 
-def inputs(B, H, N, D, dtype, layout="contiguous", gen=None, device="cuda"):
+def case_inputs(B, H, N, D, dtype, layout="contiguous", gen=None, device="cuda"):
     """Random q, k, v and a NaN-poisoned output, (B, H, N, D) each. layout "contiguous": four
     contiguous tensors. "bnhd": what a transformer passes: q, k, v are (B, H, N, D) views of one
     (B, N, 3, H, D) projection (rows 3·H·D elements apart, heads D apart), and the output is the
@@ -134,7 +134,7 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
         for (B, H, N), layout in runs:
             for D in head_dims:
                 for c in causal:
-                    q, k, v, out = inputs(B, H, N, D, dt, layout, gen, device)
+                    q, k, v, out = case_inputs(B, H, N, D, dt, layout, gen, device)
                     got = attn(q, k, v, causal=c, out=out)
                     if layout != "contiguous":
                         got = out  # the output must land in the (B, N, H, D) tensor given

@@ -288,7 +288,7 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
     `calls` calls: attention, and copies as other) and its wall time (bench.time_fn), which at
     tens of microseconds is the Python call's own time as much as the GPU's."""
     from .bench import flops, time_fn
-    from .check import inputs
+    from .check import case_inputs
     from .inputs import dtype_of
     from .stages import stages as _stages
 
@@ -297,7 +297,7 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
             torch.nn.functional.scaled_dot_product_attention)
     rows = []
     for layout in ("bnhd", "contiguous"):
-        q, k, v, _ = inputs(batch, H, seq, D, dtype_of(dt), layout)
+        q, k, v, _ = case_inputs(batch, H, seq, D, dtype_of(dt), layout)
         if adapter is not None:
             adapter.copies = 0
         call(q, k, v, is_causal=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flashlab as fl
-from flashlab.check import FP32_TOL, SHAPES, STRIDED_SHAPES, CheckResult, inputs
+from flashlab.check import FP32_TOL, SHAPES, STRIDED_SHAPES, CheckResult, case_inputs
 
 
 def _attention(q, k, v, causal=False, scale=None):
@@ -206,10 +206,10 @@ def test_ignoring_the_strides_or_the_given_output_fails_the_models_layout(fn):
 
 
 def test_the_models_layout():
-    q, k, v, out = inputs(2, 3, 5, 8, torch.float32, "bnhd", device="cpu")
+    q, k, v, out = case_inputs(2, 3, 5, 8, torch.float32, "bnhd", device="cpu")
     assert q.shape == k.shape == v.shape == out.shape == (2, 3, 5, 8)
     assert q.stride() == (5 * 3 * 3 * 8, 8, 3 * 3 * 8, 1)  # rows 3·H·D apart
     assert out.stride() == (5 * 3 * 8, 8, 3 * 8, 1) and out.isnan().all()
     assert k.data_ptr() - q.data_ptr() == 3 * 8 * 4  # k follows q in each row of the projection
     with pytest.raises(ValueError, match="unknown layout"):
-        inputs(1, 1, 1, 8, torch.float32, "bhnd_t", device="cpu")
+        case_inputs(1, 1, 1, 8, torch.float32, "bhnd_t", device="cpu")
