@@ -20,6 +20,7 @@ import torch
 
 from .inputs import layout_problem
 from .stages import stage as _stage
+from .stages import stages as _all_stages
 
 
 class SDPA:
@@ -170,8 +171,11 @@ ATTENTION_NAMES = ("flash", "fmha", "attention", "sdpa")
 MATMUL_NAMES = ("nvjet", "gemm", "xmma", "cutlass", "matmul", "gemv")
 
 
-def kernel_kind(name, stage_kernels=()) -> str:
-    """'attention', 'matmul' or 'other' for a CUDA kernel's name."""
+def kernel_kind(name, stage_kernels=None) -> str:
+    """'attention', 'matmul' or 'other' for a CUDA kernel's name (stage_kernels: the names that
+    count as attention besides ATTENTION_NAMES; default, every stage's kernel in the registry)."""
+    if stage_kernels is None:
+        stage_kernels = [st.kernel for st in _all_stages()]
     low = name.lower()
     if any(k in name for k in stage_kernels) or any(a in low for a in ATTENTION_NAMES):
         return "attention"
@@ -180,7 +184,7 @@ def kernel_kind(name, stage_kernels=()) -> str:
     return "other"
 
 
-def gpu_time_by_kind(fn, stage_kernels=(), calls=1) -> dict:
+def gpu_time_by_kind(fn, stage_kernels=None, calls=1) -> dict:
     """fn called `calls` times under torch.profiler: the GPU time of its kernels in ms per call,
     by kernel_kind, and in all ("busy": the GPU's time computing; a forward pass's wall time
     minus this is time the GPU waited for the CPU to launch work); "attention_kernels": the
@@ -192,6 +196,8 @@ def gpu_time_by_kind(fn, stage_kernels=(), calls=1) -> dict:
         for _ in range(calls):
             fn()
         torch.cuda.synchronize()
+    if stage_kernels is None:
+        stage_kernels = [st.kernel for st in _all_stages()]
     ms, names = {"attention": 0.0, "matmul": 0.0, "other": 0.0}, set()
     for evt in prof.events():
         if getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA:
@@ -217,10 +223,9 @@ def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12,
     from .bench import time_fn
     from .env import environment
     from .inputs import dtype_of
-    from .stages import stages as _stages
     from .tables import MODEL
 
-    chosen = [_stage(s) for s in stages] if stages else [st for st in _stages() if st.fast]
+    chosen = [_stage(s) for s in stages] if stages else [st for st in _all_stages() if st.fast]
     env, rows = environment(), []
     for dt in dtypes:
         dtype = dtype_of(dt)
@@ -239,8 +244,10 @@ def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12,
                 continue
             impls.append((st.slug, "stage", register(st.slug)))
         for impl, kind, name in impls:
-            m = base if impl == "sdpa" else gpt2(name or impl, n_layer=n_layer).cuda().to(dtype)
-            m.load_state_dict(weights)
+            m = base
+            if impl != "sdpa":
+                m = gpt2(name or impl, n_layer=n_layer).cuda().to(dtype)
+                m.load_state_dict(weights)
             adapter = register.adapters.get(name)
             with torch.no_grad():
                 if adapter is not None:
@@ -251,8 +258,7 @@ def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12,
                 del logits
                 t = time_fn(lambda: m(tokens, use_cache=False))
                 try:
-                    by = gpu_time_by_kind(lambda: m(tokens, use_cache=False),
-                                          [st.kernel for st in _stages()])
+                    by = gpu_time_by_kind(lambda: m(tokens, use_cache=False))
                 except Exception as err:  # noqa: BLE001 -- no profiler here: times stay unknown
                     log(f"gpu time by kind not measured: {err}")
                     by = {}
@@ -290,7 +296,6 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
     from .bench import flops, time_fn
     from .check import case_inputs
     from .inputs import dtype_of
-    from .stages import stages as _stages
 
     H, D = cfg.n_head, cfg.n_embd // cfg.n_head
     call = (adapter if adapter is not None else
@@ -303,8 +308,7 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
         call(q, k, v, is_causal=True)
         copies = adapter.copies if adapter is not None else 0
         t = time_fn(lambda: call(q, k, v, is_causal=True))
-        by = gpu_time_by_kind(lambda: call(q, k, v, is_causal=True),
-                              [st.kernel for st in _stages()], calls=calls)
+        by = gpu_time_by_kind(lambda: call(q, k, v, is_causal=True), calls=calls)
         rows.append(dict(model="gpt2-attention", impl=impl, kind="baseline" if adapter is None
                          else "stage", layout=layout, dtype=dt, batch=batch, seq=seq, n_layer=1,
                          n_head=H, head_dim=D, forward_ms=t.median_ms, p20_ms=t.p20_ms,
@@ -317,5 +321,4 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
         log(f"  attention alone {impl:12} {dt} {layout:10} kernels {by['attention'] * 1e3:6.1f} µs "
             f"({rows[-1]['tflops']:.0f} TFLOP/s), copies {by['other'] * 1e3:5.1f} µs, wall "
             f"{t.median_ms * 1e3:6.1f} µs, input copies {copies}")
-        del q, k, v
     return rows
