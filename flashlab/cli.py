@@ -190,10 +190,12 @@ def _cmd_sass(args):
     import pandas as pd
 
     from . import sass
+    from .stages import stage
     stages = [args.stage] if args.stage else None
-    try:
+    try:  # default: sm_90, or a Hopper stage's own sm_90a
+        args.arch = args.arch or (stage(args.stage).static_archs[-1] if args.stage else "sm_90")
         table = sass.table(stages, args.arch)
-    except (FileNotFoundError, RuntimeError) as err:  # no nvcc/cuobjdump, or a compile error
+    except (FileNotFoundError, RuntimeError, ValueError) as err:  # no nvcc/cuobjdump, a compile error, no such stage
         print(f"flashlab sass: {err}", file=sys.stderr)
         return 2
     with pd.option_context("display.width", 250, "display.max_columns", 50):
@@ -312,7 +314,8 @@ def parser():
                        "MUFU.EX2, FFMA, SHFL, BAR. Needs cuobjdump: pip install "
                        "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm.")
     p.add_argument("stage", nargs="?", help="number or name (default: every stage)")
-    p.add_argument("--arch", default="sm_90", help="e.g. sm_80, sm_90 (default sm_90)")
+    p.add_argument("--arch", help="e.g. sm_80, sm_90, sm_90a (default sm_90, or sm_90a for a "
+                   "stage that needs it; without a stage, the stages built for that arch)")
     p.add_argument("--record", action="store_true", help="also write the counts to data/sass.csv")
     p.set_defaults(fn=_cmd_sass)
 

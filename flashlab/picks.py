@@ -146,6 +146,39 @@ def at(D, causal, N, text=None):
     return None
 
 
+_ANY_PICK = re.compile(r"\nstatic const char\* pick\(.*?\n}\n", re.S)
+_ANY_LAUNCH = re.compile(r"launch<T, (\d+), ([^>]*)>")
+
+
+def launched(text, D, causal, N=None):
+    """The template arguments after T and D (strings) that any stage's pick() in `text` launches
+    at head dim D, mask and sequence length N: for stages whose shape depends on the problem
+    but that no autotune writes (09, 10); None where `text` has no pick() or it launches nothing
+    for D. Reads the shapes pick_source() writes: in launch order, `if (p->causal) ...` (or a
+    block of them), `if (p->N < ..) ...`, a plain `return launch<T, D, ...>` for the rest."""
+    block = _ANY_PICK.search(text)
+    if not block:
+        return None
+    in_causal = False
+    for line in block.group(0).splitlines()[1:]:
+        if re.search(r"if \(p->causal\) \{", line):
+            in_causal = True
+            continue
+        if line.strip() == "}":
+            in_causal = False
+            continue
+        m = _ANY_LAUNCH.search(line)
+        if not m or int(m.group(1)) != D:  # the launch names its head dim
+            continue
+        if (in_causal or "p->causal" in line) and not causal:
+            continue
+        below = re.search(r"p->N < (\d+)", line)
+        if below and N is not None and N >= int(below.group(1)):
+            continue
+        return tuple(a.strip() for a in m.group(2).split(","))
+    return None
+
+
 def kernel_name(D, c, dtype="__half") -> str:
     """The kernel candidate c compiles to at head dim D, as sass and ptxas name it."""
     bc, warps, wm, stages, q_regs, opts = c

@@ -103,8 +103,10 @@ def nvcc_version() -> str:
 
 
 def _flags(arch):
-    # -Xptxas -v only adds the resource report; the code is that of build.py's NVCC_FLAGS.
-    return NVCC_FLAGS + [f"-arch={arch}", "-Xptxas", "-v", "-I", str(KERNELS)]
+    # -Xptxas -v only adds the resource report; the code is that of build.py's NVCC_FLAGS. An
+    # arch-specific target (sm_90a: wgmma, setmaxnreg) is named by -gencode, as build.py does.
+    target = build.arch_flags(arch) if arch.endswith("a") else [f"-arch={arch}"]
+    return NVCC_FLAGS + target + ["-Xptxas", "-v", "-I", str(KERNELS)]
 
 
 def source_digest(source, arch) -> str:
@@ -167,12 +169,13 @@ def kernel_at(stage, kernels, cfg):
     candidate pick() launches at cfg's D, mask and N) must match. LookupError if none does."""
     want = {"T": CTYPES[cfg.dtype], "D": str(cfg.D)}
     if stage.picks:
-        from . import picks
-        c = picks.at(cfg.D, cfg.causal, cfg.N, stage.source.read_text())
+        c = _picks().at(cfg.D, cfg.causal, cfg.N, stage.source.read_text())
         if c is not None:
             bc, warps, wm, stages, q_regs, opts = c
             want.update(BC=str(bc), WARPS=str(warps), WM=str(wm), STAGES=str(stages),
                         Q_REGS="true" if q_regs else "false", OPTS=str(opts))
+    elif (args := _picks().launched(stage.source.read_text(), cfg.D, cfg.causal, cfg.N)):
+        want.update(zip(stage.template[2:], args))  # a pick() per head dim and mask (09, 10)
     want = {k: v for k, v in want.items() if k in stage.template}
     found = [r for r in kernels if all(
         dict(zip(stage.template, template_args(r.kernel))).get(k) == v for k, v in want.items())]
@@ -181,6 +184,11 @@ def kernel_at(stage, kernels, cfg):
         raise LookupError(f"{stage.slug}: {len(found)} kernels match {want} at {cfg.label} "
                           f"(the kernels: {names})")
     return found[0]
+
+
+def _picks():
+    from . import picks  # imports the registry (and torch) only when a pick() is read
+    return picks
 
 
 def summary(stage, arch, cfg) -> dict:

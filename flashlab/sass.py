@@ -33,8 +33,11 @@ PIP_PACKAGES = "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm"
 # The groups the workbook talks about, in the order tables show them: name -> what it means.
 CATEGORIES = {
     "HMMA": "tensor-core matrix multiply-accumulate (mma.sync)",
+    "HGMMA": "warpgroup tensor-core matrix multiply-accumulate (wgmma.mma_async, sm_90a)",
     "LDSM": "ldmatrix: shared memory to registers in tensor-core fragment layout",
     "LDGSTS": "cp.async: global to shared memory without passing through registers",
+    "UTMALDG": "cp.async.bulk.tensor: a TMA copy of a whole box, global to shared memory",
+    "SYNCS": "mbarrier operations (init, arrive, expect_tx, try_wait on a phase)",
     "LDG.E.128": "16-byte global loads (float4)",
     "LDG": "narrower global loads (4 or 8 bytes)",
     "STG": "global stores, any width",
@@ -257,11 +260,17 @@ def evidence(stage, arch="sm_90") -> pd.DataFrame:
     return table
 
 
+def for_arch(stages, arch) -> list:
+    """Of `stages`, those whose machine code is read for `arch` (the registry's static_archs):
+    the Hopper stages only for sm_90a, the others for sm_80 and sm_90."""
+    return [st for st in stages if arch in st.static_archs]
+
+
 def table(stages=None, arch="sm_90") -> pd.DataFrame:
     """Wide view for printing: a row per (stage, kernel), a column per category plus TOTAL."""
     from .stages import stages as all_stages
     from .stages import stage as get
-    chosen = [get(s) for s in stages] if stages else all_stages()
+    chosen = [get(s) for s in stages] if stages else for_arch(all_stages(), arch)
     parts = [grouped(st.source, arch).assign(stage=st.slug) for st in chosen]
     wide = pd.concat(parts).pivot_table(index=["stage", "kernel"], columns="category",
                                         values="count", aggfunc="sum", sort=False)
@@ -277,7 +286,7 @@ def rows(stages=None, arch="sm_90") -> pd.DataFrame:
     from .env import commit
     from .stages import stages as all_stages
     from .stages import stage as get
-    chosen = [get(s) for s in stages] if stages else all_stages()
+    chosen = [get(s) for s in stages] if stages else for_arch(all_stages(), arch)
     parts = [grouped(st.source, arch).assign(stage=st.slug, arch=arch,
                                              source_hash=ptxas.source_digest(st.source, arch))
              for st in chosen]

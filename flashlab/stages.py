@@ -69,6 +69,13 @@ class Stage:
         major, minor = capability
         return f"sm_{major}{minor}" + ("a" if self.arch_specific else "")
 
+    @property
+    def static_archs(self) -> tuple:
+        """The architectures its machine code is read for without a GPU (ptxas's resources, the
+        SASS evidence, data/sass.csv, the compile tests): sm_80 and sm_90, or for an
+        arch-specific stage its one target (sm_90a: wgmma exists nowhere else)."""
+        return (self.arch(self.min_cc),) if self.arch_specific else ("sm_80", "sm_90")
+
     def min_cc_of(self, dtype) -> tuple:
         """The lowest compute capability this stage runs `dtype` on: min_cc, or more where
         dtype_min_cc says so (stage 04: (7, 5) for fp16, (8, 0) for bf16)."""
@@ -249,6 +256,29 @@ _STAGES = (
           # two row tiles per warp halve the shared-memory traffic per FLOP; the tensor pipe fills
           idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
           sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False}),
+    Stage(9, "09_wgmma", "wgmma",
+          "warpgroup wgmma.mma_async (64 rows x N x 16 per instruction, asynchronous): S = QKᵀ "
+          "from shared memory through matrix descriptors, O += PV with P from registers, tiles in "
+          "the 128-byte swizzle the descriptors name",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
+          kernel="wgmma_kernel", template=("T", "D", "BC", "WGS", "STAGES"),
+          min_cc=(9, 0), arch_specific=True,
+          # bigger asynchronous tensor-core instructions: the tensor pipe busier, far fewer
+          # instructions issued per FLOP
+          idea_metrics=("tensor_pipe_pct", "sm_throughput_pct"),
+          # wgmma reads its operands from shared memory itself: no ldmatrix, no mma.sync
+          sass={"HGMMA": True, "HMMA": False, "LDSM": False, "LDGSTS": True}),
+    Stage(10, "10_tma", "TMA + mbarrier",
+          "K/V (and Q) tiles copied by the tensor memory accelerator from host-built tensor maps, "
+          "one elected thread issuing, completion counted on an mbarrier ring; no block barrier "
+          "in the loop",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
+          kernel="tma_kernel", template=("T", "D", "BC", "WGS", "STAGES"),
+          min_cc=(9, 0), arch_specific=True,
+          # one instruction per box instead of 16-byte copies from every thread, and warpgroups
+          # that wait on mbarriers instead of meeting at __syncthreads
+          idea_metrics=("stall_barrier", "stall_long_scoreboard"),
+          sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "SYNCS": True, "LDGSTS": False}),
 )
 
 

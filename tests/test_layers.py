@@ -24,7 +24,8 @@ LAYERS = {
     "tools": ["ptxas", "sass", "picks", "measure", "peaks", "profile",
               "profile_target", "worker", "runner", "plots", "report", "readme", "cli",
               "autotune", "model", "cells"],
-    "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning"],
+    "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning",
+                "hopper"],
     "course": ["course", "__main__"],
 }
 RANK = {name: i for i, name in enumerate(LAYERS)}

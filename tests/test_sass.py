@@ -1,4 +1,5 @@
-"""Each stage's technique shows in its machine code: static SASS counts for sm_80 and sm_90, no GPU.
+"""Each stage's technique shows in its machine code: static SASS counts for sm_80 and sm_90 (sm_90a
+for the Hopper stages, the registry's static_archs), no GPU.
 
 What each stage must (True) or must not (False) contain is part of its registry entry
 (Stage.sass_evidence: flashlab.stages' COMMON_SASS plus the stage's own `sass`), so a new stage
@@ -15,8 +16,9 @@ except FileNotFoundError as err:
     TOOLS, WHY = None, str(err)
 needs_tools = pytest.mark.skipif(TOOLS is None, reason=f"cannot disassemble: {WHY}")
 
-ARCHS = ["sm_80", "sm_90"]
 STAGES = [st.slug for st in fl.stages()]
+BUILDS = [(st.slug, arch) for st in fl.stages() for arch in st.static_archs]
+ARCHS = sorted({arch for _, arch in BUILDS})
 
 
 @pytest.mark.parametrize("st", fl.stages(), ids=lambda st: st.slug)
@@ -26,8 +28,7 @@ def test_every_stage_states_its_evidence_in_known_categories(st):
 
 
 @needs_tools
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("slug", STAGES)
+@pytest.mark.parametrize("slug, arch", BUILDS)
 def test_stage_technique_shows_in_sass(slug, arch):
     ev = sass.evidence(slug, arch)
     assert len(ev) >= 1, f"no kernel in the SASS of {slug}"
@@ -42,7 +43,8 @@ def test_stage_technique_shows_in_sass(slug, arch):
 
 # --- the recorded evidence cannot go stale ---------------------------------------------------------
 
-HOW = "run `flashlab sass --record` and `flashlab sass --arch sm_80 --record`"
+HOW = ("run `flashlab sass --record`, `flashlab sass --arch sm_80 --record` and "
+       "`flashlab sass --arch sm_90a --record`")
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -50,8 +52,10 @@ def test_recorded_sass_is_from_the_current_kernels(arch):
     """Needs no toolkit: the recorded source hash is that of today's .cu files and headers."""
     rec = tables.SASS.load()
     rec = rec[rec["arch"] == arch]
-    assert sorted(set(rec["stage"])) == sorted(STAGES), f"data/sass.csv lacks stages: {HOW}"
-    for st in fl.stages():
+    built = sass.for_arch(fl.stages(), arch)
+    assert sorted(set(rec["stage"])) == sorted(st.slug for st in built), \
+        f"data/sass.csv lacks stages for {arch}: {HOW}"
+    for st in built:
         hashes = set(rec.loc[rec["stage"] == st.slug, "source_hash"])
         assert hashes == {ptxas.source_digest(st.source, arch)}, \
             f"{st.slug} changed since data/sass.csv was recorded for {arch}: {HOW}"
@@ -72,7 +76,7 @@ def test_recorded_sass_matches_instruction_mix_now(arch):
     differ = both[both["count_recorded"] != both["count_now"]]  # NaN (a missing row) differs too
     assert differ.empty, f"data/sass.csv is stale; {HOW}:\n{differ.to_string(index=False)}"
     # ...and the recorded grouping is what instruction_mix's opcodes add up to.
-    for st in fl.stages():
+    for st in sass.for_arch(fl.stages(), arch):
         mix = sass.instruction_mix(st.source, arch)
         by_cat = mix.dropna(subset=["category"]).groupby(["kernel", "category"])["count"].sum()
         mine = rec[(rec["stage"] == st.slug) & (rec["category"] != sass.TOTAL)]

@@ -33,7 +33,7 @@ needs_cuobjdump = pytest.mark.skipif(NVCC is None or CUOBJDUMP is None,
 KERNELS = paths.KERNELS
 MARKED = sorted(K.stage_regions())                       # stages whose kernel has regions
 ARCHS = [(st.slug, arch) for st in fl.stages()
-         for arch in sorted({"sm_80", "sm_90", st.arch(st.min_cc)})]
+         for arch in sorted({*st.static_archs, st.arch(st.min_cc)})]
 
 
 def _text(slug, root=paths.ROOT):
@@ -553,8 +553,9 @@ def test_unbalanced_notebook_markers_write_nothing(synthetic, tmp_path):
 @needs_nvcc
 @pytest.mark.parametrize("slug, arch", ARCHS)
 def test_the_student_edition_compiles(edition, slug, arch):
-    """Every stage of the student edition, stubs included, compiles for sm_80, sm_90 and the
-    oldest architecture its registry entry claims (sm_75 for 01-04)."""
+    """Every stage of the student edition, stubs included, compiles for the architectures its
+    machine code is read for (sm_80 and sm_90; sm_90a for a Hopper stage) and the oldest one its
+    registry entry claims (sm_75 for 01-04)."""
     found = ptxas.resources(edition / "kernels" / f"{slug}.cu", arch)
     assert found, f"no kernel in the student's {slug} for {arch}"
 
@@ -567,8 +568,8 @@ def _without_markers(slug, tmp_path) -> Path:
 
 
 @needs_cuobjdump
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("slug", MARKED)
+@pytest.mark.parametrize("slug, arch", [(slug, arch) for slug in MARKED
+                                        for arch in fl.stage(slug).static_archs])
 def test_the_markers_change_no_machine_code(slug, arch, tmp_path):
     """The solution edition with its exercise markers compiles to the SASS, registers and shared
     memory of the same file without them."""

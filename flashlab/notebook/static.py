@@ -13,9 +13,16 @@ from ..tables import NotRecorded
 from .view import gpu, not_recorded, the_gpu
 
 
-def resources(stage, archs=("sm_80", "sm_90")) -> pd.DataFrame:
-    """ptxas's registers / shared memory / spills for each kernel of the stage (needs nvcc only)."""
+def _arch(st, arch):
+    """`arch`, or where None the stage's own: sm_90, or sm_90a for a Hopper stage."""
+    return arch or st.static_archs[-1]
+
+
+def resources(stage, archs=None) -> pd.DataFrame:
+    """ptxas's registers / shared memory / spills for each kernel of the stage (needs nvcc only),
+    for `archs` (default: those its machine code is read for, the registry's static_archs)."""
     st = _stage(stage)
+    archs = archs or st.static_archs
     try:
         rows = [r.__dict__ | {"kernel": r.kernel.split("(")[0].removeprefix("void "),
                               "spill_bytes": r.spill_bytes}
@@ -52,11 +59,13 @@ def blocks_per_sm(stage, smem, threads=128) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("D")
 
 
-def instructions(stage, arch="sm_90") -> pd.DataFrame:
+def instructions(stage, arch=None) -> pd.DataFrame:
     """Static SASS instruction counts by kind (flashlab.sass), a row per kernel: compiled and
-    disassembled now (needs nvcc and cuobjdump, not a GPU), else as recorded in data/sass.csv."""
+    disassembled now (needs nvcc and cuobjdump, not a GPU), else as recorded in data/sass.csv.
+    arch: default the stage's own (sm_90; sm_90a for a Hopper stage)."""
     from .. import sass
     st = _stage(stage)
+    arch = _arch(st, arch)
     try:
         return sass.table([st.slug], arch)
     except (OSError, RuntimeError) as err:
@@ -89,7 +98,7 @@ def _matching(kernels, pattern, slug):
     return picked[0]
 
 
-def opcode_changes(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
+def opcode_changes(stages, kernel=r"__half, 64,", arch=None) -> pd.DataFrame:
     """Static SASS counts of every opcode whose count differs between the stages' kernels (the
     first kernel of each stage whose name matches the regex `kernel`), most changed first:
     finer than instructions()' categories. Compiled and disassembled now (nvcc, cuobjdump)."""
@@ -98,7 +107,7 @@ def opcode_changes(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
     with _disassembling():
         for name in stages:
             st = _stage(name)
-            mix = sass.instruction_mix(st.source, arch)
+            mix = sass.instruction_mix(st.source, _arch(st, arch))
             counts[st.slug] = mix[mix["kernel"] == _matching(mix["kernel"], kernel, st.slug)] \
                 .set_index("opcode")["count"]
     table = pd.DataFrame(counts).fillna(0).astype(int)
@@ -107,14 +116,14 @@ def opcode_changes(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
     return table.loc[spread.sort_values(ascending=False, kind="stable").index].rename_axis("opcode")
 
 
-def sass_lines(stage, pattern, kernel=r"__half, 64,", arch="sm_90") -> list:
+def sass_lines(stage, pattern, kernel=r"__half, 64,", arch=None) -> list:
     """The machine instructions of a stage's kernel (the first whose name matches the regex
     `kernel`) that match the regex `pattern`, as cuobjdump writes them, without the encodings:
     ['/*0660*/ LDGSTS.E.BYPASS.128 [R21], desc[UR6][R10.64], !P0 ;', ...]."""
     from .. import sass
     st = _stage(stage)
     with _disassembling():
-        text = sass.disassemble(st.source, arch)
+        text = sass.disassemble(st.source, _arch(st, arch))
     parts = re.split(r"^\s*Function\s*:\s*", text, flags=re.M)[1:]
     names = map(sass.short_name, ptxas.kernel_names([p.split(None, 1)[0] for p in parts]))
     bodies = dict(zip(names, parts))
@@ -126,18 +135,19 @@ def sass_lines(stage, pattern, kernel=r"__half, 64,", arch="sm_90") -> list:
     return lines
 
 
-def loop_bodies(stages, kernel=r"__half, 64,", arch="sm_90") -> pd.DataFrame:
+def loop_bodies(stages, kernel=r"__half, 64,", arch=None) -> pd.DataFrame:
     """The K/V loop of each stage's kernel (the first matching the regex `kernel`), read off its
-    machine code (flashlab.sass.loops: the loop with the most HMMA): instructions in one trip
+    machine code (flashlab.sass.loops: the loop with the most HMMA or HGMMA): instructions in one trip
     and the categories among them, a row per stage; categories that are 0 everywhere left out."""
     from .. import sass
     rows = {}
     with _disassembling():
         for name in stages:
             st = _stage(name)
-            found = sass.loops(st.source, arch)
+            found = sass.loops(st.source, _arch(st, arch))
             mine = found[found["kernel"] == _matching(found["kernel"], kernel, st.slug)]
-            rows[st.slug] = mine.sort_values("HMMA").iloc[-1]
+            mma = mine.assign(mma=mine["HMMA"] + mine["HGMMA"]).sort_values("mma")
+            rows[st.slug] = mma.iloc[-1].drop("mma")
     table = pd.DataFrame(rows).T.drop(columns=["first", "last"])
     kernel_col = table.pop("kernel")
     table = table.astype(int)

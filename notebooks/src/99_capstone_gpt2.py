@@ -31,7 +31,9 @@ from IPython.display import display
 import flashlab as fl
 from flashlab import diagrams, model, plots
 from flashlab import notebook as nb
-LAST = [st for st in fl.stages() if st.row_strides][-1].slug  # the last stage of the workbook
+# the last stage that reads a model's layout on any GPU from compute capability 8.0 (the Hopper
+# stages after it need one GPU family)
+LAST = [st for st in fl.stages() if st.row_strides and not st.arch_specific][-1].slug
 nb.banner(LAST)
 
 # %% [markdown]

@@ -1,0 +1,276 @@
+// Stage 09 — wgmma: the matrix products move from per-warp mma.sync to warpgroup wgmma.
+//
+// Up to stage 08 each warp multiplies its own 16 rows with mma.sync.m16n8k16: every 16x8x16
+// step is one instruction per warp, both operands pass through registers (ldmatrix first), and
+// the warp waits for each result. Hopper's tensor cores take bigger, asynchronous instructions:
+// wgmma.mma_async, issued together by a warpgroup (4 consecutive warps, 128 threads), multiplies
+// a 64 x N x 16 block (N up to 256) reading its operands straight from shared memory through
+// 64-bit matrix descriptors, and runs in the background until wgmma.wait_group.
+//  * S = Q K^T: one wgmma per 16 columns of the head dim, 64 query rows x BC keys, A (Q) and
+//    B (K) both from shared memory. Both are "K-major" (the head dim is contiguous): as stored.
+//  * O += P V: P is already in registers (the accumulator of S, rounded to 16 bits, has the
+//    layout of an A fragment), so A comes from registers and B (V, [key][dim]) from shared
+//    memory read transposed (N-major).
+//  * The shared-memory tiles use the 128-byte swizzle the descriptors name: rows of 64 columns
+//    (128 bytes), and the 16-byte chunk c of row r stored at c ^ (r % 8) — stage 06's XOR, now a
+//    layout the hardware knows. D = 128 rows are two such 64-column blocks.
+//  * Ordering: wgmma.fence before the first wgmma after ordinary code touched the accumulators,
+//    commit_group after a batch, wait_group before reading the results; shared memory written
+//    by cp.async is published to wgmma (the async proxy) by fence.proxy.async.
+// A block is WGS warpgroups of 64 query rows each; loads are stage 08's cp.async pipeline, so
+// the comparison with stage 08 isolates the instruction. Softmax is stage 08's (FOLD_SCALE,
+// SKIP_RESCALE). Needs sm_90a (-gencode arch=compute_90a,code=sm_90a).
+#include <cmath>
+#include "common.cuh"
+#include "hopper.cuh"
+#include "ptx.cuh"
+
+template <int D, int BC, int WGS, int STAGES>
+struct Tiles {
+  static constexpr int BR = 64 * WGS;              // query rows per block
+  static constexpr int THREADS = 128 * WGS;
+  static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
+  // Q + STAGES x (K, V), and 1 KiB to align the tiles: the 128-byte swizzle is a function of the
+  // address bits 4-9, so every tile starts on a 1024-byte boundary.
+  static constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 1024;
+};
+
+// Start copying rows [first, first + ROWS) of an (N, D) matrix, rows ld elements apart, into a
+// 128-byte-swizzled tile (sw128); rows past N become zeros. Thread t copies chunk t % (D/8) of
+// rows t / (D/8) + i * STEP; STEP is a multiple of 8, so each thread's chunks share one swizzle.
+template <int ROWS, int D, int THREADS, typename T>
+__device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int ld, int first,
+                                                int N) {
+  constexpr int CHUNKS = D / 8, STEP = THREADS / CHUNKS;
+  static_assert(ROWS % STEP == 0 && STEP % 8 == 0, "tile does not split evenly");
+  const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+  const uint32_t s0 = dst + sw128(ROWS, r, 8 * c);
+#pragma unroll
+  for (int i = 0; i < ROWS / STEP; i++) {
+    const int row = first + r + i * STEP;  // rows past N: 0 bytes of the clamped last row
+    cp_async_16(s0 + i * STEP * 128, src + min(row, N - 1) * ld + 8 * c, row < N ? 16 : 0);
+  }
+}
+
+template <typename T, int D, int BC, int WGS, int STAGES>
+__global__ void __launch_bounds__(128 * WGS, 1)
+wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+             T* __restrict__ O, const FlashlabLayout L, int N, float scale_log2, int causal) {
+  using Cfg = Tiles<D, BC, WGS, STAGES>;
+  constexpr int BR = Cfg::BR, THREADS = Cfg::THREADS;
+  constexpr int KD = D / 16;   // k-steps of S = Q K^T
+  constexpr int KS = BC / 16;  // k-steps of O += P V
+  constexpr int NS = BC / 8, NO = D / 8;  // 8-column tiles of S and O held per thread (4 floats each)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t Qs = (smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t Ks = Qs + Cfg::Q_BYTES;              // STAGES K tiles
+  const uint32_t Vs = Ks + STAGES * Cfg::KV_BYTES;    // STAGES V tiles
+
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  // Block b: query tile b % tiles of (batch, head) b / tiles; causal blocks, which have the most
+  // key tiles at the end of the sequence, start first.
+  const int tiles = (N + BR - 1) / BR, bh = blockIdx.x / tiles, qt = blockIdx.x % tiles;
+  const int q0 = (causal ? tiles - 1 - qt : qt) * BR;
+  const int b = bh / L.H, h = bh % L.H;
+  Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
+
+  const int last_key = causal ? min(N, q0 + BR) : N;
+  const int n_tiles = (last_key + BC - 1) / BC;
+  // K/V buffers: tile j lives in buffer j % STAGES. Tile j's P V is still running while tile
+  // j + 1 is started, so one buffer is always held by it: loads run AHEAD = STAGES - 2 tiles ahead.
+  constexpr int AHEAD = STAGES - 2;
+  static_assert(AHEAD >= 1, "wgmma_kernel needs STAGES >= 3");
+  load_tile_async<BR, D, THREADS>(Qs, Q, L.q.n, q0, N);
+#pragma unroll
+  for (int st = 0; st < AHEAD; st++) {
+    if (st < n_tiles) {
+      load_tile_async<BC, D, THREADS>(Ks + st * Cfg::KV_BYTES, K, L.k.n, st * BC, N);
+      load_tile_async<BC, D, THREADS>(Vs + st * Cfg::KV_BYTES, V, L.v.n, st * BC, N);
+    }
+    cp_async_commit();
+  }
+
+  // This warpgroup's 64 rows of Q, as the A operand: 8-row groups 1024 bytes apart; k-step kk is
+  // 32 bytes into 64-column block kk / 4.
+  const uint32_t Qw = Qs + wg * 64 * 128;
+  const int r0 = q0 + wg * 64 + warp * 16 + g;  // this thread's rows: r0 (index 0) and r0 + 8 (1)
+  const int wg_last_row = q0 + wg * 64 + 63;
+  float o[D / 2];  // O accumulator, m64nD: o[4d .. 4d+3] is 8-column tile d
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+  for (int j = 0; j < n_tiles; j++) {
+    const int k0 = j * BC;
+    // This thread's copies of tile j have landed: publish them to the async proxy (wgmma), then
+    // to every warp. Past this barrier every warpgroup has also retired tile j - 2's P V (at its
+    // wait for S of tile j - 1), so tile j - 2's buffer takes tile j + AHEAD.
+    cp_async_wait<AHEAD - 1>();
+    fence_proxy_async();
+    __syncthreads();
+    const int next = j + AHEAD;
+    if (next < n_tiles) {
+      load_tile_async<BC, D, THREADS>(Ks + (next % STAGES) * Cfg::KV_BYTES, K, L.k.n, next * BC, N);
+      load_tile_async<BC, D, THREADS>(Vs + (next % STAGES) * Cfg::KV_BYTES, V, L.v.n, next * BC, N);
+    }
+    cp_async_commit();
+    // Causal: a tile that starts past this warpgroup's last row is masked for all of its rows
+    // (so are the ones after it): retire the last P V, as a computed tile would, and skip it.
+    if (causal && k0 > wg_last_row) {
+      wgmma_wait<0>();
+      continue;
+    }
+    const uint32_t Kt = Ks + (j % STAGES) * Cfg::KV_BYTES;
+    const uint32_t Vt = Vs + (j % STAGES) * Cfg::KV_BYTES;
+
+    // S = Q K^T: KD wgmma of 64 x BC x 16, the first one overwriting S (accumulate = 0).
+    float s[BC / 2];
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      // BEGIN EXERCISE 09.descriptors: the descriptors of k-step kk's operands: this warpgroup's
+      // 64 rows of Q (from Qw) and the tile's BC rows of K (from Kt), columns 16 kk .. 16 kk + 15.
+      // Both tiles are sw128's layout: 64-column blocks one after another (BR and BC rows of 128
+      // bytes), so the k-step starts in block kk / 4, 32 bytes per k-step into its rows; K-major
+      // with the 128-byte swizzle: stride byte offset 1024 (8 rows), leading offset unused (16).
+      const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;
+      const uint64_t a = wgmma_desc(Qw + blk * BR * 128 + in_row, 16, 1024);
+      const uint64_t b = wgmma_desc(Kt + blk * BC * 128 + in_row, 16, 1024);
+      // STUB: // TODO: every k-step reads the first 16 columns of Q and K. Step through the head dim.
+      // STUB: const uint64_t a = wgmma_desc(Qw, 16, 1024), b = wgmma_desc(Kt, 16, 1024);
+      // END EXERCISE 09.descriptors
+      wgmma_ss<T, BC>(s, a, b, kk > 0);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();  // S, and the previous tile's P V issued before it: O is final up to tile j-1
+
+    if (k0 + BC > N || (causal && k0 + BC - 1 > q0 + wg * 64)) {
+#pragma unroll
+      for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + (i >= 2 ? 8 : 0);
+          if (key >= N || (causal && key > row)) s[4 * n + i] = -INFINITY;
+        }
+    }
+
+    // Online softmax (stage 08's): max of the raw scores, the scale folded into exp2's FFMA.
+    float alpha[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[hh], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      alpha[hh] = exp2_approx(m[hh] - m_use);
+      m[hh] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NS; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float& x = s[4 * n + 2 * hh + e];
+          x = exp2_approx(fmaf(x, scale_log2, -m_use));
+        }
+        sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
+      }
+      l[hh] = fmaf(l[hh], alpha[hh], sum);
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int d = 0; d < NO; d++) {
+        o[4 * d] *= alpha[0];
+        o[4 * d + 1] *= alpha[0];
+        o[4 * d + 2] *= alpha[1];
+        o[4 * d + 3] *= alpha[1];
+      }
+    }
+
+    // O += P V: P's 8-column tiles 2ks and 2ks + 1 are the A fragment of k-step ks; V's 16 keys
+    // of k-step ks start 16 rows (2048 bytes) further, its 64-column blocks BC rows apart.
+    uint32_t p[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      p[ks][0] = pack2<T>(s[8 * ks], s[8 * ks + 1]);
+      p[ks][1] = pack2<T>(s[8 * ks + 2], s[8 * ks + 3]);
+      p[ks][2] = pack2<T>(s[8 * ks + 4], s[8 * ks + 5]);
+      p[ks][3] = pack2<T>(s[8 * ks + 6], s[8 * ks + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+      wgmma_rs<T, D, 1>(o, p[ks], wgmma_desc(Vt + ks * 16 * 128, BC * 128, 1024), 1);
+    wgmma_commit();  // no wait: P V runs on while the warps go on to the next tile's barrier
+  }
+  wgmma_wait<0>();
+
+  // Normalise and write through this warp's own 16 rows of the Q tile (no other warp reads
+  // them, and every wgmma that read Q has completed), then 16-byte stores of whole rows.
+  float inv[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    float sum = l[hh];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
+  }
+  uint8_t* Qp = smem_raw + (Qs - smem_u32(smem_raw));
+  const int row_w = wg * 64 + warp * 16;  // the warp's first row in the tile
+#pragma unroll
+  for (int d = 0; d < NO; d++) {
+    *reinterpret_cast<uint32_t*>(Qp + sw128(BR, row_w + g, 8 * d + 2 * t)) =
+        pack2<T>(o[4 * d] * inv[0], o[4 * d + 1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(Qp + sw128(BR, row_w + g + 8, 8 * d + 2 * t)) =
+        pack2<T>(o[4 * d + 2] * inv[1], o[4 * d + 3] * inv[1]);
+  }
+  __syncwarp();
+  constexpr int CHUNKS = D / 8;
+#pragma unroll
+  for (int i = 0; i < 16 * CHUNKS / 32; i++) {
+    const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
+    const int row = q0 + row_w + r;
+    if (row < N)
+      *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
+          *reinterpret_cast<const uint4*>(Qp + sw128(BR, row_w + r, c));
+  }
+}
+
+template <typename T, int D, int BC, int WGS, int STAGES>
+static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
+  using Cfg = Tiles<D, BC, WGS, STAGES>;
+  auto kernel = wgmma_kernel<T, D, BC, WGS, STAGES>;
+  FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
+  dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
+      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->layout, p->N,
+      p->scale * 1.4426950408889634f, p->causal);
+  FLASHLAB_TRY(cudaGetLastError());
+  return nullptr;
+}
+
+// PICK: the block shape per head dim (keys per tile, warpgroups, pipeline depth).
+template <typename T>
+static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
+  if (p->D == 64) return launch<T, 64, 64, 2, 4>(p, s);
+  return launch<T, 128, 128, 2, 3>(p, s);
+}
+
+extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
+  if (p->dtype != FLASHLAB_F16 && p->dtype != FLASHLAB_BF16)
+    return "stage 09 runs on the tensor cores in fp16 or bf16 only, not float32";
+  if (p->D != 64 && p->D != 128)
+    return flashlab_say("stage 09 is compiled for head dims 64 and 128, not %d", p->D);
+  return nullptr;
+}
+
+extern "C" size_t flashlab_workspace_bytes(const FlashlabProblem*) { return 0; }
+
+extern "C" const char* flashlab_launch(const FlashlabProblem* p, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (p->dtype == FLASHLAB_BF16) return pick<__nv_bfloat16>(p, s);
+  return pick<__half>(p, s);
+}

@@ -1,0 +1,342 @@
+// Stage 10 — TMA and mbarrier: one thread copies whole tiles, and warps wait on barriers in memory.
+//
+// In stage 09 every thread of the block issues cp.async copies of 16 bytes (for a 128-key tile at
+// D = 128, 16 copies and their address arithmetic per thread, per tile), and the whole block
+// meets at __syncthreads before each tile: the fastest warpgroup waits for the slowest.
+// Hopper's tensor memory accelerator (TMA) copies a whole box of a tensor — here 64 columns x
+// BC rows — described by a tensor map built once on the host (cuTensorMapEncodeTiled): one
+// instruction, cp.async.bulk.tensor, from one elected thread, and the copy engine computes the
+// addresses, fills rows past the end with zeros and writes the 128-byte swizzle wgmma reads.
+// Completion is counted by an mbarrier, a 64-bit object in shared memory: the issuing thread
+// tells it how many bytes to expect (arrive.expect_tx), the copy engine counts them in, and
+// the barrier's phase flips when all have arrived; a warp waits for the phase by its parity.
+//  * full[b]: tile data in buffer b has landed (1 arrival + the tile's bytes);
+//  * empty[b]: every warp has retired the wgmma that read buffer b (one arrival per warp), so
+//    the elected thread may refill it. The ring of STAGES buffers wraps, and each barrier is
+//    waited on with the parity of its round: (tile / STAGES) & 1.
+// No __syncthreads remains in the loop: each warpgroup runs at its own pace, up to the ring's
+// slack ahead of the other. Everything else is stage 09.
+#include <algorithm>
+#include <cmath>
+#include <cuda.h>           // CUtensorMap (a type only: the driver function is fetched at run time)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
+#include "common.cuh"
+#include "hopper.cuh"
+#include "ptx.cuh"
+
+template <int D, int BC, int WGS, int STAGES>
+struct Tiles {
+  static constexpr int BR = 64 * WGS;              // query rows per block
+  static constexpr int THREADS = 128 * WGS;
+  static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
+  // Q + STAGES x (K, V) on 1024-byte boundaries (the 128-byte swizzle), then the mbarriers.
+  static constexpr int BARRIERS = 1 + 2 * STAGES;  // q_full, full[STAGES], empty[STAGES]
+  static constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 1024;
+};
+
+// The tensor maps of q, k and v: 4-D (D, N, H, B) with their own strides, a box of 64 columns
+// (128 bytes, the most a 128-byte swizzle takes) by ROWS rows.
+struct Maps {
+  CUtensorMap q, k, v;
+};
+
+// Copy rows [row, row + ROWS) of (batch b, head h) into a tile: D/64 boxes of ROWS x 64, one
+// after another (sw128's layout), their bytes counted on `bar`.
+template <int ROWS, int D>
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap& map, uint32_t bar,
+                                         int row, int h, int b, int3 order) {
+  // BEGIN EXERCISE 10.tma_tile: the D/64 boxes of one tile: box blk holds columns 64 blk ..
+  // 64 blk + 63 of rows [row, row + ROWS) and lands ROWS * 128 bytes after the one before. The
+  // map's coordinates are (column, then its dims 1-3), and `order` says which of dims 1-3 are
+  // the rows, the heads and the batches (sorted by stride on the host).
+  auto at = [&](int k) { return order.x == k ? row : order.y == k ? h : b; };
+#pragma unroll
+  for (int blk = 0; blk < D / 64; blk++)
+    tma_load_4d(dst + blk * ROWS * 128, &map, bar, blk * 64, at(1), at(2), at(3));
+  // STUB: // TODO: every box copies the first 64 columns of batch 0, head 0, rows 0 .. ROWS - 1.
+  // STUB: for (int blk = 0; blk < D / 64; blk++) tma_load_4d(dst + blk * ROWS * 128, &map, bar, 0, 0, 0, 0);
+  // STUB: (void)row; (void)h; (void)b; (void)order;
+  // END EXERCISE 10.tma_tile
+}
+
+template <typename T, int D, int BC, int WGS, int STAGES>
+__global__ void __launch_bounds__(128 * WGS, 1)
+tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabLayout L,
+           int N, float scale_log2, int causal, const int3 order_q, const int3 order_kv) {
+  using Cfg = Tiles<D, BC, WGS, STAGES>;
+  constexpr int BR = Cfg::BR;
+  constexpr int KD = D / 16;   // k-steps of S = Q K^T
+  constexpr int KS = BC / 16;  // k-steps of O += P V
+  constexpr int NS = BC / 8, NO = D / 8;  // 8-column tiles of S and O held per thread (4 floats each)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t Qs = (smem_u32(smem_raw) + 1023) & ~1023u;
+  const uint32_t Ks = Qs + Cfg::Q_BYTES;              // STAGES K tiles
+  const uint32_t Vs = Ks + STAGES * Cfg::KV_BYTES;    // STAGES V tiles
+  const uint32_t q_full = Vs + STAGES * Cfg::KV_BYTES;  // mbarriers, 8 bytes each
+  const uint32_t full = q_full + 8, empty = full + 8 * STAGES;
+
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  const int tiles = (N + BR - 1) / BR, bh = blockIdx.x / tiles, qt = blockIdx.x % tiles;
+  const int q0 = (causal ? tiles - 1 - qt : qt) * BR;
+  const int b = bh / L.H, h = bh % L.H;
+
+  const int last_key = causal ? min(N, q0 + BR) : N;
+  const int n_tiles = (last_key + BC - 1) / BC;
+  // As in stage 09, tile j's P V still reads buffer j % STAGES while tile j + 1 starts: loads run
+  // AHEAD = STAGES - 2 tiles ahead.
+  constexpr int AHEAD = STAGES - 2;
+  static_assert(AHEAD >= 1, "tma_kernel needs STAGES >= 3");
+  const bool elected = threadIdx.x == 0;  // the one thread that issues every copy
+  if (elected) {
+    tma_prefetch_map(&maps.q);
+    tma_prefetch_map(&maps.k);
+    tma_prefetch_map(&maps.v);
+    mbar_init(q_full, 1);
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(full + 8 * s, 1);            // the elected thread's arrive.expect_tx
+      mbar_init(empty + 8 * s, 4 * WGS);     // one arrival per warp
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();  // the barriers exist before anyone waits on them
+  if (elected) {
+    mbar_arrive_expect_tx(q_full, Cfg::Q_BYTES);
+    tma_tile<BR, D>(Qs, maps.q, q_full, q0, h, b, order_q);
+    for (int st = 0; st < AHEAD && st < n_tiles; st++) {
+      mbar_arrive_expect_tx(full + 8 * st, 2 * Cfg::KV_BYTES);
+      tma_tile<BC, D>(Ks + st * Cfg::KV_BYTES, maps.k, full + 8 * st, st * BC, h, b, order_kv);
+      tma_tile<BC, D>(Vs + st * Cfg::KV_BYTES, maps.v, full + 8 * st, st * BC, h, b, order_kv);
+    }
+  }
+
+  const uint32_t Qw = Qs + wg * 64 * 128;
+  const int r0 = q0 + wg * 64 + warp * 16 + g;  // this thread's rows: r0 (index 0) and r0 + 8 (1)
+  const int wg_last_row = q0 + wg * 64 + 63;
+  float o[D / 2];  // O accumulator, m64nD: o[4d .. 4d+3] is 8-column tile d
+#pragma unroll
+  for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  mbar_wait(q_full, 0);
+
+  for (int j = 0; j < n_tiles; j++) {
+    const int k0 = j * BC, buf = j % STAGES;
+    // Causal: a tile that starts past this warpgroup's last row is masked for all of its rows.
+    const bool skip = causal && k0 > wg_last_row;
+    float s[BC / 2];
+    // Tile j has landed. (A warpgroup that skips it waits too: it then never runs STAGES tiles
+    // ahead of the other, so its releases below always count toward the right phase.)
+    mbar_wait(full + 8 * buf, (j / STAGES) & 1);
+    if (!skip) {
+      const uint32_t Kt = Ks + buf * Cfg::KV_BYTES;
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KD; kk++) {
+        const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;  // as stage 09
+        wgmma_ss<T, BC>(s, wgmma_desc(Qw + blk * BR * 128 + in_row, 16, 1024),
+                        wgmma_desc(Kt + blk * BC * 128 + in_row, 16, 1024), kk > 0);
+      }
+      wgmma_commit();
+    }
+    // While S is computed, the elected thread refills the buffer of tile j - 2 with tile
+    // j + AHEAD, once every warp has released it.
+    if (elected && j + AHEAD < n_tiles) {
+      const int next = j + AHEAD, nb = next % STAGES;
+      if (next >= STAGES) mbar_wait(empty + 8 * nb, (next / STAGES - 1) & 1);
+      mbar_arrive_expect_tx(full + 8 * nb, 2 * Cfg::KV_BYTES);
+      tma_tile<BC, D>(Ks + nb * Cfg::KV_BYTES, maps.k, full + 8 * nb, next * BC, h, b, order_kv);
+      tma_tile<BC, D>(Vs + nb * Cfg::KV_BYTES, maps.v, full + 8 * nb, next * BC, h, b, order_kv);
+    }
+    __syncwarp();
+    wgmma_wait<0>();  // S, and the previous tile's P V issued before it: O is final up to tile j-1
+    // Tile j - 1 is no longer read by this warp: release its buffer.
+    if (j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % STAGES));
+    if (skip) continue;
+    const uint32_t Vt = Vs + buf * Cfg::KV_BYTES;
+
+    if (k0 + BC > N || (causal && k0 + BC - 1 > q0 + wg * 64)) {
+#pragma unroll
+      for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + (i >= 2 ? 8 : 0);
+          if (key >= N || (causal && key > row)) s[4 * n + i] = -INFINITY;
+        }
+    }
+
+    // Online softmax (stage 08's): max of the raw scores, the scale folded into exp2's FFMA.
+    float alpha[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[hh], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      alpha[hh] = exp2_approx(m[hh] - m_use);
+      m[hh] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NS; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float& x = s[4 * n + 2 * hh + e];
+          x = exp2_approx(fmaf(x, scale_log2, -m_use));
+        }
+        sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
+      }
+      l[hh] = fmaf(l[hh], alpha[hh], sum);
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int d = 0; d < NO; d++) {
+        o[4 * d] *= alpha[0];
+        o[4 * d + 1] *= alpha[0];
+        o[4 * d + 2] *= alpha[1];
+        o[4 * d + 3] *= alpha[1];
+      }
+    }
+
+    // O += P V: P's 8-column tiles 2ks and 2ks + 1 are the A fragment of k-step ks; V's 16 keys
+    // of k-step ks start 16 rows (2048 bytes) further, its 64-column blocks BC rows apart.
+    uint32_t p[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      p[ks][0] = pack2<T>(s[8 * ks], s[8 * ks + 1]);
+      p[ks][1] = pack2<T>(s[8 * ks + 2], s[8 * ks + 3]);
+      p[ks][2] = pack2<T>(s[8 * ks + 4], s[8 * ks + 5]);
+      p[ks][3] = pack2<T>(s[8 * ks + 6], s[8 * ks + 7]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+      wgmma_rs<T, D, 1>(o, p[ks], wgmma_desc(Vt + ks * 16 * 128, BC * 128, 1024), 1);
+    wgmma_commit();  // no wait: P V runs on while the warps go on to the next tile's barrier
+  }
+  wgmma_wait<0>();
+
+  // Normalise and write through this warp's own 16 rows of the Q tile (no other warp reads
+  // them, and every wgmma that read Q has completed), then 16-byte stores of whole rows.
+  float inv[2];
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    float sum = l[hh];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
+  }
+  uint8_t* Qp = smem_raw + (Qs - smem_u32(smem_raw));
+  const int row_w = wg * 64 + warp * 16;  // the warp's first row in the tile
+#pragma unroll
+  for (int d = 0; d < NO; d++) {
+    *reinterpret_cast<uint32_t*>(Qp + sw128(BR, row_w + g, 8 * d + 2 * t)) =
+        pack2<T>(o[4 * d] * inv[0], o[4 * d + 1] * inv[0]);
+    *reinterpret_cast<uint32_t*>(Qp + sw128(BR, row_w + g + 8, 8 * d + 2 * t)) =
+        pack2<T>(o[4 * d + 2] * inv[1], o[4 * d + 3] * inv[1]);
+  }
+  __syncwarp();
+  constexpr int CHUNKS = D / 8;
+#pragma unroll
+  for (int i = 0; i < 16 * CHUNKS / 32; i++) {
+    const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
+    const int row = q0 + row_w + r;
+    if (row < N)
+      *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
+          *reinterpret_cast<const uint4*>(Qp + sw128(BR, row_w + r, c));
+  }
+}
+
+// cuTensorMapEncodeTiled is a driver function: fetched once through the runtime, so the
+// extension needs no -lcuda.
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (fn == nullptr) {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }
+  return fn;
+}
+
+// The tensor map of one (B, H, N, D) tensor with strides s (elements; 0 for a dim of size 1):
+// dims (D, then N, H and B in order of increasing stride), boxes of 64 columns x `rows` rows,
+// 128-byte swizzle, rows past N read as zeros. order: the map dims (1-3) that N, H and B became.
+static const char* make_map(CUtensorMap* map, const void* ptr, int dtype, const FlashlabProblem* p,
+                            FlashlabStrides s, int rows, int3* order) {
+  auto fn = encode_tiled();
+  if (fn == nullptr) return "cuTensorMapEncodeTiled is not available from this CUDA driver";
+  const long long esz = 2, size[3] = {p->N, p->H, p->B};
+  long long stride[3] = {s.n * esz, s.h * esz, s.b * esz};
+  long long extent = (long long)p->D * esz;  // a dim of size 1: any stride past the others
+  for (int i = 0; i < 3; i++) extent = std::max(extent, stride[i] * size[i]);
+  for (int i = 0; i < 3; i++)
+    if (size[i] == 1) stride[i] = (extent + 15) / 16 * 16;
+  int idx[3] = {0, 1, 2};  // N, H, B sorted by stride (stable)
+  for (int i = 1; i < 3; i++)
+    for (int k = i; k > 0 && stride[idx[k]] < stride[idx[k - 1]]; k--) std::swap(idx[k], idx[k - 1]);
+  cuuint64_t dims[4] = {(cuuint64_t)p->D}, strides[3];
+  cuuint32_t box[4] = {64, 1, 1, 1}, elem[4] = {1, 1, 1, 1};
+  int where[3];
+  for (int k = 0; k < 3; k++) {
+    dims[k + 1] = size[idx[k]];
+    strides[k] = stride[idx[k]];
+    if (idx[k] == 0) box[k + 1] = rows;
+    where[idx[k]] = k;
+  }
+  *order = make_int3(where[0] + 1, where[1] + 1, where[2] + 1);  // map dims 1-3
+  CUresult r = fn(map, dtype == FLASHLAB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                  4, const_cast<void*>(ptr), dims, strides, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return flashlab_say("cuTensorMapEncodeTiled failed (error %d)", (int)r);
+  return nullptr;
+}
+
+template <typename T, int D, int BC, int WGS, int STAGES>
+static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
+  using Cfg = Tiles<D, BC, WGS, STAGES>;
+  auto kernel = tma_kernel<T, D, BC, WGS, STAGES>;
+  Maps maps;
+  int3 oq, ok, ov;
+  const char* err;
+  if ((err = make_map(&maps.q, p->q, p->dtype, p, p->layout.q, Cfg::BR, &oq))) return err;
+  if ((err = make_map(&maps.k, p->k, p->dtype, p, p->layout.k, BC, &ok))) return err;
+  if ((err = make_map(&maps.v, p->v, p->dtype, p, p->layout.v, BC, &ov))) return err;
+  if (ok.x != ov.x || ok.y != ov.y || ok.z != ov.z)
+    return "stage 10 needs k and v with strides in the same order";
+  FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
+  dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
+      maps, (T*)p->o, p->layout, p->N, p->scale * 1.4426950408889634f, p->causal, oq, ok);
+  FLASHLAB_TRY(cudaGetLastError());
+  return nullptr;
+}
+
+// PICK: the block shape per head dim (keys per tile, warpgroups, pipeline depth).
+template <typename T>
+static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
+  if (p->D == 64) return launch<T, 64, 64, 2, 4>(p, s);
+  return launch<T, 128, 128, 2, 3>(p, s);
+}
+
+extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
+  if (p->dtype != FLASHLAB_F16 && p->dtype != FLASHLAB_BF16)
+    return "stage 10 runs on the tensor cores in fp16 or bf16 only, not float32";
+  if (p->D != 64 && p->D != 128)
+    return flashlab_say("stage 10 is compiled for head dims 64 and 128, not %d", p->D);
+  return nullptr;
+}
+
+extern "C" size_t flashlab_workspace_bytes(const FlashlabProblem*) { return 0; }
+
+extern "C" const char* flashlab_launch(const FlashlabProblem* p, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (p->dtype == FLASHLAB_BF16) return pick<__nv_bfloat16>(p, s);
+  return pick<__half>(p, s);
+}

@@ -1,0 +1,295 @@
+"""flashlab.hopper on the CPU: wgmma's register layouts against stage 05's mma.sync layouts, the
+matrix descriptor and the 128-byte swizzle against hopper.cuh's own encoders (compiled on the
+host with nvcc), the bank model, the mbarrier ring's invariants; every figure draws."""
+import io
+import itertools
+import random
+import subprocess
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from flashlab import build
+from flashlab import fragments as fr
+from flashlab import hopper as hp
+from flashlab.paths import KERNELS
+
+
+# ---------------------------------------------------------------- who holds what
+
+@pytest.mark.parametrize("N", [64, 128, 192])
+def test_accumulator_covers_every_element_once(N):
+    df = hp.accumulator_owner(N)
+    assert len(df) == 64 * N
+    assert not df.duplicated(["row", "col"]).any()
+    assert set(zip(df.row, df.col)) == set(itertools.product(range(64), range(N)))
+    per_thread = df.groupby("thread")["reg"].agg(["count", "min", "max", "nunique"])
+    assert len(per_thread) == 128
+    assert (per_thread["count"] == N // 2).all() and (per_thread["nunique"] == N // 2).all()
+    assert (per_thread["min"] == 0).all() and (per_thread["max"] == N // 2 - 1).all()
+    assert (df.thread == 32 * df.warp + df.lane).all()
+    assert (df.row // 16 == df.warp).all()                      # a warp owns 16 rows
+
+
+def test_accumulator_spot_checks():
+    df = hp.accumulator_owner(64).set_index(["thread", "reg"])
+    at = lambda t, i: tuple(df.loc[(t, i), ["row", "col"]])   # noqa: E731
+    assert [at(0, i) for i in range(4)] == [(0, 0), (0, 1), (8, 0), (8, 1)]
+    assert at(0, 4) == (0, 8) and at(0, 31) == (8, 57)
+    assert at(5, 0) == (1, 2) and at(5, 3) == (9, 3)            # lane 5: g = 1, q = 1
+    assert at(37, 0) == (17, 2)                                 # warp 1, lane 5
+    assert at(127, 31) == (63, 63)
+
+
+@pytest.mark.parametrize("N", [64, 128])
+def test_each_warp_repeats_the_mma_c_fragment(N):
+    """Warp w's 16 rows, 8-column tile j: stage 05's m16n8 C layout, c_r in d[4j + r]."""
+    C = fr.layout("C")
+    df = hp.accumulator_owner(N)
+    for w in range(4):
+        for j in range(N // 8):
+            part = df[(df.warp == w) & (df.col // 8 == j)]
+            lane = np.empty((16, 8), int)
+            reg = np.empty((16, 8), int)
+            lane[part.row - 16 * w, part.col - 8 * j] = part.lane
+            reg[part.row - 16 * w, part.col - 8 * j] = part.reg
+            assert (lane == C.lane).all()
+            assert (reg == 4 * j + C.elem).all()
+
+
+def test_a_fragment_is_the_mma_a_layout_per_warp():
+    A = fr.layout("A")
+    df = hp.a_fragment_owner()
+    assert len(df) == 64 * 16 and not df.duplicated(["row", "col"]).any()
+    assert (df.groupby("thread").size() == 8).all()             # 4 registers of 2 halves
+    for w in range(4):
+        part = df[df.warp == w]
+        assert set(part.row) == set(range(16 * w, 16 * w + 16))
+        lane, elem = np.empty((16, 16), int), np.empty((16, 16), int)
+        lane[part.row - 16 * w, part.col] = part.lane
+        elem[part.row - 16 * w, part.col] = 2 * part.reg + part.half
+        assert (lane == A.lane).all() and (elem == A.elem).all()
+    t0 = df[df.thread == 0].set_index(["reg", "half"])
+    assert tuple(t0.loc[(1, 0), ["row", "col"]]) == (8, 0)      # a1 = (g + 8, 2q)
+    assert tuple(t0.loc[(2, 1), ["row", "col"]]) == (0, 9)      # a2 = (g, 2q + 8 ..)
+
+
+@pytest.mark.parametrize("BC", [64, 128])
+def test_p_is_already_an_a_fragment(BC):
+    df = hp.p_repack(BC)                                        # asserts the mapping itself
+    assert len(df) == 64 * BC
+
+
+# ---------------------------------------------------------------- the descriptor
+
+def test_descriptor_fields_match_the_ptx_isa():
+    spans = {f.name: (f.lo, f.hi, f.shift) for f in hp.DESCRIPTOR_FIELDS}
+    assert spans == {"start_address": (0, 13, 4), "leading_byte_offset": (16, 29, 4),
+                     "stride_byte_offset": (32, 45, 4), "base_offset": (49, 51, 0),
+                     "swizzle": (62, 63, 0)}
+    bits = [b for f in hp.DESCRIPTOR_FIELDS for b in range(f.lo, f.hi + 1)]
+    assert len(bits) == len(set(bits)) and max(bits) == 63     # no overlaps, within 64 bits
+    assert hp.SWIZZLE_MODES[1] == "128-byte"
+
+
+def test_descriptor_round_trip():
+    rng = random.Random(0)
+    for _ in range(200):
+        kw = dict(start_address=16 * rng.randrange(1 << 14),
+                  leading_byte_offset=16 * rng.randrange(1 << 14),
+                  stride_byte_offset=16 * rng.randrange(1 << 14), base_offset=rng.randrange(8),
+                  swizzle=rng.randrange(4))
+        desc = hp.encode_descriptor(kw["start_address"], kw["leading_byte_offset"],
+                                    kw["stride_byte_offset"], kw["swizzle"], kw["base_offset"])
+        assert 0 <= desc < 1 << 64
+        assert hp.decode_descriptor(desc) == kw
+    one = hp.encode_descriptor(0x10, 0x10, 0x10, swizzle=3, base_offset=7)
+    assert one == 1 | 1 << 16 | 1 << 32 | 7 << 49 | 3 << 62
+
+
+def test_descriptor_rejects_what_it_cannot_hold():
+    with pytest.raises(ValueError):
+        hp.encode_descriptor(8, 16, 1024)                       # not in 16-byte units
+    with pytest.raises(ValueError):
+        hp.encode_descriptor(1 << 18, 16, 1024)                 # past 14 bits of 16 bytes
+    with pytest.raises(ValueError):
+        hp.encode_descriptor(0, 16, 1024, swizzle=4)
+    with pytest.raises(ValueError):
+        hp.decode_descriptor(1 << 14)                           # a reserved bit
+
+
+def test_kernel_descriptors():
+    df = hp.kernel_descriptors(D=128, BC=128, WGS=2, STAGES=3)
+    q = df[df.operand.str.startswith("Q")].set_index("step").start
+    k = df[df.operand.str.startswith("K")].set_index("step").start
+    assert list(q[:4]) == [0, 32, 64, 96]                       # 32 bytes per k-step ...
+    assert q[4] == 128 * 128 and k[4] - k[0] == 128 * 128       # ... next 64-column block
+    v = df[df.operand.str.startswith("V")]
+    assert (v.lead == 128 * 128).all() and (v.stride == 1024).all()
+    assert list(np.diff(v.start)) == [2048] * 7                 # 16 keys a k-step
+    assert len(hp.kernel_descriptors(D=64, BC=64, STAGES=4)) == 2 * 4 + 4
+
+
+# ---------------------------------------------------------------- the 128-byte swizzle
+
+def test_sw128_is_stage06_at_d64():
+    row, col = np.meshgrid(np.arange(256), np.arange(64), indexing="ij")
+    for rows in (64, 128, 256):
+        assert (hp.sw128(rows, row, col) == hp.swz06(64, row, col)).all()
+
+
+@pytest.mark.parametrize("D, rows", [(64, 64), (128, 64), (128, 128), (256, 8)])
+def test_sw128_is_a_permutation_and_the_hardware_pattern(D, rows):
+    row, col = np.meshgrid(np.arange(rows), np.arange(D), indexing="ij")
+    off = hp.sw128(rows, row, col)
+    assert sorted(off.ravel() // 2) == list(range(rows * D))   # every element once, no gaps
+    plain = (col // 64) * rows * 128 + row * 128 + (col % 64) * 2
+    assert (off == hp.swizzle128_address(plain)).all()         # address bits 4-6 ^= bits 7-9
+
+
+def test_stage06_at_d128_is_not_the_hardware_pattern():
+    row, col = np.meshgrid(np.arange(8), np.arange(128), indexing="ij")
+    off = hp.swz06(128, row, col)
+    assert sorted(off.ravel() // 2) == list(range(8 * 128))
+    assert (off != hp.swizzle128_address(2 * (row * 128 + col))).any()
+    # the same chunk permutation within each half-row, but 256-byte rows instead of two blocks
+    assert ((off % 256) // 16 % 8 == (hp.sw128(8, row, col) % 128) // 16).all()
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_swizzle_banks_are_conflict_free(D):
+    df = hp.swizzle_banks(D)
+    assert set(df.layout) == {"stage 06", "wgmma 128B"} and len(df) == 2 * D // 8
+    assert (df.distinct_banks == 32).all() and (df.wavefronts == 1).all()
+    firsts = df[[f"r{k}" for k in range(8)]].to_numpy()
+    assert (np.sort(firsts, axis=1) == np.arange(0, 32, 4)).all()  # 8 rows x 4 banks = 32
+    assert (hp.swizzle_banks(D, first_row=5).distinct_banks == 32).all()
+
+
+# ---------------------------------------------------------------- hopper.cuh itself, on the host
+
+HOST_PROGRAM = r"""
+#include <cstdio>
+#include "hopper.cuh"
+int main() {
+  const unsigned d[][3] = {%DESC%};
+  for (const auto& x : d)
+    std::printf("desc %u %u %u %llu\n", x[0], x[1], x[2],
+                (unsigned long long)wgmma_desc(x[0], x[1], x[2]));
+  const int s[][3] = {%SW%};
+  for (const auto& x : s)
+    std::printf("sw128 %d %d %d %u\n", x[0], x[1], x[2], sw128(x[0], x[1], x[2]));
+  return 0;
+}
+"""
+
+
+def test_kernel_encoders_match(tmp_path):
+    nvcc = build.nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    descs = [(0, 16, 1024), (0x400, 16, 1024), (0x10000, 16, 1024), (0x12340, 16, 1024),
+             (0x2A7E0, 128 * 128, 1024), (0x3FFF0, 64 * 128, 1024), (0x18020, 16, 1024)]
+    descs += [(r["start"], r["lead"], r["stride"]) for _, r in
+              hp.kernel_descriptors(smem=0x10400).iloc[::5].iterrows()]
+    sws = [(64, 0, 0), (64, 3, 77), (128, 127, 127), (64, 9, 8), (128, 5, 70), (8, 7, 63),
+           (192, 100, 65), (128, 0, 64)]
+    text = (HOST_PROGRAM.replace("%DESC%", ", ".join("{%d, %d, %d}" % t for t in descs))
+            .replace("%SW%", ", ".join("{%d, %d, %d}" % t for t in sws)))
+    src = tmp_path / "encoders.cu"
+    src.write_text(text)
+    exe = tmp_path / "encoders"
+    done = subprocess.run([nvcc, "-std=c++17", f"-I{KERNELS}", str(src), "-o", str(exe)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    got = [ln.split() for ln in out.splitlines() if ln]
+    assert len(got) == len(descs) + len(sws)
+    for kind, *vals in got:
+        a, b, c, out = map(int, vals)
+        if kind == "desc":
+            assert out == hp.encode_descriptor(a, b, c), (a, b, c)
+            assert hp.decode_descriptor(out)["start_address"] == a
+        else:
+            assert out == hp.sw128(a, b, c), (a, b, c)
+
+
+def test_models_quote_the_kernels():
+    for name, (file, text) in hp.SOURCE.items():
+        assert text in (KERNELS / file).read_text(), f"{name}: {file} no longer has {text!r}"
+
+
+# ---------------------------------------------------------------- TMA and the ring
+
+def test_tma_boxes():
+    b = hp.tma_boxes(N=300, D=128, BC=128, tile=2)
+    assert list(b.col0) == [0, 64] and list(b.dst) == [0, 128 * 128]
+    assert b.bytes.sum() == 128 * 128 * 2 and (b.zero_rows == 84).all()
+    assert (hp.tma_boxes(N=256, tile=1).zero_rows == 0).all()
+    with pytest.raises(ValueError):
+        hp.tma_boxes(N=300, tile=3)
+
+
+PLANS = [dict(), dict(stages=4), dict(stages=3, latency=0.0), dict(stages=5, latency=3.0),
+         dict(stages=4, compute=[1.5, 2.5]), dict(stages=3, compute=[3.0, 1.0], warpgroups=2),
+         dict(n_tiles=12, stages=4, load=2.0, compute=1.0, latency=2.0, warpgroups=1),
+         dict(n_tiles=1), dict(n_tiles=2, stages=6)]
+
+
+@pytest.mark.parametrize("kw", PLANS)
+def test_ring_invariants(kw):
+    df = hp.ring_schedule(**kw)
+    n, stages = len(df), kw.get("stages", 3)
+    latency, load = kw.get("latency", 1.0), kw.get("load", 1.0)
+    assert (df.buffer == df.index % stages).all()
+    for _, rows in df.groupby("buffer"):                        # parities alternate per buffer
+        assert list(rows.parity) == [k % 2 for k in range(len(rows))]
+    assert (df.arrive >= df.issue + latency + load - 1e-9).all()
+    for j in range(stages, n):                                  # no refill before the release
+        assert df.issue[j] >= df.release[j - stages] - 1e-9
+    for j in range(stages - 2, n):                              # issued at iteration j - AHEAD
+        assert df.issue[j] >= df.compute_start_wg0[j - (stages - 2)] - 1e-9
+    wgs = kw.get("warpgroups", 2)
+    for w in range(wgs):
+        start, end = df[f"compute_start_wg{w}"], df[f"compute_end_wg{w}"]
+        assert (start >= df.arrive - 1e-9).all()                # waits for full[b]
+        assert (start.iloc[1:].to_numpy() >= end.iloc[:-1].to_numpy() - 1e-9).all()
+        assert (df.release >= end - 1e-9).all()
+    assert (df.stall >= 0).all()
+
+
+def test_ring_steady_state():
+    three = hp.ring_schedule(n_tiles=16)                        # one tile ahead: latency-bound
+    assert np.allclose(np.diff(three.compute_start_wg0)[-5:], 2.0)
+    four = hp.ring_schedule(n_tiles=16, stages=4)               # two ahead: compute-bound
+    assert np.allclose(np.diff(four.compute_start_wg0)[-5:], 1.5)
+    slow = hp.ring_schedule(n_tiles=16, stages=3, compute=[1.0, 3.0])
+    assert slow.stall.sum() > 0                                 # wg 1 holds the elected thread
+    assert np.allclose(np.diff(slow.compute_start_wg0)[-5:], 3.0)
+    with pytest.raises(ValueError):
+        hp.ring_schedule(stages=2)
+
+
+# ---------------------------------------------------------------- figures
+
+FIGURES = [lambda: hp.accumulator_figure(64), lambda: hp.accumulator_figure(128),
+           lambda: hp.descriptor_figure(), lambda: hp.descriptor_figure(
+               hp.encode_descriptor(0x12340, 128 * 128, 1024)),
+           lambda: hp.swizzle_figure(128), lambda: hp.swizzle_figure(64),
+           lambda: hp.tma_box_figure(), lambda: hp.tma_box_figure(N=200, D=64, BC=64, tile=1),
+           lambda: hp.ring_timeline(), lambda: hp.ring_timeline(stages=4, compute=[1.5, 2.0])]
+
+
+@pytest.mark.parametrize("make", FIGURES)
+def test_figures_draw(make):
+    fig = make()
+    assert isinstance(fig, Figure) and fig.axes
+    fig.savefig(io.BytesIO(), format="png", dpi=30)
+
+
+def test_frames_are_dataframes():
+    for df in (hp.accumulator_owner(), hp.a_fragment_owner(), hp.swizzle_banks(128),
+               hp.ring_schedule(), hp.kernel_descriptors(), hp.tma_boxes()):
+        assert isinstance(df, pd.DataFrame) and len(df)

@@ -1,0 +1,106 @@
+"""Development harness for the Hopper stages (device only): build variants of a stage's pick(),
+check each against float64, time them over the sweep beside stage 08 and SDPA's backends.
+
+    python3 tools/hopper_try.py "09|D64:64,2,4;D128:128,2,3" "10|..."   [--quick]
+
+A variant is `;`-separated `D<d>[c]:<template args after T, D>` entries; `c` marks the causal
+shape (the non-causal one is used where no causal shape is given).
+"""
+import math
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import flashlab as fl
+from flashlab import build
+from flashlab.bench import tflops, time_fn
+from flashlab.baselines import Baseline
+from flashlab.stages import Attention
+
+PICK = re.compile(r"(// PICK[^\n]*\ntemplate <typename T>\nstatic const char\* pick\([^)]*\) \{\n)(.*?)(\n\}\n)", re.S)
+
+
+def variant_source(st, spec):
+    text = st.source.read_text()
+    shapes = {}
+    for part in spec.split(";"):
+        key, args = part.split(":")
+        shapes[key] = args
+    lines = []
+    for d in (64, 128):
+        nc = shapes[f"D{d}"]
+        c = shapes.get(f"D{d}c", nc)
+        lines.append(f"  if (p->D == {d}) {{\n    if (p->causal) return launch<T, {d}, {c}>(p, s);\n"
+                     f"    return launch<T, {d}, {nc}>(p, s);\n  }}")
+    body = "\n".join(lines) + '\n  return "no shape for this head dim";'
+    new, n = PICK.subn(lambda m: m.group(1) + body + m.group(3), text)
+    assert n == 1, "no PICK function found"
+    return new
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    quick = "--quick" in sys.argv
+    specs = args
+    tmp = Path(tempfile.mkdtemp())
+    print(torch.cuda.get_device_name(), torch.__version__, torch.version.cuda, flush=True)
+    attns = {}
+    for i, arg in enumerate(specs):
+        key, spec = arg.split("|")
+        st = fl.stage(key)
+        src = tmp / f"{st.slug}_v{i}.cu"
+        src.write_text(variant_source(st, spec))
+        t = time.time()
+        try:
+            mod = build.build_module(src, arch=st.arch((9, 0)))
+        except Exception as err:  # noqa: BLE001
+            print(f"v{i} {arg}: BUILD FAILED {err}", flush=True)
+            continue
+        print(f"v{i} {arg}: built in {time.time() - t:.1f} s", flush=True)
+        attn = Attention(st, mod)
+        t = time.time()
+        chk = fl.check(attn)
+        print(f"v{i} check: {'PASS' if chk.passed else 'FAIL'} max err {chk.max_rel_err:.2e} "
+              f"({time.time() - t:.1f} s)", flush=True)
+        if not chk.passed:
+            print(chk, flush=True)
+            continue
+        attns[f"v{i}"] = attn
+    others = {"08": fl.stage(8).build(), "flash": Baseline("sdpa_flash"), "cudnn": Baseline("sdpa_cudnn")}
+    cfgs = fl.sweep("fp16")
+    if quick:
+        cfgs = [c for c in cfgs if c.N in (1024, 4096, 16384)]
+    names = list(attns) + list(others)
+    print("D  causal     N  " + " ".join(f"{n:>7}" for n in names), flush=True)
+    rows = []
+    for cfg in cfgs:
+        q, k, v = cfg.inputs()
+        row = {}
+        for name, fn in {**attns, **others}.items():
+            tm = time_fn(lambda: fn(q, k, v, causal=cfg.causal))
+            row[name] = tflops(cfg, tm.median_ms)
+        rows.append((cfg, row))
+        print(f"{cfg.D:<3}{'c' if cfg.causal else ' ':6}{cfg.N:6}  " +
+              " ".join(f"{row[n]:7.1f}" for n in names), flush=True)
+        del q, k, v
+    for vname in attns:
+        r8 = [row[vname] / row["08"] for _, row in rows]
+        rc = [row[vname] / row["cudnn"] for _, row in rows]
+        print(f"{vname}: /08 min {min(r8):.2f} max {max(r8):.2f}; /cudnn min {min(rc):.2f} max {max(rc):.2f}")
+    # bf16 against fp16 at a few points
+    for vname, attn in attns.items():
+        for cfg in [c for c in fl.sweep("bf16") if c.N == 4096]:
+            q, k, v = cfg.inputs()
+            tb = time_fn(lambda: attn(q, k, v, causal=cfg.causal)).median_ms
+            q, k, v = (x.half() for x in (q, k, v))
+            th = time_fn(lambda: attn(q, k, v, causal=cfg.causal)).median_ms
+            print(f"{vname} D={cfg.D} causal={cfg.causal}: bf16/fp16 speed {th / tb:.3f}")
+        break
+
+
+if __name__ == "__main__":
+    main()
