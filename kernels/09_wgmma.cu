@@ -37,16 +37,18 @@ struct Tiles {
 
 // Start copying rows [first, first + ROWS) of an (N, D) matrix, rows ld elements apart, into a
 // 128-byte-swizzled tile (sw128); rows past N become zeros. Thread t copies chunk t % (D/8) of
-// rows t / (D/8) + i * STEP; STEP is a multiple of 8, so each thread's chunks share one swizzle.
+// rows t / (D/8) + i * STEP; STEP is a multiple of 8, so each thread's chunks share one swizzle
+// (three warpgroups copy 48 rows a step: the last step of a 128-row tile is partial).
 template <int ROWS, int D, int THREADS, typename T>
 __device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int ld, int first,
                                                 int N) {
   constexpr int CHUNKS = D / 8, STEP = THREADS / CHUNKS;
-  static_assert(ROWS % STEP == 0 && STEP % 8 == 0, "tile does not split evenly");
+  static_assert(STEP % 8 == 0, "a thread's rows must share one swizzle");
   const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
   const uint32_t s0 = dst + sw128(ROWS, r, 8 * c);
 #pragma unroll
-  for (int i = 0; i < ROWS / STEP; i++) {
+  for (int i = 0; i < (ROWS + STEP - 1) / STEP; i++) {
+    if (ROWS % STEP != 0 && r + i * STEP >= ROWS) break;
     const int row = first + r + i * STEP;  // rows past N: 0 bytes of the clamped last row
     cp_async_16(s0 + i * STEP * 128, src + min(row, N - 1) * ld + 8 * c, row < N ? 16 : 0);
   }
@@ -252,10 +254,16 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
-// PICK: the block shape per head dim (keys per tile, warpgroups, pipeline depth).
+// PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers),
+// measured on an H100 (tools/hopper_try.py). At D = 64 three warpgroups of 128-key tiles pay
+// only for long sequences without a mask; otherwise two of 64 keys.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
-  if (p->D == 64) return launch<T, 64, 64, 2, 4>(p, s);
+  if (p->D == 64) {
+    if (p->causal) return launch<T, 64, 64, 2, 4>(p, s);
+    if (p->N < 8192) return launch<T, 64, 64, 2, 4>(p, s);
+    return launch<T, 64, 128, 3, 3>(p, s);
+  }
   return launch<T, 128, 128, 2, 3>(p, s);
 }
 

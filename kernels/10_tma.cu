@@ -318,10 +318,19 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
-// PICK: the block shape per head dim (keys per tile, warpgroups, pipeline depth).
+// PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers),
+// measured on an H100 (tools/hopper_try.py). At D = 64 three warpgroups of 128-key tiles pay
+// once there are enough query tiles to fill the GPU; shorter sequences run two of 64 keys.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
-  if (p->D == 64) return launch<T, 64, 64, 2, 4>(p, s);
+  if (p->D == 64) {
+    if (p->causal) {
+      if (p->N < 4096) return launch<T, 64, 64, 2, 4>(p, s);
+      return launch<T, 64, 128, 3, 3>(p, s);
+    }
+    if (p->N < 2048) return launch<T, 64, 64, 2, 4>(p, s);
+    return launch<T, 64, 128, 3, 3>(p, s);
+  }
   return launch<T, 128, 128, 2, 3>(p, s);
 }
 

@@ -120,6 +120,31 @@ def test_compute_sanitizer_clean(built, slug, tool):
     assert "ERROR SUMMARY: 0 errors" in proc.stdout or "RACECHECK SUMMARY: 0 hazards" in proc.stdout, report
 
 
+RING = """
+import sys, torch, flashlab as fl
+attn = fl.stage(sys.argv[1]).build()
+for D in (64, 128):
+    for causal in (False, True):
+        q, k, v = (torch.randn(1, 2, 16384, D, device="cuda", dtype=torch.float16) for _ in range(3))
+        ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        err = fl.rel_err(attn(q, k, v, causal=causal), ref)
+        assert err < 2e-3, (D, causal, err)
+torch.cuda.synchronize()
+print("wrapped")
+"""
+
+
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.arch_specific])
+def test_a_long_sequence_wraps_the_pipeline_without_hanging(built, slug):
+    """N = 16384: more than a hundred K/V tiles, so every buffer of the ring is refilled dozens of
+    times and each barrier's phase parity flips as often. A parity bug hangs rather than fails:
+    the run is a child process with a time limit."""
+    attn_for(built, slug)  # build here, so the child loads from the cache
+    proc = subprocess.run([sys.executable, "-c", RING, slug], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "wrapped" in proc.stdout, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def test_compile_error_names_the_cu_file_and_line(tmp_path):
     from flashlab.build import BuildError, build_module
     src = fl.stage(1).source.read_text().replace("int tx = threadIdx.x;", "int tx = threadIdx.x")

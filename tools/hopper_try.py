@@ -21,7 +21,7 @@ from flashlab.bench import tflops, time_fn
 from flashlab.baselines import Baseline
 from flashlab.stages import Attention
 
-PICK = re.compile(r"(// PICK[^\n]*\ntemplate <typename T>\nstatic const char\* pick\([^)]*\) \{\n)(.*?)(\n\}\n)", re.S)
+PICK = re.compile(r"(// PICK.*?\ntemplate <typename T>\nstatic const char\* pick\([^)]*\) \{\n)(.*?)(\n\}\n)", re.S)
 
 
 def variant_source(st, spec):
@@ -53,7 +53,7 @@ def main():
         key, spec = arg.split("|")
         st = fl.stage(key)
         src = tmp / f"{st.slug}_v{i}.cu"
-        src.write_text(variant_source(st, spec))
+        src.write_text(variant_source(st, spec) if spec else st.source.read_text())
         t = time.time()
         try:
             mod = build.build_module(src, arch=st.arch((9, 0)))
