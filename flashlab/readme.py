@@ -121,35 +121,40 @@ def render(text: str, table: str, start=START, end=END) -> str:
     return f"{head}{start}\n{table}\n{end}{tail}"
 
 
-def sweep_table(df=None, stage=None, baseline="sdpa_flash", by=BY) -> str:
-    """`stage` (default: the last) ÷ `baseline` TFLOP/s over the FlashAttention sweep (fp16),
-    a row per head dim and mask, a column per N, as Markdown; says what to run where unrecorded."""
+def sweep_table(df=None, stage=None, baselines=("sdpa_flash", "sdpa_cudnn"), by=BY) -> str:
+    """`stage` (default: the last) ÷ each of `baselines` (PyTorch's FlashAttention-2 and cuDNN
+    backends) in TFLOP/s over the FlashAttention sweep (fp16): per baseline, a row per head dim
+    and mask, a column per N, as Markdown; says what to run where unrecorded."""
     df = RESULTS.load() if df is None else df
     stage = stage or stages()[-1].slug  # the last stage
     gpu = tables.gpu_shown(df=df)
     try:
-        vs = tables.versus(df, stage, (baseline,), gpu)
+        vs = tables.versus(df, stage, tuple(baselines), gpu)
     except NotRecorded:
         return f"_{stage} has not been measured over the sweep yet: {tables.run_command(stage)}_"
-    col = f"÷ {baseline}"
-    if col not in vs:
-        return f"_{baseline} has not been measured over the sweep yet: {tables.run_command(baseline)}_"
-    ratio = vs[col].unstack("N")
-    ns = list(ratio.columns)
-    lines = ["| | " + " | ".join(f"N = {n}" for n in ns) + " |",
-             "|---|" + "---:|" * len(ns)]
-    for (D, causal), r in ratio.iterrows():
-        lines.append(f"| D = {D}{', causal' if causal else ''} | "
-                     + " | ".join(_fmt(x, ".2f") + "×" if x == x else "–" for x in r) + " |")
     sweep = tables.sweep_rows(df, gpu)
-    commits = {s: ", ".join(f"`{c}`" for c in sorted(set(sweep[sweep["stage"] == s]["commit"].astype(str))))
-               for s in (stage, baseline)}
-    when = ("in the same run, commit " + commits[stage] if commits[stage] == commits[baseline] else
-            f"{stage} at commit {commits[stage]}, {baseline} at {commits[baseline]}")
-    lines += ["", f"{stage} ÷ {baseline} (TFLOP/s), fp16, B·N = {SWEEP.tokens // 1024}k tokens, "
-              f"H·D = {SWEEP.width}, measured on **{gpu}** ({when}); worst {vs[col].min():.2f}×, "
-              f"best {vs[col].max():.2f}×. Generated from `data/results.csv` by `{by}`."]
-    return "\n".join(lines)
+    commit = lambda s: ", ".join(f"`{c}`" for c in sorted(set(sweep[sweep["stage"] == s]["commit"].astype(str))))  # noqa: E731
+    parts = []
+    for baseline in baselines:
+        col = f"÷ {baseline}"
+        if col not in vs:
+            parts.append(f"_{baseline} has not been measured over the sweep yet: "
+                         f"{tables.run_command(baseline)}_")
+            continue
+        ratio = vs[col].unstack("N")
+        ns = list(ratio.columns)
+        lines = ["| | " + " | ".join(f"N = {n}" for n in ns) + " |",
+                 "|---|" + "---:|" * len(ns)]
+        for (D, causal), r in ratio.iterrows():
+            lines.append(f"| D = {D}{', causal' if causal else ''} | "
+                         + " | ".join(_fmt(x, ".2f") + "×" if x == x else "–" for x in r) + " |")
+        when = ("in the same run, commit " + commit(stage) if commit(stage) == commit(baseline) else
+                f"{stage} at commit {commit(stage)}, {baseline} at {commit(baseline)}")
+        lines += ["", f"{stage} ÷ {baseline} (TFLOP/s), fp16, B·N = {SWEEP.tokens // 1024}k tokens, "
+                  f"H·D = {SWEEP.width}, measured on **{gpu}** ({when}); worst {vs[col].min():.2f}×, "
+                  f"best {vs[col].max():.2f}×."]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts) + f"\n\nGenerated from `data/results.csv` by `{by}`."
 
 
 def commands_block(commands) -> str:

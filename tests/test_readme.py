@@ -49,11 +49,16 @@ def _sweep_rows(stage, tflops, commit):
 
 def test_sweep_table_on_synthetic_rows():
     import pandas as pd
-    df = pd.concat([_sweep_rows("08_tuned", 330.0, "abc"), _sweep_rows("sdpa_flash", 300.0, "abc")])
+    from flashlab.stages import stages
+    last = stages()[-1].slug
+    df = pd.concat([_sweep_rows(last, 330.0, "abc"), _sweep_rows("sdpa_flash", 300.0, "abc"),
+                    _sweep_rows("sdpa_cudnn", 400.0, "abc")])
     table = readme.sweep_table(df)
-    assert "| D = 128, causal | 1.10× | 1.10× |" in table
+    assert "| D = 128, causal | 1.10× | 1.10× |" in table and "| D = 64 | 0.82× | 0.82× |" in table
     assert "in the same run, commit `abc`" in table and "worst 1.10×" in table
-    apart = pd.concat([_sweep_rows("08_tuned", 270.0, "new"), _sweep_rows("sdpa_flash", 300.0, "old")])
+    assert f"{last} ÷ sdpa_flash" in table and f"{last} ÷ sdpa_cudnn" in table
+    apart = pd.concat([_sweep_rows(last, 270.0, "new"), _sweep_rows("sdpa_flash", 300.0, "old")])
     table = readme.sweep_table(apart)
-    assert "08_tuned at commit `new`, sdpa_flash at `old`" in table and "0.90×" in table
+    assert f"{last} at commit `new`, sdpa_flash at `old`" in table and "0.90×" in table
+    assert "sdpa_cudnn has not been measured" in table
     assert "not been measured" in readme.sweep_table(_sweep_rows("sdpa_flash", 300.0, "x"))

@@ -1,4 +1,4 @@
-"""The CPU labs: one predict-then-check question per notebook 01, 02, 03, 05, 06, 07 and 08, graded
+"""The CPU labs: one predict-then-check question per notebook 01, 02, 03, 05-10, graded
 on any machine. Each check computes the truth with the lesson models the notebook itself uses
 (flashlab.banks, diagrams, tiling, fragments, tuning) and says right or wrong, and why.
 
@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import diagrams as dg
 from .. import fragments as fr
+from .. import hopper as hp
 from .. import cells, tables, tiling, tuning
 from ..autotune import SWITCHES
 from ..banks import BANK_BYTES, BANKS, wavefronts
@@ -57,6 +58,10 @@ def _result(ex, ok, message) -> Result:
 def _whole(answer, what="a whole number") -> int:
     if isinstance(answer, (bool, np.bool_)):
         raise _Unreadable(f"the answer is {what}, not {answer!r}")
+    if isinstance(answer, (int, np.integer)):  # exactly, even past 2**53 (a 64-bit descriptor)
+        return int(answer)
+    if isinstance(answer, str) and re.fullmatch(r"\s*0[xX][0-9a-fA-F]+\s*", answer):
+        return int(answer, 16)
     if isinstance(answer, str):
         answer = answer.strip()
         if not re.fullmatch(r"[+-]?\d+(\.0*)?", answer):
@@ -434,6 +439,73 @@ def _tuning(ex, answer):
                    + "; ".join(wrong) + ".")
 
 
+# ---------------------------------------------------------------- 09: a wgmma descriptor
+
+DESC_V0, DESC_BC, DESC_KS = 0x14000, 128, 3   # a V tile's shared address, its keys, the k-step
+
+
+def _descriptor(ex, answer):
+    start = DESC_V0 + DESC_KS * 16 * 128
+    lead, stride = DESC_BC * 128, 1024
+    truth = hp.encode_descriptor(start, lead, stride)
+    why = (f"k-step {DESC_KS} of P·V reads keys {16 * DESC_KS}-{16 * DESC_KS + 15}: 16 rows of 128 "
+           f"bytes each per k-step, so the start is 0x{DESC_V0:x} + {DESC_KS} x 2048 = 0x{start:x}; V is "
+           f"read transposed (N-major), so the leading byte offset is the distance between its "
+           f"64-column blocks, {DESC_BC} rows x 128 = {lead} bytes, and the stride byte offset is "
+           f"8 rows, 1024 bytes; swizzle mode 1 (128-byte). Each field is its bytes >> 4: "
+           f"{hp.decode_descriptor(truth)}.")
+    x = _whole(answer, "a 64-bit descriptor (an int)")
+    if x == truth:
+        return _result(ex, True, f"Right: 0x{truth:016x}. " + why)
+    hint = ""
+    try:
+        got = hp.decode_descriptor(x)
+    except ValueError:
+        got = None
+    if got is not None:
+        if got["start_address"] == DESC_V0:
+            hint = " Your start address is the tile's; k-step 3 starts 3 x 16 keys further."
+        elif (got["leading_byte_offset"], got["stride_byte_offset"]) == (stride, lead):
+            hint = (" Your leading and stride offsets are swapped: for an N-major operand the "
+                    "leading offset jumps between 64-column blocks.")
+        elif got["swizzle"] != 1:
+            hint = " The tile is 128-byte swizzled: mode 1 in bits 62-63."
+    elif x == start or x == (start >> 4):
+        hint = " That is only the start address; the descriptor packs four fields into 64 bits."
+    return _result(ex, False, f"Wrong: you said 0x{x:x}; the descriptor is 0x{truth:016x}. " + why + hint)
+
+
+# ---------------------------------------------------------------- 10: the ring's parities
+
+RING_STAGES, RING_TILE = 3, 7
+
+
+def _parity(ex, answer):
+    S, j = RING_STAGES, RING_TILE
+    nxt = j + S - 2
+    truth = (j % S, (j // S) & 1, nxt % S, (nxt // S - 1) & 1)
+    why = (f"Tile {j} is in buffer {j} % {S} = {truth[0]}; it is that buffer's round {j // S} "
+           f"(rounds 0, 1, 2, ...), and full[b] completes once a round, so the consumers wait for "
+           f"parity ({j} / {S}) & 1 = {truth[1]}. At iteration {j} the elected thread loads tile "
+           f"{j} + {S - 2} = {nxt} into buffer {truth[2]}, whose last tile, {nxt - S}, must be "
+           f"released first: the empty barrier's completion number {nxt // S - 1}, parity "
+           f"{truth[3]}.")
+    try:
+        got = tuple(int(v) for v in answer)
+    except (TypeError, ValueError):
+        return _result(ex, False, "Set `answer` to four whole numbers: (buffer, full parity, "
+                                  "refill buffer, empty parity).")
+    if got == truth:
+        return _result(ex, True, f"Right: {truth}. " + why)
+    hint = ""
+    if len(got) == 4 and got[1] == (j % 2):
+        hint = " The parity counts rounds of the ring (tile / STAGES), not tiles."
+    elif len(got) == 4 and got[3] == (nxt // S) & 1:
+        hint = (" The refill waits for the release of the tile that held the buffer before, one "
+                "round earlier: (next / STAGES - 1) & 1.")
+    return _result(ex, False, f"Wrong: you said {got}; it is {truth}. " + why + hint)
+
+
 # ---------------------------------------------------------------- the registry
 
 _LABS = (
@@ -514,6 +586,25 @@ _LABS = (
         "skip without a mask: it is not timed there and stays on.) Set `answer` to a list of "
         "switch names, [] for none.",
         _tuning),
+    Lab(Exercise("09.descriptor", "09_wgmma", "lab",
+                 "A wgmma descriptor by hand: what is V's for one k-step of P·V?", POINTS),
+        f"Stage 09 multiplies O += P V with V read from shared memory through a descriptor "
+        f"(hp.DESCRIPTOR_FIELDS; `hp.encode_descriptor(addr, lead_bytes, stride_bytes)` packs one). "
+        f"A V tile of {DESC_BC} keys at D = 128 sits at shared address 0x{DESC_V0:x} in the 128-byte "
+        f"swizzle (two blocks of {DESC_BC} rows x 64 columns, one after the other). Give the "
+        f"descriptor of k-step ks = {DESC_KS} (keys {16 * DESC_KS}-{16 * DESC_KS + 15}), as the "
+        "kernel builds it. Set `answer` to the 64-bit value (an int).",
+        _descriptor),
+    Lab(Exercise("10.parity", "10_tma", "lab",
+                 "The mbarrier ring: which buffer, and which phase parity?", POINTS),
+        f"Stage 10 runs a ring of STAGES = {RING_STAGES} buffers: tile j lives in buffer j % STAGES, "
+        "each buffer has a full and an empty mbarrier, each completing one phase per round of the "
+        "ring, and loads run STAGES - 2 tiles ahead. At iteration j = "
+        f"{RING_TILE}: in which buffer is tile {RING_TILE} and which parity do the warps wait for on "
+        "its full barrier; into which buffer does the elected thread load the next tile, and with "
+        "which parity does it first wait on that buffer's empty barrier? Set `answer` to "
+        "(buffer, full parity, refill buffer, empty parity).",
+        _parity),
 )
 _BY_ID = {lab.exercise.id: lab for lab in _LABS}
 LABS = tuple(lab.exercise for lab in _LABS)
