@@ -80,7 +80,7 @@ def _cmd_run(args):
     from .runner import run
     df = run(args.stage or None, with_baselines=not args.no_baselines,
              with_sweep=not args.no_sweep, progress=not args.no_progress,
-             with_profile=args.profile, with_stages=not args.no_stages)
+             with_profile=args.profile, with_stages=not args.no_stages, baselines=args.baseline)
     if paths.data_dir() == paths.ROOT / "data" and not df.attrs.get("replay"):
         _cmd_readme(argparse.Namespace(check=False))  # the repository's own table changed
     return 1 if df.attrs.get("failed") else 0
@@ -259,6 +259,9 @@ def parser():
     p.add_argument("--stage", action="append", metavar="NN",
                    help="only this stage (repeatable), e.g. --stage 03")
     p.add_argument("--no-baselines", action="store_true", help="skip PyTorch's baselines and GPU peaks")
+    p.add_argument("--baseline", action="append", metavar="NAME",
+                   help="only this baseline (repeatable), e.g. --baseline sdpa_cudnn; the others "
+                   "keep their recorded rows")
     p.add_argument("--no-stages", action="store_true",
                    help="only PyTorch's baselines and the GPU peaks (the notebooks time the stages)")
     p.add_argument("--no-sweep", action="store_true", help="only the teaching config, not the N sweep")

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from . import paths, plots, tables
+from .baselines import NAMES as BASELINES
 from .env import environment, gpu_available
 from .measure import configs_for
 from .stages import stage as get_stage
@@ -69,11 +70,15 @@ def _job(args, log, out):
 
 
 def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, out=print,
-        with_profile=False, with_stages=True):
+        with_profile=False, with_stages=True, baselines=None):
     """The main job. Returns the results table; df.attrs["failed"] lists the jobs that failed,
     df.attrs["replayed"] the stages this machine could not run (and why). with_stages=False:
-    only the peaks and the baselines (to re-time them beside stages that notebooks record)."""
+    only the peaks and the baselines (to re-time them beside stages that notebooks record).
+    baselines: only these (e.g. the fastest, sdpa_flash and sdpa_cudnn); default every one."""
     asked = {get_stage(k) for k in stage_keys or ()}  # ValueError names a stage that does not exist
+    unknown = sorted(set(baselines or ()) - set(BASELINES))
+    if unknown:
+        raise ValueError(f"no baseline {', '.join(unknown)}; the baselines are {', '.join(BASELINES)}")
     if not with_stages and (asked or not with_baselines):
         raise ValueError("no stages and no baselines: nothing to run")
     chosen = [s for s in all_stages() if with_stages and (not asked or s in asked)]
@@ -90,7 +95,8 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
     if with_profile:
         jobs.append(("profile", ["profile"] + [a for s in chosen for a in ("--stage", s.slug)]))
     if with_baselines:
-        jobs.append(("baselines", ["baselines"] + ([] if with_sweep else ["--no-sweep"])))
+        jobs.append(("baselines", ["baselines"] + ([] if with_sweep else ["--no-sweep"])
+                     + [a for b in baselines or () for a in ("--baseline", b)]))
     paths.runs_dir().mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     log_path = paths.runs_dir() / f"run-{stamp}.log"

@@ -10,6 +10,8 @@ def main(argv=None):
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--stage", action="append", default=[],
                     help="profile: only these stages (repeatable; default every stage)")
+    ap.add_argument("--baseline", action="append", default=[],
+                    help="baselines: only these (repeatable; default every baseline)")
     args = ap.parse_args(argv)
 
     from . import measure, peaks
@@ -35,7 +37,8 @@ def main(argv=None):
                 f"{r.metric}={r.value:.4g}" for r in df.itertuples() if not r.metric.startswith("stall_")))
         return 0
     if args.job == "baselines":
-        measure.measure_baselines(measure.baseline_configs(not args.no_sweep), log=log)
+        only = {"names": tuple(args.baseline)} if args.baseline else {}
+        measure.measure_baselines(measure.baseline_configs(not args.no_sweep), log=log, **only)
         return 0
     st = stage(args.job)
     configs = [c for c in measure.configs_for(st) if not args.no_sweep or c == teaching(c.dtype)]

@@ -224,3 +224,17 @@ def test_replay_in_process(data_dir):
     assert printed[0].startswith("No CUDA GPU")
     assert printed[1] == runner.table(df)
     assert len(df) == len(results.load())
+
+
+def test_run_times_only_the_baselines_asked_for(monkeypatch, data_dir):
+    """`flashlab run --baseline sdpa_cudnn`: the baselines job gets the names; a wrong one is a
+    ValueError naming the baselines there are."""
+    from flashlab import runner
+    monkeypatch.setattr(runner, "gpu_available", lambda: True)
+    monkeypatch.setattr(runner.plots, "save_all", lambda df: [])
+    jobs = []
+    monkeypatch.setattr(runner, "_job", lambda args, log, out: jobs.append(args) or 0)
+    runner.run(["01"], baselines=["sdpa_flash", "sdpa_cudnn"], progress=False, out=lambda m: None)
+    assert ["baselines", "--baseline", "sdpa_flash", "--baseline", "sdpa_cudnn"] in jobs
+    with pytest.raises(ValueError, match="sdpa_flash, sdpa_cudnn"):
+        runner.run(["01"], baselines=["sdpa_nope"], progress=False, out=lambda m: None)
