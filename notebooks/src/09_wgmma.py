@@ -301,7 +301,25 @@ plots.scaling(last="09_wgmma")
 # %% [markdown]
 # ### Discussion
 #
-# DISCUSSION-TIME
+# **Time.** Predicted about 1.06× at the teaching config and more at D = 128. Over the sweep it
+# held at D = 64 (1.02–1.11×, about 1.05× on average) and D = 128 gained more, as predicted:
+# 1.14–1.27×, about 1.18× on average. At the teaching config itself the gain all but vanished
+# (about 1.01×). Two things the model left out explain the misses.
+#
+# * **Shared memory feeds the tensor cores now.** A `wgmma` with both operands in shared memory
+#   reads A (64 × 16, 2 KiB) and B (N × 16) per instruction. At D = 64 the shape `pick()` runs is
+#   64-key tiles: S is `m64n64k16`, 4 KiB for 131 072 FLOPs — at the tensor cores' full rate about
+#   128 bytes a clock, all that shared memory delivers. At D = 128 (`m64n128k16`, 6 KiB for twice
+#   the FLOPs) it is 96 bytes a clock. So D = 64 cannot get the full rate `r` the model assumed,
+#   and D = 128 can come close.
+# * **The rest did not stay the same.** The model kept everything but the products fixed. The two
+#   warpgroups of a block run in step: both issue S, both wait, both exponentiate, and while they
+#   do, the tensor cores have nothing to do. The instruction made the products faster; the softmax
+#   between them is now the larger part of a tile, and at the teaching config's short launch
+#   (0.06 ms, fewer than two waves of blocks) there is little else to overlap it with.
+#
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.69–0.88×: the gap is what overlapping
+# the softmax with the products is worth.
 
 # %% [markdown]
 # ## 10 · The profile: is the tensor pipe busier?
@@ -327,7 +345,17 @@ plots.idea_metrics(only=["09_wgmma"])
 # %% [markdown]
 # ### Discussion
 #
-# DISCUSSION-PROFILE
+# * **The tensor pipe is *less* busy — 49 % → 33 % — in the same time.** The counter measures the
+#   cycles the pipe is working, not the work it does in them. The kernels do the same FLOPs in the
+#   same time, so each busy cycle of `wgmma` does about 49 / 33 ≈ 1.5 times the work of one of
+#   `mma.sync`: the two-thirds-of-peak ceiling of `mma.sync`, seen from the other side. A metric
+#   that counts activity, not throughput, can fall when a kernel gets better.
+# * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 14 % now:
+#   the 256 `mma.sync` and 80 `ldmatrix` of a D = 128 loop trip became 16 `wgmma`. Shared-memory
+#   wavefronts fell by a fifth and load bank conflicts to zero (the hardware's swizzle).
+# * **New waits:** `barrier` (2.6 → 7.4 %) and `mio_throttle` (2.8 → 8.4 %). Each tile, all 256
+#   threads issue their `cp.async` copies and meet at `__syncthreads`: the slower warpgroup and the
+#   copy queue now decide when the tensor cores get the next tile. That is what stage 10 removes.
 
 # %% [markdown]
 # ## 11 · What is next
