@@ -254,19 +254,19 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted 1.05–1.15×, more where tiles are short. Measured: about 1.04× at the
-# teaching config, 1.02–1.20× over the sweep — 1.09× on average at D = 64 and 1.14× at D = 128.
-# Roughly as predicted, with one correction: the largest gains are at the longest sequences
-# (1.14–1.20× at N = 16 384), not at the shortest tiles. A long sequence is many tiles per block,
-# and every one of them paid stage 09's barrier; a short one is mostly prologue (loading Q and the
-# first tile) and epilogue, which TMA shortens little.
+# **Time.** Predicted 1.05–1.15×, more where tiles are short. Measured: 1.05× at the teaching
+# config, 1.03–1.25× over the sweep — 1.08× on average at D = 64 and 1.14× at D = 128 (the run in
+# `data/results.csv`: 1.02–1.20×). Roughly as predicted, with one correction: the largest gains are
+# at the longest sequences (1.11–1.25× from N = 8192 on), not at the shortest tiles. A long
+# sequence is many tiles per block, and every one of them paid stage 09's barrier; a short one is
+# mostly prologue (loading Q and the first tile) and epilogue, which TMA shortens little.
 #
-# **bf16** runs as fast as fp16 (the time ratio above is within a per cent): the same instruction,
+# **bf16** runs as fast as fp16 (the time ratio above is within 2 %): the same instruction,
 # another element type.
 #
-# **Against cuDNN**, PyTorch's fastest attention: 0.76–0.98×; at D = 128 from N = 2048 on,
-# 0.81–0.93×. What is left is the scheduling: the tensor cores still wait while both warpgroups
-# exponentiate.
+# **Against cuDNN**, PyTorch's fastest attention: 0.75–0.96×; at D = 128 from N = 2048 on,
+# 0.77–0.89× (0.81–0.93× in the recorded run). What is left is the scheduling: the tensor cores
+# still wait while both warpgroups exponentiate.
 
 # %% [markdown]
 # ## 10 · Stall reasons
