@@ -194,6 +194,10 @@ def _cmd_sass(args):
     stages = [args.stage] if args.stage else None
     try:  # default: sm_90, or a Hopper stage's own sm_90a
         args.arch = args.arch or (stage(args.stage).static_archs[-1] if args.stage else "sm_90")
+        if args.stage and args.arch not in stage(args.stage).static_archs:
+            st = stage(args.stage)
+            raise ValueError(f"{st.slug} is built for {' and '.join(st.static_archs)}, not "
+                             f"{args.arch}")
         table = sass.table(stages, args.arch)
     except (FileNotFoundError, RuntimeError, ValueError) as err:  # no nvcc/cuobjdump, a compile error, no such stage
         print(f"flashlab sass: {err}", file=sys.stderr)

@@ -245,3 +245,11 @@ def test_load_use_in_stage_08s_main_loop():
     assert (df["hmma"] == 0).sum() <= 6  # the first loads after a barrier or the softmax
     with pytest.raises(ValueError, match="no kernel"):
         sass.load_use(fl.stage("08_tuned").source, "nope<1>")
+
+
+def test_cli_names_the_arch_a_hopper_stage_is_built_for(capsys):
+    """No toolkit needed: the request is refused before anything compiles."""
+    from flashlab.cli import main
+    hopper = next(st for st in fl.stages() if st.arch_specific)
+    assert main(["sass", hopper.slug, "--arch", "sm_80"]) == 2
+    assert f"{hopper.slug} is built for sm_90a, not sm_80" in capsys.readouterr().err

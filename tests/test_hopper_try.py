@@ -1,0 +1,25 @@
+"""tools/hopper_try.py, the device harness that picked stages 09 and 10's shapes: the variant it
+builds launches exactly the shapes it was given (read back by the registry's pick() reader)."""
+import importlib.util
+
+import pytest
+
+import flashlab as fl
+from flashlab import paths, picks
+
+spec = importlib.util.spec_from_file_location("hopper_try", paths.ROOT / "tools" / "hopper_try.py")
+hopper_try = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hopper_try)
+
+
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.arch_specific])
+def test_a_variant_launches_the_shapes_it_names(slug):
+    text = hopper_try.variant_source(fl.stage(slug), "D64:128,3,3;D64c:64,2,4;D128:64,2,5")
+    assert picks.launched(text, 64, False, 4096) == ("128", "3", "3")
+    assert picks.launched(text, 64, True, 4096) == ("64", "2", "4")
+    assert picks.launched(text, 128, True, 512) == ("64", "2", "5")  # no causal shape: the other
+    assert _outside_pick(text) == _outside_pick(fl.stage(slug).source.read_text())
+
+
+def _outside_pick(text):
+    return text[:text.index("// PICK")] + text[text.index('extern "C"'):]
