@@ -4,8 +4,11 @@ check each against float64, time them over the sweep beside stage 08 and SDPA's 
     python3 tools/hopper_try.py "09|D64:64,2,4;D128:128,2,3" "10|..."   [--quick]
 
 A variant is `;`-separated `D<d>[c]:<template args after T, D>` entries; `c` marks the causal
-shape (the non-causal one is used where no causal shape is given).
+shape (the non-causal one is used where no causal shape is given); an empty spec ("10|") runs the
+stage as it is. In place of a stage, a path to a .cu file ("scratch/11_x.cu|...") tries a kernel
+not yet in the registry, checked with the last stage's dtypes and head dims.
 """
+import dataclasses
 import math
 import re
 import sys
@@ -24,8 +27,8 @@ from flashlab.stages import Attention
 PICK = re.compile(r"(// PICK.*?\ntemplate <typename T>\nstatic const char\* pick\([^)]*\) \{\n)(.*?)(\n\}\n)", re.S)
 
 
-def variant_source(st, spec):
-    text = st.source.read_text()
+def variant_source(st, spec, text=None):
+    text = st.source.read_text() if text is None else text
     shapes = {}
     for part in spec.split(";"):
         key, args = part.split(":")
@@ -51,9 +54,14 @@ def main():
     attns = {}
     for i, arg in enumerate(specs):
         key, spec = arg.split("|")
-        st = fl.stage(key)
+        if key.endswith(".cu"):  # a kernel not yet in the registry, checked as the last stage is
+            text = Path(key).read_text()
+            st = dataclasses.replace(fl.stages()[-1], slug=Path(key).stem)
+        else:
+            st = fl.stage(key)
+            text = st.source.read_text()
         src = tmp / f"{st.slug}_v{i}.cu"
-        src.write_text(variant_source(st, spec) if spec else st.source.read_text())
+        src.write_text(variant_source(st, spec, text) if spec else text)
         t = time.time()
         try:
             mod = build.build_module(src, arch=st.arch((9, 0)))
