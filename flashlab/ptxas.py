@@ -168,14 +168,8 @@ def kernel_at(stage, kernels, cfg):
     template arguments its registry entry names (T, D, and for a stage with a pick() table the
     candidate pick() launches at cfg's D, mask and N) must match. LookupError if none does."""
     want = {"T": CTYPES[cfg.dtype], "D": str(cfg.D)}
-    if stage.picks:
-        c = _picks().at(cfg.D, cfg.causal, cfg.N, stage.source.read_text())
-        if c is not None:
-            bc, warps, wm, stages, q_regs, opts = c
-            want.update(BC=str(bc), WARPS=str(warps), WM=str(wm), STAGES=str(stages),
-                        Q_REGS="true" if q_regs else "false", OPTS=str(opts))
-    elif (args := _picks().launched(stage.source.read_text(), cfg.D, cfg.causal, cfg.N)):
-        want.update(zip(stage.template[2:], args))  # a pick() per head dim and mask (09, 10)
+    if (args := _picks().launched(stage.source.read_text(), cfg.D, cfg.causal, cfg.N)):
+        want.update(zip(stage.template[2:], args))  # what pick() launches at D, mask and N
     want = {k: v for k, v in want.items() if k in stage.template}
     found = [r for r in kernels if all(
         dict(zip(stage.template, template_args(r.kernel))).get(k) == v for k, v in want.items())]
