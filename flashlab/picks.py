@@ -17,7 +17,6 @@ from .tables import TUNE_FIELDS
 FIELDS = TUNE_FIELDS
 PICK = re.compile(r"(// TUNED:[^\n]*\n)template <typename T>\nstatic const char\* pick\(.*?\n}\n",
                   re.S)
-_LAUNCH = re.compile(r"launch<T, (\d+), (\d+), (\d+), (\d+), (\d+), (true|false), (\w+)>")
 
 
 def tuned():
@@ -104,33 +103,52 @@ def with_pick(text, choice) -> str:
     return text[:m.start()] + m.group(1) + pick_source(choice) + text[m.end():]
 
 
-def read_by_n(text=None) -> dict:
-    """{(D, causal): [(N below which it serves, or None for the rest; candidate)]} read out of
-    pick() as it stands in `text` (default: the stage's source)."""
-    text = source().read_text() if text is None else text
-    block = PICK.search(text)
-    if not block:
-        raise ValueError(f"no // TUNED: pick() block in {source().name}")
-    every = _opts(text).get("ALL_OPTS")
-    out, in_causal = {}, False
-    for line in block.group(0).splitlines():
+_ANY_PICK = re.compile(r"\nstatic const char\* pick\(.*?\n}\n", re.S)
+_ANY_LAUNCH = re.compile(r"launch<T, (\d+), ([^>]*)>")
+
+
+def segments_of(block) -> dict:
+    """{(D, causal): [(N below which it serves, or None for the rest; the template arguments after
+    T and D, as strings)]} of one pick() function's text, as C++ runs it: in line order, a return
+    under `if (p->causal)` (a line or a block) serves causal problems only, any other serves both
+    masks, and a return without `if (p->N < ..)` ends the list. The shapes pick_source() writes,
+    and stages 09 and 10's."""
+    out, done, in_causal = {}, set(), False
+    for line in block.splitlines():
         if re.search(r"if \(p->causal\) \{", line):
             in_causal = True
             continue
         if line.strip() == "}":
             in_causal = False
-        if m := _LAUNCH.search(line):
-            D, *nums, q, opts = m.groups()
-            c = (*map(int, nums), int(q == "true"), every if opts == "ALL_OPTS" else int(opts))
-            below = re.search(r"p->N < (\d+)", line)
-            seg = (int(below.group(1)) if below else None, c)
-            if "p->causal" in line or in_causal:
-                out.setdefault((int(D), True), []).append(seg)
-            else:
-                out.setdefault((int(D), False), []).append(seg)
+            continue
+        if not (m := _ANY_LAUNCH.search(line)):
+            continue
+        D, args = int(m.group(1)), tuple(a.strip() for a in m.group(2).split(","))
+        below = re.search(r"p->N < (\d+)", line)
+        seg = (int(below.group(1)) if below else None, args)
+        for causal in ((True,) if in_causal or "p->causal" in line else (False, True)):
+            if (D, causal) not in done:
+                out.setdefault((D, causal), []).append(seg)
                 if below is None:
-                    out.setdefault((int(D), True), [seg])  # one return for both masks
+                    done.add((D, causal))
     return out
+
+
+def read_by_n(text=None) -> dict:
+    """{(D, causal): [(N below which it serves, or None for the rest; candidate)]} read out of
+    the tuned stage's pick() as it stands in `text` (default: the stage's source)."""
+    text = source().read_text() if text is None else text
+    block = PICK.search(text)
+    if not block:
+        raise ValueError(f"no // TUNED: pick() block in {source().name}")
+    every = _opts(text).get("ALL_OPTS")
+
+    def candidate(args):
+        *nums, q, opts = args
+        return (*map(int, nums), int(q == "true"), every if opts == "ALL_OPTS" else int(opts))
+
+    return {k: [(below, candidate(args)) for below, args in segs]
+            for k, segs in segments_of(block.group(0)).items()}
 
 
 def read(text=None) -> dict:
@@ -138,45 +156,24 @@ def read(text=None) -> dict:
     return {k: segs[-1][1] for k, segs in read_by_n(text).items()}
 
 
-def at(D, causal, N, text=None):
-    """The candidate pick() launches for head dim D, mask and sequence length N (None if none)."""
-    for below, c in read_by_n(text).get((D, bool(causal)), []):
-        if below is None or N < below:
+def _serving(segs, N):
+    for below, c in segs:
+        if below is None or (N is not None and N < below):
             return c
     return None
 
 
-_ANY_PICK = re.compile(r"\nstatic const char\* pick\(.*?\n}\n", re.S)
-_ANY_LAUNCH = re.compile(r"launch<T, (\d+), ([^>]*)>")
+def at(D, causal, N, text=None):
+    """The candidate pick() launches for head dim D, mask and sequence length N (None if none)."""
+    return _serving(read_by_n(text).get((D, bool(causal)), []), N)
 
 
 def launched(text, D, causal, N=None):
     """The template arguments after T and D (strings) that any stage's pick() in `text` launches
-    at head dim D, mask and sequence length N: for stages whose shape depends on the problem
-    but that no autotune writes (09, 10); None where `text` has no pick() or it launches nothing
-    for D. Reads the shapes pick_source() writes: in launch order, `if (p->causal) ...` (or a
-    block of them), `if (p->N < ..) ...`, a plain `return launch<T, D, ...>` for the rest."""
+    at head dim D, mask and sequence length N (None: the longest); None where `text` has no
+    pick() or it launches nothing for D. Stages 08, 09 and 10 have one."""
     block = _ANY_PICK.search(text)
-    if not block:
-        return None
-    in_causal = False
-    for line in block.group(0).splitlines()[1:]:
-        if re.search(r"if \(p->causal\) \{", line):
-            in_causal = True
-            continue
-        if line.strip() == "}":
-            in_causal = False
-            continue
-        m = _ANY_LAUNCH.search(line)
-        if not m or int(m.group(1)) != D:  # the launch names its head dim
-            continue
-        if (in_causal or "p->causal" in line) and not causal:
-            continue
-        below = re.search(r"p->N < (\d+)", line)
-        if below and N is not None and N >= int(below.group(1)):
-            continue
-        return tuple(a.strip() for a in m.group(2).split(","))
-    return None
+    return _serving(segments_of(block.group(0)).get((D, bool(causal)), []), N) if block else None
 
 
 def kernel_name(D, c, dtype="__half") -> str:

@@ -133,7 +133,10 @@ def sweep_table(df=None, stage=None, baselines=("sdpa_flash", "sdpa_cudnn"), by=
     except NotRecorded:
         return f"_{stage} has not been measured over the sweep yet: {tables.run_command(stage)}_"
     sweep = tables.sweep_rows(df, gpu)
-    commit = lambda s: ", ".join(f"`{c}`" for c in sorted(set(sweep[sweep["stage"] == s]["commit"].astype(str))))  # noqa: E731
+
+    def commit(name):
+        return ", ".join(f"`{c}`" for c in sorted(set(sweep[sweep["stage"] == name]["commit"].astype(str))))
+
     parts = []
     for baseline in baselines:
         col = f"÷ {baseline}"

@@ -51,14 +51,6 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
-// The compiler must not move reads or writes of an accumulator across this point (a wgmma is in
-// flight on it); costs no instruction.
-template <int R>
-__device__ __forceinline__ void wgmma_hold(float (&d)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; i++) asm volatile("" : "+f"(d[i])::"memory");
-}
-
 // Shared memory written by ordinary stores (or cp.async) and read next by wgmma or TMA, which use
 // the async proxy: each writing thread fences before the barrier that publishes the data.
 __device__ __forceinline__ void fence_proxy_async() {
