@@ -301,12 +301,12 @@ plots.scaling(last="09_wgmma")
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted about 1.05× at the teaching config and more at D = 128. Over the sweep it
-# held at D = 64 (0.99–1.12×, about 1.04× on average) and D = 128 gained more, as predicted:
-# 1.03–1.22×, about 1.15× on average. (These cells time stage 09 now against stage 08's recorded
+# **Time.** Predicted about 1.06× at the teaching config and more at D = 128. Over the sweep it
+# held at D = 64 (1.00–1.09×, about 1.04× on average) and D = 128 gained more, as predicted:
+# 1.02–1.31×, about 1.16× on average. (These cells time stage 09 now against stage 08's recorded
 # rows; the run that recorded both, in `data/results.csv`, measured 1.02–1.11× and 1.14–1.27×. A
 # few per cent between runs is the spread to expect.) At the teaching config itself the gain all
-# but vanished, about 1.01×. Two things the model left out explain the misses.
+# but vanished, about 1.00×. Two things the model left out explain the misses.
 #
 # * **Shared memory feeds the tensor cores now.** A `wgmma` with both operands in shared memory
 #   reads A (64 × 16, 2 KiB) and B (N × 16) per instruction. At D = 64 the shape `pick()` runs is
@@ -320,7 +320,7 @@ plots.scaling(last="09_wgmma")
 #   between them is now the larger part of a tile, and at the teaching config's short launch
 #   (0.06 ms, fewer than two waves of blocks) there is little else to overlap it with.
 #
-# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.68–0.88×: the gap is what overlapping
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.68–0.87×: the gap is what overlapping
 # the softmax with the products is worth.
 
 # %% [markdown]
