@@ -38,6 +38,7 @@ CATEGORIES = {
     "LDGSTS": "cp.async: global to shared memory without passing through registers",
     "UTMALDG": "cp.async.bulk.tensor: a TMA copy of a whole box, global to shared memory",
     "SYNCS": "mbarrier operations (init, arrive, expect_tx, try_wait on a phase)",
+    "USETMAXREG": "setmaxnreg: a warpgroup gives registers back to the SM or takes more",
     "LDG.E.128": "16-byte global loads (float4)",
     "LDG": "narrower global loads (4 or 8 bytes)",
     "STG": "global stores, any width",

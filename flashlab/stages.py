@@ -279,6 +279,18 @@ _STAGES = (
           # that wait on mbarriers instead of meeting at __syncthreads
           idea_metrics=("stall_barrier", "stall_long_scoreboard"),
           sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "SYNCS": True, "LDGSTS": False}),
+    Stage(11, "11_warpspec", "Warp specialization",
+          "a producer warpgroup only issues TMA copies and consumer warpgroups only compute, "
+          "registers moved between them with setmaxnreg; a persistent grid claims work items "
+          "from a counter",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
+          kernel="warpspec_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS"),
+          min_cc=(9, 0), arch_specific=True,
+          # the copies no longer stop a computing warp, and the consumers hold more registers:
+          # less waiting on barriers, the tensor pipe busier
+          idea_metrics=("stall_long_scoreboard", "tensor_pipe_pct"),
+          sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "SYNCS": True, "USETMAXREG": True,
+                "LDL": False, "STL": False}),
 )
 
 

@@ -57,7 +57,10 @@ def test_the_registers_recorded_are_those_of_the_kernel_that_runs(slug):
         assert args.get("T", CTYPES[cfg.dtype]) == CTYPES[cfg.dtype], (k.kernel, cfg.label)
         assert ptxas.summary(st, h100, cfg) == {
             "registers": k.registers, "smem_static_bytes": k.smem_static_bytes, "spill_bytes": 0}
-    if "D" in st.template and not st.picks and st.dtypes != ("fp32",):
+    # A kernel that moves registers between warpgroups (setmaxnreg) reports its cap at entry,
+    # the same at every head dim.
+    if ("D" in st.template and not st.picks and st.dtypes != ("fp32",)
+            and not st.sass_evidence.get("USETMAXREG")):
         small, big = (ptxas.summary(st, h100, fl.Config(4, 16, 1024, d, False, "fp16"))
                       for d in (64, 128))
         assert small["registers"] < big["registers"], (slug, small, big)

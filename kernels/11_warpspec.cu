@@ -1,0 +1,420 @@
+// Stage 11 — warp specialization: one warpgroup only copies, the others only compute.
+//
+// In stage 10 one thread of the first computing warpgroup also issues the copies: it stops its
+// own softmax to wait for a free buffer, and every warp is sized for the math (up to 168
+// registers a thread under one block per SM, whether it needs them or not). Here the roles are
+// split by warpgroup:
+//  * warpgroup 0, the producer, only issues TMA copies. One elected thread walks the work:
+//    Q of a work item, then its K and V tiles into the ring, waiting on `empty` barriers; the
+//    other 127 threads have nothing to do. It gives registers back with setmaxnreg.dec;
+//  * warpgroups 1 .. CONSUMERS only compute (64 query rows each), waiting on `full` barriers,
+//    and take the producer's registers with setmaxnreg.inc: a thread may hold 232 at D = 128.
+//    setmaxnreg only acts when the kernel has a register cap at entry: __launch_bounds__(.., 1).
+// The producer runs ahead of the math as far as the buffers allow, across work items too: Q has
+// two buffers, so the next item's Q lands while this one is computed, and K and V have their
+// own barriers, so a K tile is refilled as soon as S has read it.
+// The grid is persistent: one block per SM, each looping over work items (a batch, head and
+// query tile). The producer claims the next item from a counter in global memory (atomicAdd)
+// and hands it to the consumers through shared memory with Q's barrier, so a block that drew
+// short causal items simply draws more. The consumers' math is stage 10's.
+#include <algorithm>
+#include <cmath>
+#include <cuda.h>           // CUtensorMap (a type only: the driver function is fetched at run time)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
+#include "common.cuh"
+#include "hopper.cuh"
+#include "ptx.cuh"
+
+template <int D, int BC, int STAGES, int CONSUMERS_>
+struct Tiles {
+  static constexpr int CONSUMERS = CONSUMERS_;     // warpgroups that compute, 64 rows each
+  static constexpr int BR = 64 * CONSUMERS;        // query rows per work item
+  static constexpr int THREADS = 128 * (1 + CONSUMERS);
+  static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
+  // 2 x Q + STAGES x (K, V) on 1024-byte boundaries, then the mbarriers and the 2 item indices.
+  static constexpr int BARRIERS = 4 + 4 * STAGES;  // q_full[2], q_empty[2], k/v_full[], k/v_empty[]
+  static constexpr int SMEM_BYTES = 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 + 1024;
+  // Registers per thread after setmaxnreg: 65536 a block, 128 threads a warpgroup; counts are
+  // multiples of 8, and the producer keeps what its loop needs without spilling.
+  static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 40 : 32;
+  static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
+  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 512, "more registers than the SM has");
+};
+
+// The tensor maps of q, k and v (stage 10's).
+struct Maps {
+  CUtensorMap q, k, v;
+};
+
+// Move this warpgroup's register allocation down to / up to N per thread (all 128 threads).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Copy rows [row, row + ROWS) of (batch b, head h) into a tile (stage 10's).
+template <int ROWS, int D>
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap& map, uint32_t bar,
+                                         int row, int h, int b, int3 order) {
+  auto at = [&](int k) { return order.x == k ? row : order.y == k ? h : b; };
+#pragma unroll
+  for (int blk = 0; blk < D / 64; blk++)
+    tma_load_4d(dst + blk * ROWS * 128, &map, bar, blk * 64, at(1), at(2), at(3));
+}
+
+// Work item `item` of `tiles` query tiles per head: its batch x head index bh and first row q0.
+__device__ __forceinline__ void work_tile(int item, int tiles, int causal, int BR, int& bh,
+                                          int& q0) {
+  // BEGIN EXERCISE 11.work_tile: the items of one head are consecutive (blocks working at the
+  // same time read the same K and V, which stay in L2); under the causal mask a head's last
+  // query tile, the longest (it reads every key tile), comes first, so that the items left
+  // at the end of the launch are the short ones.
+  bh = item / tiles;
+  const int qt = item % tiles;
+  q0 = (causal ? tiles - 1 - qt : qt) * BR;
+  // STUB: // TODO: every item computes the first query tile of the first head.
+  // STUB: bh = 0;
+  // STUB: q0 = 0;
+  // STUB: (void)item; (void)tiles; (void)causal; (void)BR;
+  // END EXERCISE 11.work_tile
+}
+
+template <typename T, int D, int BC, int STAGES, int CONSUMERS>
+__global__ void __launch_bounds__(Tiles<D, BC, STAGES, CONSUMERS>::THREADS, 1)
+warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabLayout L,
+                int N, int BH, float scale_log2, int causal, const int3 order_q,
+                const int3 order_kv, int* __restrict__ next_item) {
+  using Cfg = Tiles<D, BC, STAGES, CONSUMERS>;
+  constexpr int BR = Cfg::BR;
+  constexpr int KD = D / 16;   // k-steps of S = Q K^T
+  constexpr int KS = BC / 16;  // k-steps of O += P V
+  constexpr int NS = BC / 8, NO = D / 8;  // 8-column tiles of S and O held per thread
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t Qs = (smem_u32(smem_raw) + 1023) & ~1023u;  // 2 Q tiles
+  const uint32_t Ks = Qs + 2 * Cfg::Q_BYTES;                 // STAGES K tiles
+  const uint32_t Vs = Ks + STAGES * Cfg::KV_BYTES;           // STAGES V tiles
+  const uint32_t q_full = Vs + STAGES * Cfg::KV_BYTES, q_empty = q_full + 16;  // mbarriers
+  const uint32_t k_full = q_empty + 16, v_full = k_full + 8 * STAGES;
+  const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
+  int* work = reinterpret_cast<int*>(smem_raw + (v_empty + 8 * STAGES - smem_u32(smem_raw)));
+  const int tiles = (N + BR - 1) / BR, items = tiles * BH;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; s++) {
+      mbar_init(q_full + 8 * s, 1);                      // the producer's arrive(.expect_tx)
+      mbar_init(q_empty + 8 * s, 4 * CONSUMERS);         // one arrival per consumer warp
+    }
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(k_full + 8 * s, 1);
+      mbar_init(v_full + 8 * s, 1);
+      mbar_init(k_empty + 8 * s, 4 * CONSUMERS);
+      mbar_init(v_empty + 8 * s, 4 * CONSUMERS);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();  // the barriers exist before anyone waits on them; the roles split here
+
+  if (wg == 0) {  // ---- the producer
+    setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&maps.q);
+      tma_prefetch_map(&maps.k);
+      tma_prefetch_map(&maps.v);
+      int ring = 0, item = blockIdx.x;  // a block's first item is its own; the rest it claims
+      for (int it = 0;; it++) {
+        const int slot = it & 1;  // item it's Q buffer, free once item it - 2 has been stored
+        if (it >= 2) mbar_wait(q_empty + 8 * slot, ((it >> 1) - 1) & 1);
+        work[slot] = item < items ? item : -1;  // published by the arrive below
+        if (item >= items) {
+          mbar_arrive(q_full + 8 * slot);  // no bytes: the consumers wake, read -1 and stop
+          break;
+        }
+        int bh, q0;
+        work_tile(item, tiles, causal, BR, bh, q0);
+        const int b = bh / L.H, h = bh % L.H;
+        const int last_key = causal ? min(N, q0 + BR) : N, n_tiles = (last_key + BC - 1) / BC;
+        const int claimed = gridDim.x + atomicAdd(next_item, 1);  // in flight during the copies
+        mbar_arrive_expect_tx(q_full + 8 * slot, Cfg::Q_BYTES);
+        tma_tile<BR, D>(Qs + slot * Cfg::Q_BYTES, maps.q, q_full + 8 * slot, q0, h, b, order_q);
+        for (int j = 0; j < n_tiles; j++, ring++) {
+          const int buf = ring % STAGES, round = ring / STAGES;
+          if (ring >= STAGES) mbar_wait(k_empty + 8 * buf, (round - 1) & 1);
+          mbar_arrive_expect_tx(k_full + 8 * buf, Cfg::KV_BYTES);
+          tma_tile<BC, D>(Ks + buf * Cfg::KV_BYTES, maps.k, k_full + 8 * buf, j * BC, h, b, order_kv);
+          if (ring >= STAGES) mbar_wait(v_empty + 8 * buf, (round - 1) & 1);
+          mbar_arrive_expect_tx(v_full + 8 * buf, Cfg::KV_BYTES);
+          tma_tile<BC, D>(Vs + buf * Cfg::KV_BYTES, maps.v, v_full + 8 * buf, j * BC, h, b, order_kv);
+        }
+        item = claimed;
+      }
+    }
+    return;
+  }
+
+  // ---- the consumers: stage 10's math on 64 rows each, item after item
+  setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+  const int cw = wg - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  int ring = 0;
+  for (int it = 0;; it++) {
+    const int slot = it & 1;
+    mbar_wait(q_full + 8 * slot, (it >> 1) & 1);  // Q has landed, and the item's index with it
+    const int item = work[slot];
+    if (item < 0) break;
+    int bh, q0;
+    work_tile(item, tiles, causal, BR, bh, q0);
+    const int b = bh / L.H, h = bh % L.H;
+    const int last_key = causal ? min(N, q0 + BR) : N, n_tiles = (last_key + BC - 1) / BC;
+    const uint32_t Qt = Qs + slot * Cfg::Q_BYTES, Qw = Qt + cw * 64 * 128;
+    const int r0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: r0 and r0 + 8
+    const int wg_last_row = q0 + cw * 64 + 63;
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+
+    for (int j = 0; j < n_tiles; j++, ring++) {
+      const int k0 = j * BC, buf = ring % STAGES, parity = (ring / STAGES) & 1;
+      const bool skip = causal && k0 > wg_last_row;
+      float s[BC / 2];
+      mbar_wait(k_full + 8 * buf, parity);
+      if (!skip) {
+        const uint32_t Kt = Ks + buf * Cfg::KV_BYTES;
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++) {
+          const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;
+          wgmma_ss<T, BC>(s, wgmma_desc(Qw + blk * BR * 128 + in_row, 16, 1024),
+                          wgmma_desc(Kt + blk * BC * 128 + in_row, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+      }
+      wgmma_wait<0>();  // S, and the previous tile's P V: K_j and V_{j-1} are no longer read
+      if (lane == 0) {
+        mbar_arrive(k_empty + 8 * buf);
+        if (j > 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
+      }
+      // A warpgroup that skips a tile still waits for its V, so that it never waits on a
+      // barrier a whole round ahead of the copies.
+      if (skip) {
+        mbar_wait(v_full + 8 * buf, parity);
+        continue;
+      }
+
+      if (k0 + BC > N || (causal && k0 + BC - 1 > q0 + cw * 64)) {
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + (i >= 2 ? 8 : 0);
+            if (key >= N || (causal && key > row)) s[4 * n + i] = -INFINITY;
+          }
+      }
+
+      float alpha[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float m_new = fmaxf(m[hh], mx * scale_log2);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alpha[hh] = exp2_approx(m[hh] - m_use);
+        m[hh] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            float& x = s[4 * n + 2 * hh + e];
+            x = exp2_approx(fmaf(x, scale_log2, -m_use));
+          }
+          sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
+        }
+        l[hh] = fmaf(l[hh], alpha[hh], sum);
+      }
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int d = 0; d < NO; d++) {
+          o[4 * d] *= alpha[0];
+          o[4 * d + 1] *= alpha[0];
+          o[4 * d + 2] *= alpha[1];
+          o[4 * d + 3] *= alpha[1];
+        }
+      }
+
+      uint32_t p[KS][4];
+#pragma unroll
+      for (int ks = 0; ks < KS; ks++) {
+        p[ks][0] = pack2<T>(s[8 * ks], s[8 * ks + 1]);
+        p[ks][1] = pack2<T>(s[8 * ks + 2], s[8 * ks + 3]);
+        p[ks][2] = pack2<T>(s[8 * ks + 4], s[8 * ks + 5]);
+        p[ks][3] = pack2<T>(s[8 * ks + 6], s[8 * ks + 7]);
+      }
+      const uint32_t Vt = Vs + buf * Cfg::KV_BYTES;
+      mbar_wait(v_full + 8 * buf, parity);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < KS; ks++)
+        wgmma_rs<T, D, 1>(o, p[ks], wgmma_desc(Vt + ks * 16 * 128, BC * 128, 1024), 1);
+      wgmma_commit();  // no wait: P V runs on while the warps go on to the next tile
+    }
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
+
+    // Normalise and write through this warp's own 16 rows of the item's Q tile (stage 10's),
+    // then give the Q buffer back: the producer may load item it + 2's Q into it.
+    float inv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float sum = l[hh];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+    uint8_t* Qp = smem_raw + (Qt - smem_u32(smem_raw));
+    const int row_w = cw * 64 + warp * 16;
+#pragma unroll
+    for (int d = 0; d < NO; d++) {
+      *reinterpret_cast<uint32_t*>(Qp + sw128(BR, row_w + g, 8 * d + 2 * t)) =
+          pack2<T>(o[4 * d] * inv[0], o[4 * d + 1] * inv[0]);
+      *reinterpret_cast<uint32_t*>(Qp + sw128(BR, row_w + g + 8, 8 * d + 2 * t)) =
+          pack2<T>(o[4 * d + 2] * inv[1], o[4 * d + 3] * inv[1]);
+    }
+    __syncwarp();
+    constexpr int CHUNKS = D / 8;
+#pragma unroll
+    for (int i = 0; i < 16 * CHUNKS / 32; i++) {
+      const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
+      const int row = q0 + row_w + r;
+      if (row < N)
+        *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
+            *reinterpret_cast<const uint4*>(Qp + sw128(BR, row_w + r, c));
+    }
+    __syncwarp();  // every lane has read its rows back before the buffer is released
+    if (lane == 0) mbar_arrive(q_empty + 8 * slot);
+  }
+}
+
+// cuTensorMapEncodeTiled is a driver function: fetched once through the runtime, so the
+// extension needs no -lcuda.
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (fn == nullptr) {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }
+  return fn;
+}
+
+// The tensor map of one (B, H, N, D) tensor (stage 10's).
+static const char* make_map(CUtensorMap* map, const void* ptr, int dtype, const FlashlabProblem* p,
+                            FlashlabStrides s, int rows, int3* order) {
+  auto fn = encode_tiled();
+  if (fn == nullptr) return "cuTensorMapEncodeTiled is not available from this CUDA driver";
+  const long long esz = 2, size[3] = {p->N, p->H, p->B};
+  long long stride[3] = {s.n * esz, s.h * esz, s.b * esz};
+  long long extent = (long long)p->D * esz;  // a dim of size 1: any stride past the others
+  for (int i = 0; i < 3; i++) extent = std::max(extent, stride[i] * size[i]);
+  for (int i = 0; i < 3; i++)
+    if (size[i] == 1) stride[i] = (extent + 15) / 16 * 16;
+  int idx[3] = {0, 1, 2};  // N, H, B sorted by stride (stable)
+  for (int i = 1; i < 3; i++)
+    for (int k = i; k > 0 && stride[idx[k]] < stride[idx[k - 1]]; k--) std::swap(idx[k], idx[k - 1]);
+  cuuint64_t dims[4] = {(cuuint64_t)p->D}, strides[3];
+  cuuint32_t box[4] = {64, 1, 1, 1}, elem[4] = {1, 1, 1, 1};
+  int where[3];
+  for (int k = 0; k < 3; k++) {
+    dims[k + 1] = size[idx[k]];
+    strides[k] = stride[idx[k]];
+    if (idx[k] == 0) box[k + 1] = rows;
+    where[idx[k]] = k;
+  }
+  *order = make_int3(where[0] + 1, where[1] + 1, where[2] + 1);  // map dims 1-3
+  CUresult r = fn(map, dtype == FLASHLAB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                  4, const_cast<void*>(ptr), dims, strides, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return flashlab_say("cuTensorMapEncodeTiled failed (error %d)", (int)r);
+  return nullptr;
+}
+
+// Blocks of the persistent grid: one per SM.
+static int sm_count() {
+  static int sms = 0;
+  if (sms == 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      sms = 0;
+  }
+  return sms > 0 ? sms : 132;
+}
+
+template <typename T, int D, int BC, int STAGES, int CONSUMERS>
+static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
+  using Cfg = Tiles<D, BC, STAGES, CONSUMERS>;
+  auto kernel = warpspec_kernel<T, D, BC, STAGES, CONSUMERS>;
+  Maps maps;
+  int3 oq, ok, ov;
+  const char* err;
+  if ((err = make_map(&maps.q, p->q, p->dtype, p, p->layout.q, Cfg::BR, &oq))) return err;
+  if ((err = make_map(&maps.k, p->k, p->dtype, p, p->layout.k, BC, &ok))) return err;
+  if ((err = make_map(&maps.v, p->v, p->dtype, p, p->layout.v, BC, &ov))) return err;
+  if (ok.x != ov.x || ok.y != ov.y || ok.z != ov.z)
+    return "stage 11 needs k and v with strides in the same order";
+  FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
+  FLASHLAB_TRY(cudaMemsetAsync(p->workspace, 0, sizeof(int), stream));  // the work counter
+  const long long items = (long long)flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H;
+  dim3 grid((unsigned)std::min<long long>(items, sm_count()));
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
+      maps, (T*)p->o, p->layout, p->N, p->B * p->H, p->scale * 1.4426950408889634f, p->causal,
+      oq, ok, (int*)p->workspace);
+  FLASHLAB_TRY(cudaGetLastError());
+  return nullptr;
+}
+
+// PICK: the shape per head dim, mask and length (keys per tile, buffers, consumer warpgroups),
+// measured on an H100 (tools/hopper_try.py). At D = 64 three consumers (192-row items) pay once
+// a head has enough rows; shorter sequences run two.
+template <typename T>
+static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
+  if (p->D == 64) {
+    if (p->causal) {
+      if (p->N < 4096) return launch<T, 64, 128, 3, 2>(p, s);
+      return launch<T, 64, 128, 4, 3>(p, s);
+    }
+    if (p->N < 2048) return launch<T, 64, 128, 3, 2>(p, s);
+    return launch<T, 64, 128, 4, 3>(p, s);
+  }
+  return launch<T, 128, 128, 2, 2>(p, s);
+}
+
+extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
+  if (p->dtype != FLASHLAB_F16 && p->dtype != FLASHLAB_BF16)
+    return "stage 11 runs on the tensor cores in fp16 or bf16 only, not float32";
+  if (p->D != 64 && p->D != 128)
+    return flashlab_say("stage 11 is compiled for head dims 64 and 128, not %d", p->D);
+  return nullptr;
+}
+
+// The work counter the producers claim items from.
+extern "C" size_t flashlab_workspace_bytes(const FlashlabProblem*) { return sizeof(int); }
+
+extern "C" const char* flashlab_launch(const FlashlabProblem* p, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (p->dtype == FLASHLAB_BF16) return pick<__nv_bfloat16>(p, s);
+  return pick<__half>(p, s);
+}
