@@ -12,7 +12,8 @@
 //    setmaxnreg only acts when the kernel has a register cap at entry: __launch_bounds__(.., 1).
 // The producer runs ahead of the math as far as the buffers allow, across work items too: Q has
 // two buffers, so the next item's Q lands while this one is computed, and K and V have their
-// own barriers, so a K tile is refilled as soon as S has read it.
+// own barriers, so a K tile is refilled as soon as S has read it. O goes straight from the
+// registers to global memory (the Q buffer is the next-but-one item's by then).
 // The grid is persistent: one block per SM, each looping over work items (a batch, head and
 // query tile). The producer claims the next item from a counter in global memory (atomicAdd)
 // and hands it to the consumers through shared memory with Q's barrier, so a block that drew
@@ -36,8 +37,8 @@ struct Tiles {
   static constexpr int SMEM_BYTES = 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 + 1024;
   // Registers per thread after setmaxnreg: 65536 a block, 128 threads a warpgroup; counts are
   // multiples of 8, and the producer keeps what its loop needs without spilling.
-  static constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 40 : 32;
-  static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
+  static constexpr int PRODUCER_REGS = 40;
+  static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 152;
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 512, "more registers than the SM has");
 };
 
@@ -141,15 +142,21 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
         const int claimed = gridDim.x + atomicAdd(next_item, 1);  // in flight during the copies
         mbar_arrive_expect_tx(q_full + 8 * slot, Cfg::Q_BYTES);
         tma_tile<BR, D>(Qs + slot * Cfg::Q_BYTES, maps.q, q_full + 8 * slot, q0, h, b, order_q);
-        for (int j = 0; j < n_tiles; j++, ring++) {
-          const int buf = ring % STAGES, round = ring / STAGES;
-          if (ring >= STAGES) mbar_wait(k_empty + 8 * buf, (round - 1) & 1);
-          mbar_arrive_expect_tx(k_full + 8 * buf, Cfg::KV_BYTES);
-          tma_tile<BC, D>(Ks + buf * Cfg::KV_BYTES, maps.k, k_full + 8 * buf, j * BC, h, b, order_kv);
-          if (ring >= STAGES) mbar_wait(v_empty + 8 * buf, (round - 1) & 1);
-          mbar_arrive_expect_tx(v_full + 8 * buf, Cfg::KV_BYTES);
-          tma_tile<BC, D>(Vs + buf * Cfg::KV_BYTES, maps.v, v_full + 8 * buf, j * BC, h, b, order_kv);
+        // K and V in the order the consumers need them: K_0, then K_j with V_{j-1} (a consumer
+        // multiplies P_{j-1} V_{j-1} right after S_j), then the last V.
+        auto load = [&](uint32_t tiles_at, uint32_t full, uint32_t empty, const CUtensorMap& map,
+                        int j) {
+          const int r = ring + j, buf = r % STAGES;
+          if (r >= STAGES) mbar_wait(empty + 8 * buf, (r / STAGES - 1) & 1);  // slot released
+          mbar_arrive_expect_tx(full + 8 * buf, Cfg::KV_BYTES);
+          tma_tile<BC, D>(tiles_at + buf * Cfg::KV_BYTES, map, full + 8 * buf, j * BC, h, b, order_kv);
+        };
+        for (int j = 0; j < n_tiles; j++) {
+          load(Ks, k_full, k_empty, maps.k, j);
+          if (j > 0) load(Vs, v_full, v_empty, maps.v, j - 1);
         }
+        load(Vs, v_full, v_empty, maps.v, n_tiles - 1);
+        ring += n_tiles;
         item = claimed;
       }
     }
@@ -160,146 +167,151 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
   setmaxnreg_inc<Cfg::CONSUMER_REGS>();
   const int cw = wg - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
-  int ring = 0;
-  for (int it = 0;; it++) {
-    const int slot = it & 1;
-    mbar_wait(q_full + 8 * slot, (it >> 1) & 1);  // Q has landed, and the item's index with it
+
+  // The work item being computed: its Q buffer (slot), batch x head, first row, K/V tiles, and
+  // this thread's rows r0 and r0 + 8. begin_item waits for the next one's Q, and its index.
+  int it = 0, slot = 0, bh = 0, q0 = 0, n_tiles = 0, r0 = 0, wg_row0 = 0;
+  uint32_t Qw = 0;
+  auto begin_item = [&]() -> bool {
+    slot = it & 1;
+    mbar_wait(q_full + 8 * slot, (it >> 1) & 1);
     const int item = work[slot];
-    if (item < 0) break;
-    int bh, q0;
+    if (item < 0) return false;
     work_tile(item, tiles, causal, BR, bh, q0);
-    const int b = bh / L.H, h = bh % L.H;
-    const int last_key = causal ? min(N, q0 + BR) : N, n_tiles = (last_key + BC - 1) / BC;
-    const uint32_t Qt = Qs + slot * Cfg::Q_BYTES, Qw = Qt + cw * 64 * 128;
-    const int r0 = q0 + cw * 64 + warp * 16 + g;  // this thread's rows: r0 and r0 + 8
-    const int wg_last_row = q0 + cw * 64 + 63;
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    const int last_key = causal ? min(N, q0 + BR) : N;
+    n_tiles = (last_key + BC - 1) / BC;
+    r0 = q0 + cw * 64 + warp * 16 + g;
+    wg_row0 = q0 + cw * 64;
+    Qw = Qs + slot * Cfg::Q_BYTES + cw * 64 * 128;
+    it++;
+    return true;
+  };
 
-    for (int j = 0; j < n_tiles; j++, ring++) {
-      const int k0 = j * BC, buf = ring % STAGES, parity = (ring / STAGES) & 1;
-      const bool skip = causal && k0 > wg_last_row;
-      float s[BC / 2];
-      mbar_wait(k_full + 8 * buf, parity);
-      if (!skip) {
-        const uint32_t Kt = Ks + buf * Cfg::KV_BYTES;
-        wgmma_fence();
+  float o[D / 2];              // O accumulator, m64nD: o[4d .. 4d+3] is 8-column tile d
+  float m[2], l[2], alpha[2];  // running max and sum of rows r0, r0 + 8; O's rescale factor
+  uint32_t p[KS][4];           // P as the A fragments of O += P V
+
+  // Stage 10's steps, each named: the mask and online softmax of a tile of S (alpha: the
+  // factor O must take before P V is added), P packed to 16 bits, the two products with their
+  // descriptors (an address field in 16-byte units: a k-step's descriptor is the tile's first
+  // plus its offset >> 4), and the normalised store of O.
+  auto softmax = [&](float (&s)[BC / 2], int k0) {
+    if (k0 + BC > N || (causal && k0 + BC - 1 > wg_row0)) {
 #pragma unroll
-        for (int kk = 0; kk < KD; kk++) {
-          const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;
-          wgmma_ss<T, BC>(s, wgmma_desc(Qw + blk * BR * 128 + in_row, 16, 1024),
-                          wgmma_desc(Kt + blk * BC * 128 + in_row, 16, 1024), kk > 0);
+      for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + (i >= 2 ? 8 : 0);
+          if (key >= N || (causal && key > row)) s[4 * n + i] = -INFINITY;
         }
-        wgmma_commit();
-      }
-      wgmma_wait<0>();  // S, and the previous tile's P V: K_j and V_{j-1} are no longer read
-      if (lane == 0) {
-        mbar_arrive(k_empty + 8 * buf);
-        if (j > 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
-      }
-      // A warpgroup that skips a tile still waits for its V, so that it never waits on a
-      // barrier a whole round ahead of the copies.
-      if (skip) {
-        mbar_wait(v_full + 8 * buf, parity);
-        continue;
-      }
-
-      if (k0 + BC > N || (causal && k0 + BC - 1 > q0 + cw * 64)) {
-#pragma unroll
-        for (int n = 0; n < NS; n++)
-#pragma unroll
-          for (int i = 0; i < 4; i++) {
-            const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + (i >= 2 ? 8 : 0);
-            if (key >= N || (causal && key > row)) s[4 * n + i] = -INFINITY;
-          }
-      }
-
-      float alpha[2];
-#pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float m_new = fmaxf(m[hh], mx * scale_log2);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        alpha[hh] = exp2_approx(m[hh] - m_use);
-        m[hh] = m_new;
-        float sum = 0.f;
-#pragma unroll
-        for (int n = 0; n < NS; n++) {
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            float& x = s[4 * n + 2 * hh + e];
-            x = exp2_approx(fmaf(x, scale_log2, -m_use));
-          }
-          sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
-        }
-        l[hh] = fmaf(l[hh], alpha[hh], sum);
-      }
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-#pragma unroll
-        for (int d = 0; d < NO; d++) {
-          o[4 * d] *= alpha[0];
-          o[4 * d + 1] *= alpha[0];
-          o[4 * d + 2] *= alpha[1];
-          o[4 * d + 3] *= alpha[1];
-        }
-      }
-
-      uint32_t p[KS][4];
-#pragma unroll
-      for (int ks = 0; ks < KS; ks++) {
-        p[ks][0] = pack2<T>(s[8 * ks], s[8 * ks + 1]);
-        p[ks][1] = pack2<T>(s[8 * ks + 2], s[8 * ks + 3]);
-        p[ks][2] = pack2<T>(s[8 * ks + 4], s[8 * ks + 5]);
-        p[ks][3] = pack2<T>(s[8 * ks + 6], s[8 * ks + 7]);
-      }
-      const uint32_t Vt = Vs + buf * Cfg::KV_BYTES;
-      mbar_wait(v_full + 8 * buf, parity);
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < KS; ks++)
-        wgmma_rs<T, D, 1>(o, p[ks], wgmma_desc(Vt + ks * 16 * 128, BC * 128, 1024), 1);
-      wgmma_commit();  // no wait: P V runs on while the warps go on to the next tile
     }
-    wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
-
-    // Normalise and write through this warp's own 16 rows of the item's Q tile (stage 10's),
-    // then give the Q buffer back: the producer may load item it + 2's Q into it.
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[hh], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      alpha[hh] = exp2_approx(m[hh] - m_use);
+      m[hh] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NS; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float& x = s[4 * n + 2 * hh + e];
+          x = exp2_approx(fmaf(x, scale_log2, -m_use));
+        }
+        sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
+      }
+      l[hh] = fmaf(l[hh], alpha[hh], sum);
+    }
+  };
+  auto pack = [&](const float (&s)[BC / 2]) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      p[ks][0] = pack2<T>(s[8 * ks], s[8 * ks + 1]);
+      p[ks][1] = pack2<T>(s[8 * ks + 2], s[8 * ks + 3]);
+      p[ks][2] = pack2<T>(s[8 * ks + 4], s[8 * ks + 5]);
+      p[ks][3] = pack2<T>(s[8 * ks + 6], s[8 * ks + 7]);
+    }
+  };
+  auto qk = [&](float (&s)[BC / 2], int buf) {
+    const uint64_t dq = wgmma_desc(Qw, 16, 1024);
+    const uint64_t dk = wgmma_desc(Ks + buf * Cfg::KV_BYTES, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;
+      wgmma_ss<T, BC>(s, dq + ((blk * BR * 128 + in_row) >> 4),
+                      dk + ((blk * BC * 128 + in_row) >> 4), kk > 0);
+    }
+  };
+  auto pv = [&](int buf) {
+    const uint64_t dv = wgmma_desc(Vs + buf * Cfg::KV_BYTES, BC * 128, 1024);
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) wgmma_rs<T, D, 1>(o, p[ks], dv + ((ks * 16 * 128) >> 4), 1);
+  };
+  // O / l of a finished item, rows r and r + 8 of (batch x head) bh_done, from registers.
+  auto store = [&](int bh_done, int r, const float (&l_done)[2]) {
     float inv[2];
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
-      float sum = l[hh];
+      float sum = l_done[hh];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
     }
-    uint8_t* Qp = smem_raw + (Qt - smem_u32(smem_raw));
-    const int row_w = cw * 64 + warp * 16;
+    T* Ob = O + (bh_done / L.H) * L.o.b + (bh_done % L.H) * L.o.h;
 #pragma unroll
     for (int d = 0; d < NO; d++) {
-      *reinterpret_cast<uint32_t*>(Qp + sw128(BR, row_w + g, 8 * d + 2 * t)) =
-          pack2<T>(o[4 * d] * inv[0], o[4 * d + 1] * inv[0]);
-      *reinterpret_cast<uint32_t*>(Qp + sw128(BR, row_w + g + 8, 8 * d + 2 * t)) =
-          pack2<T>(o[4 * d + 2] * inv[1], o[4 * d + 3] * inv[1]);
+      if (r < N)
+        *reinterpret_cast<uint32_t*>(Ob + r * L.o.n + 8 * d + 2 * t) =
+            pack2<T>(o[4 * d] * inv[0], o[4 * d + 1] * inv[0]);
+      if (r + 8 < N)
+        *reinterpret_cast<uint32_t*>(Ob + (r + 8) * L.o.n + 8 * d + 2 * t) =
+            pack2<T>(o[4 * d + 2] * inv[1], o[4 * d + 3] * inv[1]);
     }
-    __syncwarp();
-    constexpr int CHUNKS = D / 8;
+  };
+
+  int ring = 0;
+  while (begin_item()) {
 #pragma unroll
-    for (int i = 0; i < 16 * CHUNKS / 32; i++) {
-      const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
-      const int row = q0 + row_w + r;
-      if (row < N)
-        *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
-            *reinterpret_cast<const uint4*>(Qp + sw128(BR, row_w + r, c));
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+    for (int j = 0; j < n_tiles; j++, ring++) {
+      const int buf = ring % STAGES;
+      float s[BC / 2];
+      mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);
+      wgmma_fence();
+      qk(s, buf);
+      wgmma_commit();
+      wgmma_wait<0>();  // S_j, and the P V of tile j-1 before it
+      // K_j and V_{j-1} are no longer read; after the item's last S, neither is its Q buffer.
+      if (lane == 0) {
+        mbar_arrive(k_empty + 8 * buf);
+        if (j > 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
+        if (j == n_tiles - 1) mbar_arrive(q_empty + 8 * slot);
+      }
+      softmax(s, j * BC);
+#pragma unroll
+      for (int d = 0; d < NO; d++) {
+        o[4 * d] *= alpha[0];
+        o[4 * d + 1] *= alpha[0];
+        o[4 * d + 2] *= alpha[1];
+        o[4 * d + 3] *= alpha[1];
+      }
+      pack(s);
+      mbar_wait(v_full + 8 * buf, (ring / STAGES) & 1);
+      wgmma_fence();
+      pv(buf);
+      wgmma_commit();  // no wait: P V runs on while the warps go on to the next tile
     }
-    __syncwarp();  // every lane has read its rows back before the buffer is released
-    if (lane == 0) mbar_arrive(q_empty + 8 * slot);
+    wgmma_wait<0>();
+    if (lane == 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
+    store(bh, r0, l);
   }
 }
 
@@ -393,10 +405,10 @@ template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
     if (p->causal) {
-      if (p->N < 4096) return launch<T, 64, 128, 3, 2>(p, s);
+      if (p->N < 8192) return launch<T, 64, 128, 3, 2>(p, s);
       return launch<T, 64, 128, 4, 3>(p, s);
     }
-    if (p->N < 2048) return launch<T, 64, 128, 3, 2>(p, s);
+    if (p->N < 4096) return launch<T, 64, 128, 3, 2>(p, s);
     return launch<T, 64, 128, 4, 3>(p, s);
   }
   return launch<T, 128, 128, 2, 2>(p, s);
