@@ -1,4 +1,4 @@
-// Stage 11 — warp specialization: one warpgroup only copies, the others only compute.
+// Stage 11 — warp specialization: one warpgroup only copies, two only compute.
 //
 // In stage 10 one thread of the first computing warpgroup also issues the copies: it stops its
 // own softmax to wait for a free buffer, and every warp is sized for the math (up to 168
@@ -35,10 +35,12 @@ struct Tiles {
   // 2 x Q + STAGES x (K, V) on 1024-byte boundaries, then the mbarriers and the 2 item indices.
   static constexpr int BARRIERS = 4 + 4 * STAGES;  // q_full[2], q_empty[2], k/v_full[], k/v_empty[]
   static constexpr int SMEM_BYTES = 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 + 1024;
-  // Registers per thread after setmaxnreg: 65536 a block, 128 threads a warpgroup; counts are
-  // multiples of 8, and the producer keeps what its loop needs without spilling.
+  // Registers per thread after setmaxnreg: 65536 a block = 512 per thread of a warpgroup, counts
+  // in multiples of 8. The producer keeps the 40 its loop needs without spilling; the consumers
+  // share the rest (232 each for two; three would get 152, too few for m64n128 accumulators:
+  // ptxas serializes the wgmma, C7512).
   static constexpr int PRODUCER_REGS = 40;
-  static constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 152;
+  static constexpr int CONSUMER_REGS = (512 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 512, "more registers than the SM has");
 };
 
@@ -398,19 +400,11 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
-// PICK: the shape per head dim, mask and length (keys per tile, buffers, consumer warpgroups),
-// measured on an H100 (tools/hopper_try.py). At D = 64 three consumers (192-row items) pay once
-// a head has enough rows; shorter sequences run two.
+// PICK: the shape per head dim (keys per tile, buffers, consumer warpgroups), measured on an
+// H100 (tools/hopper_try.py): two consumers of 64 rows, 128-key tiles, as many buffers as fit.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
-  if (p->D == 64) {
-    if (p->causal) {
-      if (p->N < 8192) return launch<T, 64, 128, 3, 2>(p, s);
-      return launch<T, 64, 128, 4, 3>(p, s);
-    }
-    if (p->N < 4096) return launch<T, 64, 128, 3, 2>(p, s);
-    return launch<T, 64, 128, 4, 3>(p, s);
-  }
+  if (p->D == 64) return launch<T, 64, 128, 3, 2>(p, s);
   return launch<T, 128, 128, 2, 2>(p, s);
 }
 
