@@ -25,6 +25,8 @@ LABS = {
                                                  "four lanes share a row"]),
     "06.bank_map": (8, 4, ["8·r mod 32", "2-way", "come back to bank 0"]),
     "07.pipeline_period": (700, 300, ["latency + load = 500 + 200 = 700", "the period is 700"]),
+    "11.registers": ((128, 152), (128, 157), ["65 536 / 512 = 128", "157.3 each",
+                                              "round the share down"]),
 }
 
 
@@ -39,7 +41,7 @@ def test_the_labs_are_registered_in_stage_order():
     assert [ex.id for ex in labs.LABS] == ["01.bank_wavefronts", "02.sectors", "03.occupancy",
                                            "05.fragment_owner", "06.bank_map",
                                            "07.pipeline_period", "08.tuning", "09.descriptor",
-                                           "10.parity"]
+                                           "10.parity", "11.registers"]
     assert all(ex.kind == "lab" and ex.points > 0 and ex.title.endswith("?") for ex in labs.LABS)
     stages = [ex.stage for ex in exercises.EXERCISES]
     assert stages == sorted(stages)

@@ -1,6 +1,7 @@
 """flashlab.hopper on the CPU: wgmma's register layouts against stage 05's mma.sync layouts, the
 matrix descriptor and the 128-byte swizzle against hopper.cuh's own encoders (compiled on the
-host with nvcc), the bank model, the mbarrier ring's invariants; every figure draws."""
+host with nvcc), the bank model, the mbarrier ring's invariants, and stage 11's models (register
+budgets, work claiming, the producer/consumer schedule); every figure draws."""
 import io
 import itertools
 import random
@@ -272,6 +273,204 @@ def test_ring_steady_state():
         hp.ring_schedule(stages=2)
 
 
+# ---------------------------------------------------------------- stage 11: registers
+
+def _kernel_constant(name):
+    import re
+    text = (KERNELS / "11_warpspec.cu").read_text()
+    return int(re.search(rf"static constexpr int {name} = (\d+);", text).group(1))
+
+
+def test_register_budgets_are_the_kernels():
+    producer = _kernel_constant("PRODUCER_REGS")
+    b = hp.register_budget(2, producer)
+    assert list(b.role) == ["producer", "consumer", "consumer"]
+    assert list(b.entry) == [168] * 3 and list(b.after) == [producer, 232, 232]
+    assert hp.register_budget(3, producer).after.tolist() == [producer, 152, 152, 152]
+    assert hp.entry_registers(384) == 168 and hp.entry_registers(512) == 128
+    assert hp.entry_registers(256) == 255 and hp.entry_registers(128) == 255
+    assert hp.accumulator_registers(128, 128) == {"O": 64, "S": 64, "P": 32}
+    assert sum(hp.accumulator_registers(64, 128).values()) == 128
+
+
+@pytest.mark.parametrize("consumers", [1, 2, 3, 4])
+@pytest.mark.parametrize("producer", [24, 40, 56, 64, 128])
+def test_register_budgets_fit_the_sm(consumers, producer):
+    b = hp.register_budget(consumers, producer)
+    assert len(b) == consumers + 1 and (b.threads == 128).all()
+    assert b.after_total.sum() <= hp.REGS_PER_SM and b.entry_total.sum() <= hp.REGS_PER_SM
+    assert (b.after % 8 == 0).all() and ((b.entry % 8 == 0) | (b.entry == 255)).all()
+    assert (b.after <= 256).all() and (b.entry <= 255).all()
+    cons = b.after.iloc[1]
+    if cons < 256:                                              # nothing left to hand out
+        assert hp.REGS_PER_SM - b.after_total.sum() < 128 * 8 * consumers
+    entry = b.entry.iloc[0]                                     # what the producer gives, they get
+    assert (cons - entry) * (entry - producer) >= 0
+
+
+def test_setmaxnreg_takes_multiples_of_8_from_24_to_256():
+    for bad in (16, 20, 41, 264):
+        with pytest.raises(ValueError):
+            hp.consumer_registers(2, bad)
+    with pytest.raises(ValueError):
+        hp.entry_registers(200)                                 # not whole warpgroups
+    with pytest.raises(ValueError):
+        hp.consumer_registers(0)
+
+
+# ---------------------------------------------------------------- stage 11: claiming work items
+
+CLAIMS = [(4, 8, 8), (6, 8, 16), (2, 16, 8), (8, 8, 8), (16, 4, 8), (3, 12, 12), (5, 7, 3),
+          (1, 3, 8), (32, 64, 132), (16, 128, 132)]
+
+
+@pytest.mark.parametrize("heads, tiles, blocks", CLAIMS)
+@pytest.mark.parametrize("policy", hp.CLAIM_POLICIES)
+@pytest.mark.parametrize("causal", [True, False])
+def test_claim_schedule_invariants(heads, tiles, blocks, policy, causal):
+    s = hp.claim_schedule(heads, tiles, blocks, causal, policy)
+    items, grid = heads * tiles, min(blocks, heads * tiles)
+    assert list(s.index) == list(range(items)) and set(s.block) <= set(range(grid))
+    assert (s.end - s.start == s.cost).all() and (s.start >= s.claimed).all()
+    assert (s["head"] == s.index // tiles).all()
+    if causal:                                                  # longest first within a head
+        assert (s.cost == s.qt + 1).all() and (s.qt == tiles - 1 - s.index % tiles).all()
+    else:
+        assert (s.cost == tiles).all()
+    for _, mine in s.sort_values("start").groupby("block"):     # a block does one item at a time
+        assert (mine.start.iloc[1:].to_numpy() >= mine.end.iloc[:-1].to_numpy() - 1e-9).all()
+        assert mine.start.iloc[0] == 0
+    bound = s.cost.sum() / grid
+    assert s.end.max() >= bound - 1e-9
+    if policy != "static":                                      # list scheduling's guarantee
+        assert s.end.max() <= bound + 2 * s.cost.max() + 1e-9
+    if policy == "counter":
+        assert list(s.block.iloc[:grid]) == list(range(grid))  # block b's first item is b
+        later = s.iloc[grid:]
+        assert (np.diff(later.claimed) >= -1e-9).all()          # the counter serves claims in order
+        for b, mine in s.groupby("block"):                      # claimed as the one before started
+            mine = mine.sort_values("start")
+            assert np.allclose(mine.claimed.iloc[1:], mine.start.iloc[:-1])
+    if policy == "static":
+        assert (s.block == s.index % grid).all()
+
+
+@pytest.mark.parametrize("heads, tiles, blocks", CLAIMS[:6])
+def test_the_counter_beats_a_static_split_of_causal_items(heads, tiles, blocks):
+    """Where the grid lines up with a head's tiles, a static split hands every block the same
+    query tile of each head; the counter finishes earlier, and longest-first no later."""
+    static = hp.claim_schedule(heads, tiles, blocks, True, "static").end.max()
+    counter = hp.claim_schedule(heads, tiles, blocks, True, "counter").end.max()
+    in_order = hp.claim_schedule(heads, tiles, blocks, True, "counter", longest_first=False)
+    assert counter < static
+    assert counter <= in_order.end.max()
+
+
+def test_claim_makespans():
+    df = hp.claim_makespans([(4, 8), (16, 4)], blocks=8)
+    assert list(df.index) == [(4, 8), (16, 4)] and list(df["items"]) == [32, 64]
+    assert df.loc[(4, 8), "static"] == 32 and df.loc[(4, 8), "counter"] == 22
+    assert df.loc[(4, 8), "hardware"] == 18 == df.loc[(4, 8), "even_split"]
+    assert np.isclose(df.loc[(4, 8), "static over even"], 32 / 18 - 1)
+    with pytest.raises(ValueError):
+        hp.claim_schedule(policy="round robin")
+
+
+# ---------------------------------------------------------------- stage 11: the schedule
+
+TIMES = [dict(), dict(latency=3.0, load=2.0), dict(latency=0.0, load=0.2, issue=0.0, launch=0.0),
+         dict(mma=0.5, softmax=2.0, q_load=1.0, store=1.0), dict(latency=1.5, load=0.75)]
+ITEMS = [(4, 4, 4), (1,), (1, 5, 2, 3), (12,)]
+
+
+def _no_overlap(work):
+    for _, lane in work.sort_values("start").groupby("lane"):
+        assert (lane.start.iloc[1:].to_numpy() >= lane.end.iloc[:-1].to_numpy() - 1e-9).all()
+
+
+@pytest.mark.parametrize("times", TIMES)
+@pytest.mark.parametrize("tiles", ITEMS)
+@pytest.mark.parametrize("stages", [2, 3, 4])
+def test_the_producer_never_overwrites_a_buffer_before_its_release(times, tiles, stages):
+    s = hp.warpspec_schedule(tiles=tiles, stages=stages, **times)
+    latency = times.get("latency", 1.0)
+    c, w = s.copies, s.work
+    assert (c.arrive >= c.issue + latency - 1e-9).all() and (c.release >= c.arrive - 1e-9).all()
+    assert (np.diff(c.issue) >= -1e-9).all()                    # one thread, in program order
+    for kind in ("K", "V"):
+        ring = c[c.what == kind].reset_index(drop=True)
+        assert len(ring) == sum(tiles)
+        assert (ring.buffer == ring.index % stages).all()
+        for r in range(stages, len(ring)):
+            assert ring.issue[r] >= ring.release[r - stages] - 1e-9
+    q = c[c.what == "Q"].reset_index(drop=True)
+    assert (q.buffer == q.index % 2).all()
+    for k in range(2, len(q)):
+        assert q.issue[k] >= q.release[k - 2] - 1e-9
+    # K_j is issued before V_{j-1}, and V_{j-1} before K_{j+1}: the consumers' order
+    order = [(r.what, r.item, r.tile) for r in c.itertuples()]
+    for k, n in enumerate(tiles):
+        assert order.index(("K", k, 0)) == order.index(("Q", k, -1)) + 1
+        for j in range(1, n):
+            assert order.index(("V", k, j - 1)) == order.index(("K", k, j)) + 1
+    # the consumers wait for their data
+    arrive = {(r.what, r.item, r.tile): r.arrive for r in c.itertuples()}
+    for r in w[w.kind.isin(["S", "PV"])].itertuples():
+        need = arrive[("K" if r.kind == "S" else "V", r.item, r.tile)]
+        assert r.start >= need - 1e-9
+        if r.kind == "S" and r.tile == 0:
+            assert r.start >= arrive[("Q", r.item, -1)] - 1e-9
+    _no_overlap(w)
+    assert np.isclose(s.total, w.end.max())
+
+
+@pytest.mark.parametrize("times", TIMES)
+@pytest.mark.parametrize("tiles", ITEMS)
+def test_stage10_ring_and_stage11_is_no_slower(times, tiles):
+    s10 = hp.elected_schedule(tiles=tiles, stages=3, **times)
+    c, w = s10.copies, s10.work
+    kv = c[c.what == "KV"]
+    for k, block in kv.groupby("item"):
+        block = block.set_index("tile")
+        for j in block.index:
+            if j >= 3:
+                assert block.issue[j] >= block.release[j - 3] - 1e-9
+    for r in w[w.kind == "S"].itertuples():
+        assert r.start >= kv[(kv.item == r.item) & (kv.tile == r.tile)].arrive.iloc[0] - 1e-9
+    starts = w[w.kind == "launch"].groupby("item").start.min()
+    ends = w[w.kind == "store"].groupby("item").end.max()
+    # one block at a time: the next starts after the last one's store
+    assert (starts.iloc[1:].to_numpy() >= ends.iloc[:-1].to_numpy() - 1e-9).all()
+    _no_overlap(w)
+    s11 = hp.warpspec_schedule(tiles=tiles, stages=2, **times)
+    assert s11.total <= s10.total + 1e-9
+
+
+def test_the_steady_state_is_the_math_when_copies_keep_up():
+    times = dict(latency=1.0, load=0.5, mma=1.0, softmax=1.0, issue=0.0)
+    for sched in (hp.elected_schedule(tiles=(16,), stages=3, **times),
+                  hp.warpspec_schedule(tiles=(16,), stages=2, **times)):
+        s = sched.work[(sched.work.kind == "S") & sched.work.lane.isin(["wg 0", "consumer 1"])]
+        assert np.allclose(np.diff(s.start)[-6:], 2.0)
+    slow = dict(times, latency=1.5, load=0.75)                  # stage 10 waits every tile
+    ten = hp.elected_schedule(tiles=(16,), stages=3, **slow).work
+    eleven = hp.warpspec_schedule(tiles=(16,), stages=2, **slow).work
+    assert np.diff(ten[(ten.kind == "S") & (ten.lane == "wg 0")].start)[-1] > 2.0 + 1e-9
+    assert np.isclose(np.diff(eleven[(eleven.kind == "S")
+                                     & (eleven.lane == "consumer 1")].start)[-1], 2.0)
+
+
+def test_predicted_gain_fades_with_the_item():
+    g = hp.predicted_gain(n_tiles=(4, 16, 128), mma=1.0, softmax=1.0, latency=1.0, load=0.5)
+    assert (g > 1).all() and g.is_monotonic_decreasing and g[128] < 1.02
+    with pytest.raises(ValueError):
+        hp.warpspec_schedule(stages=1)
+    with pytest.raises(ValueError):
+        hp.elected_schedule(stages=2)
+    with pytest.raises(ValueError):
+        hp.warpspec_schedule(load=-1)
+
+
 # ---------------------------------------------------------------- figures
 
 FIGURES = [lambda: hp.accumulator_figure(64), lambda: hp.accumulator_figure(128),
@@ -279,7 +478,11 @@ FIGURES = [lambda: hp.accumulator_figure(64), lambda: hp.accumulator_figure(128)
                hp.encode_descriptor(0x12340, 128 * 128, 1024)),
            lambda: hp.swizzle_figure(128), lambda: hp.swizzle_figure(64),
            lambda: hp.tma_box_figure(), lambda: hp.tma_box_figure(N=200, D=64, BC=64, tile=1),
-           lambda: hp.ring_timeline(), lambda: hp.ring_timeline(stages=4, compute=[1.5, 2.0])]
+           lambda: hp.ring_timeline(), lambda: hp.ring_timeline(stages=4, compute=[1.5, 2.0]),
+           lambda: hp.register_figure(), lambda: hp.register_figure((1, 2), D=64),
+           lambda: hp.claim_figure(), lambda: hp.claim_figure(heads=3, tiles=5, blocks=4,
+                                                              causal=False),
+           lambda: hp.warpspec_timeline(), lambda: hp.warpspec_timeline(tiles=(2, 5), latency=2.0)]
 
 
 @pytest.mark.parametrize("make", FIGURES)
@@ -291,5 +494,7 @@ def test_figures_draw(make):
 
 def test_frames_are_dataframes():
     for df in (hp.accumulator_owner(), hp.a_fragment_owner(), hp.swizzle_banks(128),
-               hp.ring_schedule(), hp.kernel_descriptors(), hp.tma_boxes()):
+               hp.ring_schedule(), hp.kernel_descriptors(), hp.tma_boxes(),
+               hp.register_budget(), hp.claim_schedule(), hp.warpspec_schedule().work,
+               hp.warpspec_schedule().copies, hp.elected_schedule().work):
         assert isinstance(df, pd.DataFrame) and len(df)

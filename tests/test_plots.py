@@ -201,6 +201,7 @@ def test_the_recorded_share_reads_as_no_regression(data_dir):
 # --- 5. no spoilers: last= ---
 
 def shown_stages(texts):
+    texts = list(texts)  # read once per stage: a generator would be used up by the first stages
     return {st.slug for st in stages() if any(st.slug in t for t in texts)}
 
 

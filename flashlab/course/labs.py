@@ -1,4 +1,4 @@
-"""The CPU labs: one predict-then-check question per notebook 01, 02, 03, 05-10, graded
+"""The CPU labs: one predict-then-check question per notebook 01, 02, 03, 05-11, graded
 on any machine. Each check computes the truth with the lesson models the notebook itself uses
 (flashlab.banks, diagrams, tiling, fragments, tuning) and says right or wrong, and why.
 
@@ -506,6 +506,50 @@ def _parity(ex, answer):
     return _result(ex, False, f"Wrong: you said {got}; it is {truth}. " + why + hint)
 
 
+# ---------------------------------------------------------------- 11: registers per role
+
+REG_CONSUMERS, REG_PRODUCER = 3, 40    # three consumer warpgroups; the producer keeps 40
+
+
+def _registers(ex, answer):
+    c, prod = REG_CONSUMERS, REG_PRODUCER
+    threads = 128 * (1 + c)
+    entry = hp.entry_registers(threads)
+    cons = hp.consumer_registers(c, prod)
+    truth = (entry, cons)
+    exact = (hp.REGS_PER_SM // 128 - prod) / c
+    need = sum(hp.accumulator_registers(128, 128).values())
+    sm = _n(hp.REGS_PER_SM)
+    why = (f"A block of {1 + c} warpgroups is {threads} threads; under "
+           f"__launch_bounds__({threads}, 1) one block must fit the {sm} registers: {sm} / "
+           f"{threads} = {hp.REGS_PER_SM / threads:g}, rounded down to a multiple of 8: {entry}. "
+           f"After setmaxnreg every thread position of a warpgroup has {hp.REGS_PER_SM // 128} "
+           f"registers to share ({_n(hp.REGS_PER_SM)} / 128): the producer keeps {prod}, the "
+           f"{c} consumers share {hp.REGS_PER_SM // 128 - prod}: {exact:.1f} each, down to a "
+           f"multiple of 8: {cons} (the kernel's (512 - PRODUCER_REGS) / CONSUMERS / 8 * 8).")
+    try:
+        got = tuple(_whole(v, "a whole number of registers") for v in answer)
+    except TypeError:
+        return _result(ex, False, "Set `answer` to two whole numbers: (registers a thread at "
+                                  "launch, registers a consumer thread after setmaxnreg).")
+    if got == truth:
+        return _result(ex, True, f"Right: {truth}. " + why + f" {cons} is fewer than the {need} "
+                       "registers a consumer's accumulators take at D = 128 (O 64, S 64, P 32): "
+                       "ptxas would serialize the wgmma, which is why the kernel runs two "
+                       "consumers.")
+    hint = ""
+    if len(got) == 2 and got[1] == int(exact):
+        hint = " setmaxnreg takes multiples of 8: round the share down."
+    elif len(got) == 2 and got[1] == hp.consumer_registers(2, prod):
+        hint = f" {got[1]} is the share of two consumers; here three share it."
+    elif len(got) == 2 and got[0] == hp.entry_registers(128 * 3):
+        hint = (f" {got[0]} is the cap of a 384-thread block (two consumers); this one has "
+                f"{threads}.")
+    elif len(got) == 2 and got[1] == hp.REGS_PER_SM // threads:
+        hint = " That splits the registers evenly; setmaxnreg moves them from the producer."
+    return _result(ex, False, f"Wrong: you said {got}; it is {truth}. " + why + hint)
+
+
 # ---------------------------------------------------------------- the registry
 
 _LABS = (
@@ -605,6 +649,20 @@ _LABS = (
         "which parity does it first wait on that buffer's empty barrier? Set `answer` to "
         "(buffer, full parity, refill buffer, empty parity).",
         _parity),
+    Lab(Exercise("11.registers", "11_warpspec", "lab",
+                 "setmaxnreg: how many registers does a consumer thread get with three "
+                 "consumers?", POINTS),
+        "Stage 11's block is a producer warpgroup and CONSUMERS consumer warpgroups of 128 "
+        "threads each, launched with `__launch_bounds__(THREADS, 1)` on an SM of "
+        f"{_n(hp.REGS_PER_SM)} registers (a thread's count is a multiple of 8, at most 255). Once "
+        "running, the producer gives registers back with `setmaxnreg.dec` down to PRODUCER_REGS = "
+        f"{REG_PRODUCER} and the consumers take the rest with `setmaxnreg.inc` (a multiple of "
+        f"8). Suppose the kernel ran CONSUMERS = {REG_CONSUMERS} at D = 128: how many registers "
+        "may a thread hold when the kernel starts, and how many does a consumer thread hold after "
+        "setmaxnreg? "
+        "(`hp.register_budget` computes both; predict them first.) Set `answer` to (registers at "
+        "launch, registers of a consumer after setmaxnreg).",
+        _registers),
 )
 _BY_ID = {lab.exercise.id: lab for lab in _LABS}
 LABS = tuple(lab.exercise for lab in _LABS)

@@ -1,0 +1,608 @@
+# %% [markdown]
+# # Stage 11 — warp specialization: one warpgroup copies, two compute, and the grid stays resident
+#
+# In stage 10 one thread does two jobs: it is a computing thread of warpgroup 0, and it issues every
+# copy of its block. Between its own `S = Q Kᵀ` and its softmax it may have to wait for a buffer to
+# come free, and its warpgroup waits with it. Hopper lets a block give its warps different jobs and
+# different budgets: a **producer** warpgroup that only issues TMA copies and gives most of its
+# registers away with **`setmaxnreg`**, and **consumer** warpgroups that only compute, holding the
+# registers the producer gave up. The block also stops being one work item: a **persistent** grid of
+# one block per SM draws items from a counter, so the next item's copies land while this one is
+# computed.
+#
+# ## Objectives
+# After this notebook you can:
+# - say what stage 10's elected thread costs, and which waits a producer warpgroup takes over;
+# - split a block's 65 536 registers between roles with `setmaxnreg`, and say why two consumers
+#   and not three;
+# - follow a persistent grid's work counter, and say why a head's longest causal items go first;
+# - read a producer/consumer schedule: K and V on their own barriers, Q double-buffered across work
+#   items;
+# - predict what the split buys, and check it in the machine code, the timings and the stall
+#   reasons.
+#
+# **Prerequisites:** notebook 10 (TMA, mbarriers, the ring of full and empty barriers) and
+# notebook 09 (`wgmma`); notebook 07's pipelines. The kernel needs a Hopper GPU (H100, H200,
+# GH200); elsewhere this notebook replays the numbers recorded on one.
+#
+# **Time:** about 25 min to read, 45 min to work through.
+
+# %%
+# %matplotlib inline
+import math
+
+import pandas as pd
+from IPython.display import display
+
+import flashlab as fl
+from flashlab import hopper as hp
+from flashlab import notebook as nb
+from flashlab import plots
+nb.banner("11_warpspec")
+
+# %%
+here = nb.the_gpu()  # this GPU, or the one the recorded numbers come from
+sms, roof = here.sms, here.roof
+print(here)
+
+# %% [markdown]
+# ## 1 · What stage 10's elected thread costs
+#
+# Stage 10's copies are issued by thread 0, a computing thread of warpgroup 0, right after it has
+# issued its own `S`:
+
+# %%
+nb.show_lines("10_tma", r"// While S is computed, the elected thread refills", r"__syncwarp\(\);")
+
+# %% [markdown]
+# * **It waits in the middle of its math.** `empty` completes only when every warp of the block,
+#   the other warpgroup's too, has released the old buffer. Until then thread 0 cannot go on to its
+#   softmax, and since a `wgmma` is issued by all four warps of a warpgroup together, warpgroup 0's
+#   next product waits for it as well.
+# * **Every warp is sized for the math.** The copier is one of the computing threads, so it holds
+#   as many registers as they do; a block cannot give copying and computing different budgets.
+# * **A block is one work item.** It starts, loads Q and its first tile, computes, stores O and
+#   ends; the next block starts only then. At D = 128 a block takes 225 KiB of shared memory, one
+#   per SM: nothing hides a block's start and its first round trip to memory.
+#
+# Stage 11 keeps stage 10's math and changes who does what:
+
+# %%
+pd.DataFrame({
+    "stage 10 (D = 128)": {
+        "threads a block": 256,
+        "warpgroups that compute": 2,
+        "who issues the copies": "thread 0 of warpgroup 0, between its S and its softmax",
+        "who waits for a free buffer": "thread 0, and with it warpgroup 0",
+        "registers a thread may hold": f"{hp.entry_registers(256)}, every thread alike",
+        "blocks": "one per work item",
+        "Q buffers": "1",
+        "K and V": "one buffer and one barrier pair for both",
+    },
+    "stage 11": {
+        "threads a block": 384,
+        "warpgroups that compute": 2,
+        "who issues the copies": "thread 0 of the producer warpgroup, which does nothing else",
+        "who waits for a free buffer": "the producer",
+        "registers a thread may hold": f"{hp.consumer_registers(2)} (consumers), 40 (producer): "
+                                       "setmaxnreg",
+        "blocks": f"one per SM ({sms} here), each looping over work items",
+        "Q buffers": "2: the next item's Q lands during this one",
+        "K and V": "rings and barriers of their own",
+    }})
+
+# %% [markdown]
+# ## 2 · The roles
+#
+# The block is three warpgroups. After the barriers are initialised and `__syncthreads`, the roles
+# split on the warpgroup index. **Warpgroup 0, the producer**, hands back registers and elects one
+# thread; the other 127 have nothing to do and exit. The elected thread walks the work items: for
+# each it publishes the item's index, claims the next item (section 4) and issues Q:
+
+# %%
+nb.show_lines("11_warpspec", r"if \(wg == 0\) \{  // ---- the producer", r"tma_tile<BR, D>\(Qs")
+
+# %% [markdown]
+# then the item's K and V tiles, in the order the consumers use them: `K_0`, then `K_j` with
+# `V_{j−1}` (a consumer multiplies P·V of tile j − 1 right after it has S of tile j), then the last
+# V. Each copy first waits until its buffer has been released:
+
+# %%
+nb.show_lines("11_warpspec", r"// K and V in the order the consumers need them", r"item = claimed;")
+
+# %% [markdown]
+# **Warpgroups 1 and 2, the consumers**, take registers and then loop: `begin_item` waits for the
+# next item's Q (and with it the item's index, `-1` when there is none), and the K/V loop is stage
+# 10's math on 64 rows each, waiting on `full` barriers and arriving on `empty` ones:
+
+# %%
+nb.show_lines("11_warpspec", r"auto begin_item", r"^  \};")
+nb.show_lines("11_warpspec", r"^  int ring = 0;$", r"store\(bh, r0, l\);")
+
+# %% [markdown]
+# K and V now have barriers of their own, so a consumer releases `K_j` as soon as `S_j` has
+# retired — stage 10 could free a buffer only once the *next* tile's S had retired, because P·V
+# still read V from it. The barriers, each completing one phase per round of its ring (parity
+# `(r / STAGES) & 1` for ring position r, as in notebook 10):
+
+# %%
+pd.DataFrame([
+    ("q_full[2]", "1 (the producer's arrive.expect_tx) + Q's bytes",
+     "consumers, in begin_item", "item it's Q has landed, and work[it % 2] holds its index"),
+    ("q_empty[2]", "4 × CONSUMERS (a warp each)", "producer, before item it + 2's Q",
+     "every consumer warp's last S of item it has retired"),
+    ("k_full[STAGES]", "1 + K's bytes", "consumers, before S", "K_j has landed"),
+    ("k_empty[STAGES]", "4 × CONSUMERS", "producer, before refilling",
+     "S_j has retired in every consumer warp"),
+    ("v_full[STAGES]", "1 + V's bytes", "consumers, before P·V", "V_j has landed"),
+    ("v_empty[STAGES]", "4 × CONSUMERS", "producer, before refilling",
+     "P·V of V_j has retired (seen at S_{j+1}'s wait, or at the item's end)"),
+], columns=["mbarrier", "arrivals a phase", "waited on by", "a completed phase means"]).set_index(
+    "mbarrier")
+
+# %% [markdown]
+# The producer runs ahead of the math as far as the buffers allow, across items too: Q has two
+# buffers, so item it + 1's Q is copied while item it is computed; it waits only for item it − 1
+# to be done with the other one. O goes from the consumers' registers straight to global memory
+# (the Q buffer it went through in stage 10 belongs to a later item by then).
+#
+# ## 3 · `setmaxnreg`: registers where the work is
+#
+# An SM has 65 536 registers. A kernel launched with `__launch_bounds__(384, 1)` — one block of
+# three warpgroups per SM — lets every thread hold at most 65 536 / 384 ≈ 170, rounded down to a
+# multiple of 8: **168**. ptxas compiles the kernel for that cap and reports it:
+
+# %%
+with nb.unless_missing():
+    display(nb.resources("11_warpspec"))
+
+# %% [markdown]
+# At run time a warpgroup can move its threads' allocation: `setmaxnreg.dec.sync.aligned.u32 N`
+# gives registers back to the block's pool down to N a thread, `setmaxnreg.inc` takes them up to N
+# (waiting until the pool has them). All 128 threads of the warpgroup execute it together, N is a
+# multiple of 8 from 24 to 256, and it only acts in a kernel that has a register cap at launch.
+# The kernel's budgets:
+
+# %%
+nb.show_source("11_warpspec", "setmaxnreg_dec")
+nb.show_lines("11_warpspec", r"// Registers per thread after setmaxnreg",
+              r"static_assert\(PRODUCER_REGS")
+hp.register_budget(consumers=2)
+
+# %% [markdown]
+# The producer's loop needs 40 registers without spilling; the two consumers share the rest,
+# (512 − 40) / 2 = 236, rounded down to **232**: 128 × (40 + 2 × 232) = 64 512 of the 65 536.
+# A consumer thread's accumulators alone take 160 registers at D = 128 — O (64 floats), S
+# (64) and P (32 packed pairs) — so at the launch cap of 168 it would have 8 left for everything
+# else; after `setmaxnreg` it has 72.
+
+# %%
+hp.register_figure(consumer_options=(2, 3))
+
+# %% [markdown]
+# **Why not three consumers** (192 query rows a block, as stage 10 runs at D = 64 on long
+# sequences)? A block of 512 threads starts at 128 registers a thread, and after `setmaxnreg`
+# a consumer gets (512 − 40) / 3 → **152**: fewer than its accumulators at D = 128. ptxas then
+# cannot keep a `wgmma`'s accumulators in flight while the next one is issued, and says so when it
+# compiles such a kernel: *"Potential Performance Loss: wgmma.mma_async instructions are
+# serialized due to insufficient register resources"* (its notes C7511 and C7512). It does so at
+# D = 64 as well, where the accumulators (128) would fit in 152: a `wgmma` pipeline needs room
+# beyond them. So stage 11 runs two consumers at both head dims.
+#
+# ## 4 · A persistent grid and a work counter
+#
+# A **work item** is one query tile of one (batch, head): 128 query rows, 64 per consumer. Stage
+# 10 launched one block per item; stage 11 launches one block per SM (or fewer, if there are fewer
+# items) and zeroes a counter in global memory first:
+
+# %%
+nb.show_lines("11_warpspec", r"FLASHLAB_TRY\(cudaMemsetAsync", r"dim3 grid")
+
+# %% [markdown]
+# Block b starts with item b. Each time its producer starts an item it claims the next with
+# `atomicAdd` (`gridDim.x +` the counter's old value) and, one item later, hands the index to the
+# consumers: it stores it in shared memory (`work[slot]`) before the arrive on Q's barrier, so a
+# consumer that sees Q's phase complete reads the right index. An index past the last item is
+# published as `-1` with an arrive that carries no bytes, and the consumers stop. Which query tile
+# an item is decides the order the work comes in:
+
+# %%
+nb.show_source("11_warpspec", "work_tile")
+
+# %% [markdown]
+# * **A head's items are consecutive.** The blocks working at the same time read the same few
+#   heads' K and V, which stay in L2.
+# * **Under the causal mask the longest item of a head comes first.** Query tile t reads key tiles
+#   0 … t, so the last query tile is the longest. Handing out long items first leaves short ones for
+#   the end of the launch, where they fill the gaps.
+#
+# Here is why a counter matters, on a toy GPU of 8 SMs with 4 heads of 8 causal query tiles (an
+# item's time: the key tiles it reads). A persistent grid *without* a counter hands out items
+# statically, block b taking b, b + G, b + 2G, …; with G a multiple of the tiles per head, every
+# block gets the same query tile of every head, and the block with the longest ones finishes last:
+
+# %%
+hp.claim_figure(heads=4, tiles=8, blocks=8)
+
+# %% [markdown]
+# The counter balances the blocks, and handing out long items first balances them further. It does
+# not quite reach the last panel, stage 10's grid of one block per item, where the hardware's block
+# scheduler starts each block on the first SM that frees up: stage 11's producer claims its next
+# item one item early (so that the item's copies can start during the current one), and a block
+# that claimed a long item late holds it. On the sweep's causal shapes, with this GPU's SMs (work
+# in key tiles; `… over even`: how much later than all the work spread evenly):
+
+# %%
+causal_shapes = {(D, N): (16384 // N * (2048 // D), N // 128) for D in (64, 128)
+                 for N in (512, 2048, 8192, 16384)}
+spans = hp.claim_makespans(list(causal_shapes.values()), blocks=sms)
+spans.index = pd.MultiIndex.from_tuples(list(causal_shapes), names=["D", "N"])
+spans[["items", "even_split", "static over even", "counter over even",
+       "hardware over even"]].round(3)
+
+# %% [markdown]
+# A static split loses anything from 5 to 65 %, depending on how a head's tiles line up with the
+# number of SMs. The counter stays within about 4–11 % of an even split whatever the shape, a few
+# per cent behind the hardware's scheduling of separate blocks. What the persistent block buys for
+# those few per cent is in the next figure.
+#
+# ## 5 · The schedule in time
+#
+# A discrete-event model of both kernels on one SM, in illustrative units with the proportions
+# notebook 10 gave for D = 128 on an H100 (a tile's math about 2 µs, a copy about 1 µs to
+# arrive): three work items of three tiles. Stage 10 above, a block per item; stage 11
+# below, with the producer's copies, its two Q buffers held from Q's copy to the item's last S,
+# and the two consumers:
+
+# %%
+hp.warpspec_timeline(tiles=(3, 3, 3))
+
+# %% [markdown]
+# * **Stage 10 pays every item's start**: the block starts, its Q and first tile make a round trip
+#   to memory, and only then does the math begin (the long red waits at each block's start); its
+#   O is stored before the next block can begin.
+# * **Stage 11 pays it once.** Item 1's Q and first K land while item 0 is still computed, so
+#   the consumers go from one item's store straight to the next item's S.
+# * **The producer spends almost all its time waiting** (its red lane): that is its job, and it
+#   waits instead of a computing warp. Its thread holds 40 registers to do it.
+# * Inside an item both kernels run the same math at the same pace here: with a copy quicker than
+#   a tile's math, stage 10's ring (one tile of lookahead) was already never short of data.
+# * The two consumers run in step: both wait for the same tiles, multiply together and
+#   exponentiate together, so during their softmax the tensor cores have nothing to do.
+
+# %% [markdown]
+# ## 6 · What changed
+#
+# Against stage 10: the `Tiles` of a producer and consumers with their register budgets, the
+# `setmaxnreg` wrappers, `work_tile`, the roles split after the barriers (the producer's loop
+# over items, the consumers' `begin_item`), stage 10's steps of the math named as lambdas, O stored
+# from registers, the persistent launch with its counter. The math itself is stage 10's:
+
+# %%
+nb.show_diff("10_tma", "11_warpspec", context=1)
+
+# %% [markdown]
+# ## 7 · Prediction, before measuring
+#
+# The model of section 5 puts a number on the per-item saving. Stage 10's time over stage 11's
+# for items of n K/V tiles, at the same proportions (at D = 128 an item of 128 query rows is
+# N / 128 tiles: N = 512 is 4, N = 16384 is 128):
+
+# %%
+h100 = dict(mma=1.0, softmax=1.0, latency=1.0, load=0.5, q_load=0.25, store=0.25, launch=0.5)
+predicted = hp.predicted_gain(n_tiles=(4, 8, 16, 32, 64, 128), **h100)
+predicted.round(3).to_frame().T
+
+# %% [markdown]
+# * **Time.** The math is unchanged, so the gain is what the elected thread and the block per item
+#   cost stage 10: by the model about 1.2× for the shortest items, fading to nothing at 128 tiles,
+#   where one prologue is spread over a long item. At the teaching config (D = 64, N = 1024: 8
+#   tiles an item; stage 10 runs two blocks an SM there, which hides part of a block's start)
+#   expect 5–15 %.
+# * **Machine code:** `USETMAXREG` twice (the producer's `dec`, the consumers' `inc`), an atomic
+#   add on the counter, the copies (`UTMALDG`) only in the producer's branch, one `BAR.SYNC` (at
+#   the start, once per block, not per item).
+# * **Stall reasons:** the computing warps no longer stop for copies, so their waits on memory and
+#   barriers (`long_scoreboard`, where polling an mbarrier is counted, and `barrier`) should fall,
+#   and the tensor pipe should be busier.
+
+# %%
+gain_band = (1.05, 1.15)
+
+# %% [markdown]
+# ## 8 · The machine code
+
+# %%
+with nb.unless_missing():
+    mix = pd.concat([nb.instructions("10_tma"), nb.instructions("11_warpspec")])
+    display(mix[mix.index.get_level_values("kernel").str.contains("__half")].droplevel("stage").T)
+
+# %%
+with nb.unless_missing():
+    print("\n".join(nb.sass_lines("11_warpspec", r"USETMAXREG|ATOMG|BAR\.SYNC|UTMACCTL|EXIT",
+                                  kernel=r"__half, 128,")))
+
+# %% [markdown]
+# `USETMAXREG.TRY_ALLOC.CTAPOOL 0xe8` is the consumers' `setmaxnreg.inc.u32 232` (0xe8): try to
+# take registers from the block's pool, and retry until the producer has returned them;
+# `USETMAXREG.DEALLOC.CTAPOOL 0x28` is the producer's `dec` to 40. `ATOMG.E.ADD` is the claim,
+# `UTMACCTL.PF` the tensor maps' prefetch, now in the producer's branch, `BAR.SYNC` the one
+# `__syncthreads` before the roles split, and the `EXIT`s are the roles ending: the producer's
+# idle threads at once, its elected thread and the consumers after the last item. In the counts
+# above, the `UTMALDG` copies all sit in the producer's branch; the `SYNCS` (waits and arrivals)
+# are about three times stage 10's, K, V and Q each having their own barriers; and O is written
+# with `STG` from registers instead of `STS` and `LDS.128` through shared memory.
+
+# %% [markdown]
+# ## 9 · Measure
+
+# %%
+ev = nb.evaluate("11_warpspec")
+ev
+
+# %%
+with nb.unless_missing():
+    t = ev.timing("fp16")
+    gain = nb.speedup("10_tma", "11_warpspec", "fp16")
+    print(f"stage 11: {t.median_ms:.3f} ms, {t.tflops:.0f} TFLOP/s (fp16, teaching config), "
+          f"{gain:.2f}x stage 10; predicted {gain_band[0]:.2f} - {gain_band[1]:.2f}x")
+    print(f"bf16: {nb.speedup('10_tma', '11_warpspec', 'bf16'):.2f}x stage 10")
+
+# %% [markdown]
+# Both stages' rows at the teaching config, each with the spread of its timed runs (p20 and p80:
+# a fifth of the runs were faster, a fifth slower):
+
+# %%
+with nb.unless_missing():
+    rows = pd.concat([fl.tables.at_config(fl.recorded(s, gpu=here.name), fl.teaching(d))
+                      for s in ("10_tma", "11_warpspec") for d in ("fp16", "bf16")])
+    display(rows.set_index(["stage", "dtype"])[["median_ms", "p20_ms", "p80_ms", "tflops",
+                                                "commit"]])
+
+# %% [markdown]
+# Over the sweep: stage 11 over stage 10, then over cuDNN's attention, PyTorch's fastest, and
+# where stage 10 stood against cuDNN:
+
+# %%
+with nb.unless_missing():
+    gains = nb.sweep_ratio("11_warpspec", "10_tma")
+    display(gains.round(2))
+    print("mean gain by head dim: " + ", ".join(
+        f"D={d_}: {g:.2f}x" for d_, g in gains.mean(axis=1).groupby(level="D").mean().items()))
+    display(nb.sweep_ratio("11_warpspec", "sdpa_cudnn").round(2))
+    display(nb.sweep_ratio("10_tma", "sdpa_cudnn").round(2))
+    fa2 = nb.sweep_ratio("11_warpspec", "sdpa_flash")
+    print(f"stage 11 over sdpa_flash (FlashAttention-2): {fa2.min().min():.2f}-"
+          f"{fa2.max().max():.2f}x")
+
+# %%
+plots.scaling(last="11_warpspec")
+
+# %% [markdown]
+# One more count for the discussion. Under the causal mask, how many query-key scores a block
+# computes per head: stage 10 at D = 64 below N = 4096 runs 64-key tiles, and a warpgroup skips the
+# tiles past its own last row; stage 11 runs 128-key tiles, and both consumers compute every tile
+# up to the item's last row:
+
+# %%
+def scores_computed(N, BC, rows=64, groups=2, skip=False):
+    """Query-key scores computed for one head under the causal mask: items of `groups` warpgroups
+    of `rows` rows; a warpgroup computes the key tiles up to its item's last row, or with `skip`
+    only those up to its own last row."""
+    BR, total = rows * groups, 0
+    for q0 in range(0, N, BR):
+        for g in range(groups):
+            last = min(N, q0 + (g + 1) * rows if skip else q0 + BR)
+            total += rows * math.ceil(last / BC) * BC
+    return total
+
+
+pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
+           for N in (512, 1024, 2048)}, name="stage 11 / stage 10 scores, D = 64, causal").round(3)
+
+# %% [markdown]
+# ### Discussion
+#
+# **Time.** Predicted 1.05–1.15× at the teaching config, and over the sweep a gain that fades with
+# the length of an item. Measured over the sweep: 0.98–1.18×, on average about 1.07× at D = 64 and
+# 1.13× at D = 128. Three things the prediction got wrong, and one it got right.
+#
+# * **At D = 128 the gain did not fade.** It is 1.07–1.18× at every length, 1.16× at N = 16384
+#   without the mask and 1.11× with it, where the model gives 1.01. An item of 128 tiles pays one
+#   prologue; what is left is per tile, and the model had none because, with its copies quicker
+#   than a tile's math, stage 10's ring was never short of data. Give the model copies slightly
+#   slower than a tile's math (below) and stage 10's warpgroups wait a little before every tile
+#   while stage 11's do not: K and V on their own barriers, K released right after S, let the
+#   producer load further ahead with fewer buffers (two of K and two of V against stage 10's three
+#   pairs). Under a whole GPU's load that is plausible; these measurements alone do not separate it
+#   from the other per-tile change, the copy instructions and the wait on `empty` gone from
+#   warpgroup 0's path.
+# * **At D = 64 the gain faded, but for another reason.** From N = 8192 on it is 1.01–1.05×, and
+#   that is where stage 10 was already close to cuDNN (0.93–0.99× in the last table): all three
+#   stand near 390–440 TFLOP/s there. D = 64 has half of D = 128's math per score, so the same
+#   softmax weighs twice as much; separating copies from math does not touch it.
+# * **The one loss, D = 64 causal at N = 512 (about 0.98×),** is work, not time: stage 11 computes
+#   about 11 % more scores there (the count above), because its 128-key tiles and consumers without
+#   a skip compute masked keys on the diagonal that stage 10's 64-key tiles skipped. The excess
+#   falls to 6 % and 3 % at N = 1024 and 2048, and the gain rises with it.
+# * **Short items gained, as the model said:** 1.05–1.18× at N = 512–1024 outside that one case.
+#
+# **The teaching config** shows why one ratio is not enough. In the run recorded in
+# `data/results.csv` the fp16 ratio is 1.45×, far above anything in the sweep, and stage 10's fp16
+# row says why: its timed runs spread from about 0.069 ms (p20) to 0.100 ms (p80), where its bf16
+# runs and both of stage 11's agree within 2 %. A median from so wide a spread is not the kernel's
+# time. The bf16 rows — the same instructions, another element type — give 1.14×, and the profile
+# below (each kernel timed under Nsight Compute) about 1.13×: inside the band.
+#
+# **Against cuDNN** stage 11 runs at 0.87–1.04×: level with it (0.96–1.04×) from N = 4096 on, both
+# head dims and masks, and 0.87–0.92× at N = 512, where an item is a few tiles and everything that
+# is not the loop weighs most. Against PyTorch's FlashAttention-2 backend (`sdpa_flash`) it is
+# 1.3–1.8× faster.
+#
+# The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
+# bytes 0.75 against 2 of math):
+
+# %%
+slow = dict(h100, latency=1.5, load=0.75)
+display(hp.predicted_gain(n_tiles=(4, 8, 16, 32, 64, 128), **slow).round(3).to_frame().T)
+hp.warpspec_timeline(tiles=(3, 3, 3), **slow)
+
+# %% [markdown]
+# ## 10 · Stall reasons
+
+# %%
+idea = list(fl.stage("11_warpspec").idea_metrics)
+with nb.unless_missing():
+    prof = nb.profile("11_warpspec")
+    stall_rows = prof.index[prof.index.str.startswith("stall_")]
+    display(prof.loc[[m for m in ["duration_ms", "tensor_pipe_pct", "sm_throughput_pct",
+                                  "achieved_occupancy_pct"] if m in prof.index]
+                     + list(stall_rows)].round(2))
+    if "10_tma" not in prof.columns:
+        raise nb.not_recorded("10_tma", " profile (to compare with)", " --profile")
+    for m in idea + ["stall_barrier", "achieved_occupancy_pct"]:
+        print(f"{m}: {prof.at[m, '10_tma']:.1f}% -> {prof.at[m, '11_warpspec']:.1f}%")
+    d10, d11 = prof.at["duration_ms", "10_tma"], prof.at["duration_ms", "11_warpspec"]
+    print(f"duration under Nsight Compute: {d10:.4f} -> {d11:.4f} ms ({d10 / d11:.2f}x)")
+
+# %%
+plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
+
+# %% [markdown]
+# ### Discussion
+#
+# * **The tensor pipe is busier**, 35 % → 40 % of the time, as predicted: the same products in
+#   less time.
+# * **Waiting rose, against the prediction:** `long_scoreboard` about 9 → 14 %, `barrier` 3 → 11 %,
+#   `short_scoreboard` 2 → 7 % of warp time. Count the warps before reading the shares. A stage 11
+#   block keeps nine warps alive — eight consumer warps and the producer's warp 0 (its other three
+#   warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.5 % → 13.8 % of
+#   64 warps). The producer's warp is a ninth of the warp time, and it spends nearly all of it
+#   waiting on `empty` barriers, as its red lane in section 5 did: by itself about 11 of these
+#   points. Its waiting is not time lost — it has nothing else to do — but a share of warp time
+#   cannot tell it from a consumer's. The rest is the consumers': with nine warps on an SM instead
+#   of fourteen, a consumer warp's waits (for a tile to land, or for its three siblings at each
+#   warpgroup-wide `wgmma`) have fewer other warps' instructions to hide behind. Nsight Compute's
+#   source view, which splits the stall samples by instruction, would say which waits belong to
+#   which role.
+# * With fewer warps, fewer compete to issue: `not_selected` halved (about 15 % → 7 %) and
+#   `math_pipe_throttle` fell from about 7 % to 2 %.
+#
+# The prediction's mistake is the lesson of a specialized kernel: its warps have different jobs,
+# and a waiting producer is doing its job. Read stall shares by role, not for the block.
+
+# %% [markdown]
+# ## 11 · What is next
+#
+# The two consumers still run in step: both wait for the same tile, both issue their products at
+# once, and both exponentiate at once, so while they run their softmax the tensor cores have
+# nothing to do (section 5's figure: the light stretches line up). The next step makes them take
+# turns — one consumer's softmax runs while the other's products keep the tensor cores busy.
+
+# %% [markdown]
+# ## Exercises
+#
+# ### Lab `11.registers`
+#
+# Section 3's budget, for the block that was not chosen.
+
+# %%
+from flashlab.course import labs
+print(labs.prompt("11.registers"))
+
+# %%
+### BEGIN SOLUTION
+threads = 128 * (1 + 3)
+at_launch = 65536 // threads // 8 * 8
+consumer = (65536 // 128 - 40) // 3 // 8 * 8
+answer = (at_launch, consumer)
+### END SOLUTION
+labs.check("11.registers", answer)
+
+# %% [markdown]
+# ### Kernel exercise `11.work_tile` (10 points)
+#
+# **Where:** `work_tile` in `kernels/11_warpspec.cu`, between `// BEGIN EXERCISE 11.work_tile` and
+# `// END EXERCISE 11.work_tile`. The stub gives every work item the first query tile of the first
+# head: producer and consumers agree on it, so nothing hangs, but every head except the first is
+# never computed.
+#
+# **What to write:** section 4's mapping of item `item` to its batch × head index `bh` (the items of
+# a head are consecutive, `tiles` of them) and its first query row `q0`: the query tile
+# `item % tiles` times `BR`, counted from the last tile under the causal mask, so that a head's
+# longest item comes first.
+#
+# **How it is judged.** `flashlab grade` builds stage 11 from your `kernels/` and checks it against
+# a float64 reference on fresh random inputs (NaN-poisoned output, N = 1, 17, 1000 and 4096, D = 64
+# and 128, causal and not, fp16 and bf16, and the strided layout of a model's projections). Any
+# mapping that computes every item once is right; the order is scored by the time: a right kernel is
+# timed against stage 10 built from the same folder. A wrong one scores 0 with its first wrong
+# element named.
+#
+# **GPU:** compute capability 9.0 (H100, H200, GH200); elsewhere `flashlab grade` skips it with one
+# line saying why. Run it with
+#
+#     flashlab grade --exercise 11.work_tile
+
+# %% [markdown]
+# ## Questions for discussion
+#
+# 1. The producer warpgroup has 128 threads and one of them works. A block of two consumer
+#    warpgroups and a single producer *warp* (288 threads) would need no `setmaxnreg`: what would
+#    each thread hold, and what would the producer warp cost in registers?
+# 2. Why does Q need two buffers for the producer to run ahead across items? What would one buffer
+#    cost, and what would three buy?
+# 3. The producer claims its next item while the current item's copies are in flight, one item
+#    early. What does that cost at the end of a launch, and what would claiming at the last moment
+#    cost instead?
+# 4. Stage 11 gave up stage 10's per-warpgroup skip of fully masked causal tiles. Where did that
+#    show in the measurements, and what must a consumer still do for a tile it skips?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* 65 536 / 288 ≈ 227, so 224 registers a thread at launch — almost
+# the consumers' 232, with no `setmaxnreg` at all. The producer warp would hold 32 × 224 = 7 168
+# registers for a loop that needs 40 a thread, against 128 × 40 = 5 120 for stage 11's producer
+# warpgroup after `setmaxnreg.dec`: nearly the same. (The warp would have to come after the
+# consumers: a warpgroup for `wgmma` is four warps starting at a multiple of four.) `setmaxnreg`
+# acts on whole warpgroups, so a producer *warpgroup* is what lets the budget move at run time;
+# its three idle warps hold only 40 registers a thread, and a later kernel can give them work
+# (storing O with TMA, say) without changing the budget.
+
+# %% [markdown]
+# **Instructor's answer.** *2.* The producer may overwrite a Q buffer only after every consumer's
+# last S of the item that used it. With one buffer, item it + 1's Q could only be copied after item
+# it's last S: the consumers would wait a whole round trip for Q at every item, the cost stage 10
+# paid per block. With two, Q of item it + 1 is copied during item it. A third would let the
+# producer run two items ahead, which buys nothing while an item takes longer than a copy, and
+# costs 32 KiB of shared memory at D = 128 (2 × 32 + 4 × 32 = 192 KiB now; a third Q makes 224).
+
+# %% [markdown]
+# **Instructor's answer.** *3.* A block that claimed a long item just before the others ran out of
+# work still has to compute it: up to one item of imbalance at the end, which section 4's table
+# shows as the counter's few per cent above the hardware's scheduling of separate blocks; handing
+# out long items first keeps the late ones short. Claiming only when the consumers are ready would
+# balance better but leave the next item's Q and first K to be copied after the last one ended: the
+# round trip the persistent grid exists to hide.
+
+# %% [markdown]
+# **Instructor's answer.** *4.* At D = 64, causal, N = 512: stage 11 ran slightly slower than stage
+# 10 (about 0.98×), computing about 11 % more scores; the gap closes as N grows. A consumer that
+# skips a tile must still wait for it to land and arrive on its `empty` barriers (K's and V's), or
+# the producer would wait forever for a release that never comes; and it must not skip the waits
+# that keep its ring position and phase parities in step with the producer's.
+
+# %% [markdown]
+# ## Summary
+#
+# - A producer warpgroup issues every copy and waits for every free buffer, so the computing
+#   warpgroups wait only for data.
+# - `setmaxnreg` moves registers between warpgroups at run time: 40 for the producer, 232 for each
+#   of two consumers, where the launch cap gave everyone 168; three consumers would get 152 and
+#   ptxas would serialize their `wgmma`.
+# - A persistent grid of one block per SM claims work items from a counter, longest causal items
+#   first, and copies the next item's Q during the current one: a block's start is paid once.
+# - K and V on their own barriers let K go back to the producer as soon as S has read it.
+# - In a specialized kernel a waiting warp may be doing its job: read stall reasons by role.
+
+# %%
+nb.reached("11_warpspec")
