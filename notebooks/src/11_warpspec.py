@@ -358,6 +358,12 @@ with nb.unless_missing():
                       for s in ("10_tma", "11_warpspec") for d in ("fp16", "bf16")])
     display(rows.set_index(["stage", "dtype"])[["median_ms", "p20_ms", "p80_ms", "tflops",
                                                 "commit"]])
+    wide = rows[rows.p80_ms > 1.1 * rows.p20_ms]
+    for _, r in wide.iterrows():
+        print(f"{r.stage} {r.dtype}: p80 is {r.p80_ms / r.p20_ms - 1:.0%} above p20 - a wide "
+              "spread: read this row's median with care")
+    if wide.empty:
+        print("every row's p80 is within 10 % of its p20")
 
 # %% [markdown]
 # Over the sweep: stage 11 over stage 10, then over cuDNN's attention, PyTorch's fastest, and
@@ -404,40 +410,40 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # ### Discussion
 #
 # **Time.** Predicted 1.05–1.15× at the teaching config, and over the sweep a gain that fades with
-# the length of an item. Measured over the sweep: 0.98–1.18×, on average about 1.07× at D = 64 and
-# 1.13× at D = 128. Three things the prediction got wrong, and one it got right.
+# the length of an item. Measured over the sweep: 0.96–1.22×, on average about 1.07× at D = 64 and
+# 1.14× at D = 128. Three things the prediction got wrong, and one it got right.
 #
-# * **At D = 128 the gain did not fade.** It is 1.07–1.18× at every length, 1.16× at N = 16384
-#   without the mask and 1.11× with it, where the model gives 1.01. An item of 128 tiles pays one
-#   prologue; what is left is per tile, and the model had none because, with its copies quicker
-#   than a tile's math, stage 10's ring was never short of data. Give the model copies slightly
-#   slower than a tile's math (below) and stage 10's warpgroups wait a little before every tile
-#   while stage 11's do not: K and V on their own barriers, K released right after S, let the
-#   producer load further ahead with fewer buffers (two of K and two of V against stage 10's three
-#   pairs). Under a whole GPU's load that is plausible; these measurements alone do not separate it
-#   from the other per-tile change, the copy instructions and the wait on `empty` gone from
-#   warpgroup 0's path.
-# * **At D = 64 the gain faded, but for another reason.** From N = 8192 on it is 1.01–1.05×, and
-#   that is where stage 10 was already close to cuDNN (0.93–0.99× in the last table): all three
-#   stand near 390–440 TFLOP/s there. D = 64 has half of D = 128's math per score, so the same
+# * **At D = 128 the gain did not fade.** It is 1.10–1.22× at every length, about 1.18× at N =
+#   16384 without the mask and 1.11× with it, where the model gives 1.01. An item of 128 tiles
+#   pays one prologue; what is left is per tile, and the model had none because, with its copies
+#   quicker than a tile's math, stage 10's ring was never short of data. Give the model copies
+#   slightly slower than a tile's math (below) and stage 10's warpgroups wait a little before
+#   every tile while stage 11's do not: K and V on their own barriers, K released right after S,
+#   let the producer load further ahead with fewer buffers (two of K and two of V against stage
+#   10's three pairs). Under a whole GPU's load that is plausible; these measurements alone do
+#   not separate it from the other per-tile change, the copy instructions and the wait on
+#   `empty` gone from warpgroup 0's path.
+# * **At D = 64 the gain faded, but for another reason.** From N = 8192 on it is about 1.04–1.07×,
+#   and that is where stage 10 was already closest to cuDNN (0.92–0.97× in the last table): all
+#   three stand near 400–450 TFLOP/s there. D = 64 has half of D = 128's math per score, so the same
 #   softmax weighs twice as much; separating copies from math does not touch it.
-# * **The one loss, D = 64 causal at N = 512 (about 0.98×),** is work, not time: stage 11 computes
+# * **The one loss, D = 64 causal at N = 512 (about 0.96×),** is work, not time: stage 11 computes
 #   about 11 % more scores there (the count above), because its 128-key tiles and consumers without
 #   a skip compute masked keys on the diagonal that stage 10's 64-key tiles skipped. The excess
 #   falls to 6 % and 3 % at N = 1024 and 2048, and the gain rises with it.
-# * **Short items gained, as the model said:** 1.05–1.18× at N = 512–1024 outside that one case.
+# * **Short items gained, as the model said:** 1.03–1.18× at N = 512–1024 outside that one case.
 #
-# **The teaching config** shows why one ratio is not enough. In the run recorded in
-# `data/results.csv` the fp16 ratio is 1.45×, far above anything in the sweep, and stage 10's fp16
-# row says why: its timed runs spread from about 0.069 ms (p20) to 0.100 ms (p80), where its bf16
-# runs and both of stage 11's agree within 2 %. A median from so wide a spread is not the kernel's
-# time. The bf16 rows — the same instructions, another element type — give 1.14×, and the profile
-# below (each kernel timed under Nsight Compute) about 1.13×: inside the band.
+# **The teaching config** is one launch of about 50 µs, and such a short time is easily disturbed:
+# read its ratio together with the spread of its rows (the table and the check above).
+# Where a row's p80 is more than about 10 % above its p20, its median is not the kernel's time;
+# then the bf16 ratio (the same instructions, another element type) and the profile below (each
+# kernel timed under Nsight Compute, about 1.13×) are the better evidence. Where the rows are
+# tight, the fp16 ratio stands near 1.14×: inside the band.
 #
-# **Against cuDNN** stage 11 runs at 0.87–1.04×: level with it (0.96–1.04×) from N = 4096 on, both
-# head dims and masks, and 0.87–0.92× at N = 512, where an item is a few tiles and everything that
-# is not the loop weighs most. Against PyTorch's FlashAttention-2 backend (`sdpa_flash`) it is
-# 1.3–1.8× faster.
+# **Against cuDNN** stage 11 runs at 0.87–1.05×: close to level with it (0.93–1.05×) from N = 4096
+# on, both head dims and masks, and 0.87–0.93× at N = 512, where an item is a few tiles and
+# everything that is not the loop weighs most. Against PyTorch's FlashAttention-2 backend
+# (`sdpa_flash`) it is 1.3–1.8× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -494,10 +500,12 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ## 11 · What is next
 #
-# The two consumers still run in step: both wait for the same tile, both issue their products at
-# once, and both exponentiate at once, so while they run their softmax the tensor cores have
-# nothing to do (section 5's figure: the light stretches line up). The next step makes them take
-# turns — one consumer's softmax runs while the other's products keep the tensor cores busy.
+# Each consumer still runs a tile strictly in order — products, wait, softmax, products — and the
+# softmax is the longest of these steps. While one consumer exponentiates, only the other's
+# products can keep the tensor cores busy, and nothing makes the two take turns: in section 5's
+# model they even fall into step, both waiting for the same tile and both exponentiating at once.
+# The next step schedules the two consumers' products and softmaxes against each other, and
+# overlaps a consumer's softmax with its own next product.
 
 # %% [markdown]
 # ## Exercises
@@ -586,7 +594,7 @@ labs.check("11.registers", answer)
 
 # %% [markdown]
 # **Instructor's answer.** *4.* At D = 64, causal, N = 512: stage 11 ran slightly slower than stage
-# 10 (about 0.98×), computing about 11 % more scores; the gap closes as N grows. A consumer that
+# 10 (about 0.96×), computing about 11 % more scores; the gap closes as N grows. A consumer that
 # skips a tile must still wait for it to land and arrive on its `empty` barriers (K's and V's), or
 # the producer would wait forever for a release that never comes; and it must not skip the waits
 # that keep its ring position and phase parities in step with the producer's.
