@@ -360,7 +360,7 @@ with nb.unless_missing():
                                                 "commit"]])
     wide = rows[rows.p80_ms > 1.1 * rows.p20_ms]
     for _, r in wide.iterrows():
-        print(f"{r.stage} {r.dtype}: p80 is {r.p80_ms / r.p20_ms - 1:.0%} above p20 - a wide "
+        print(f"{r['stage']} {r['dtype']}: p80 is {r.p80_ms / r.p20_ms - 1:.0%} above p20 - a wide "
               "spread: read this row's median with care")
     if wide.empty:
         print("every row's p80 is within 10 % of its p20")
@@ -436,9 +436,12 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # **The teaching config** is one launch of about 50 µs, and such a short time is easily disturbed:
 # read its ratio together with the spread of its rows (the table and the check above).
 # Where a row's p80 is more than about 10 % above its p20, its median is not the kernel's time;
-# then the bf16 ratio (the same instructions, another element type) and the profile below (each
-# kernel timed under Nsight Compute, about 1.13×) are the better evidence. Where the rows are
-# tight, the fp16 ratio stands near 1.14×: inside the band.
+# then the other element type's ratio (the same instructions), if its rows are tight, and the
+# profile below (each kernel timed under Nsight Compute, about 1.1×) are the better evidence.
+# Where the rows are tight, stage 11 stands near 1.12–1.14× stage 10 here: inside the band.
+# Stage 11's rows are the ones that spread. One candidate: its launch does more on the host — a
+# workspace for the counter, a memset to zero it, three tensor maps — and when each launch is a
+# few tens of µs of GPU time, a host that falls behind now and then shows as slow runs.
 #
 # **Against cuDNN** stage 11 runs at 0.87–1.05×: close to level with it (0.93–1.05×) from N = 4096
 # on, both head dims and masks, and 0.87–0.93× at N = 512, where an item is a few tiles and
