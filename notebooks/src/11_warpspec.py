@@ -410,11 +410,12 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # ### Discussion
 #
 # **Time.** Predicted 1.05–1.15× at the teaching config, and over the sweep a gain that fades with
-# the length of an item. Measured over the sweep: 0.96–1.22×, on average about 1.07× at D = 64 and
-# 1.14× at D = 128. Three things the prediction got wrong, and one it got right.
+# the length of an item. Measured over the sweep, in the run recorded in `data/` and in this
+# notebook's own: 0.96–1.22×, on average about 1.05–1.07× at D = 64 and 1.12–1.14× at D = 128.
+# Three things the prediction got wrong, and one it got right.
 #
-# * **At D = 128 the gain did not fade.** It is 1.10–1.22× at every length, about 1.18× at N =
-#   16384 without the mask and 1.11× with it, where the model gives 1.01. An item of 128 tiles
+# * **At D = 128 the gain did not fade.** It is 1.09–1.22× at every length, about 1.16–1.18× at N
+#   = 16384 without the mask and 1.11× with it, where the model gives 1.01. An item of 128 tiles
 #   pays one prologue; what is left is per tile, and the model had none because, with its copies
 #   quicker than a tile's math, stage 10's ring was never short of data. Give the model copies
 #   slightly slower than a tile's math (below) and stage 10's warpgroups wait a little before
@@ -423,7 +424,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 #   10's three pairs). Under a whole GPU's load that is plausible; these measurements alone do
 #   not separate it from the other per-tile change, the copy instructions and the wait on
 #   `empty` gone from warpgroup 0's path.
-# * **At D = 64 the gain faded, but for another reason.** From N = 8192 on it is about 1.04–1.07×,
+# * **At D = 64 the gain faded, but for another reason.** From N = 8192 on it is about 1.02–1.07×,
 #   and that is where stage 10 was already closest to cuDNN (0.92–0.97× in the last table): all
 #   three stand near 400–450 TFLOP/s there. D = 64 has half of D = 128's math per score, so the same
 #   softmax weighs twice as much; separating copies from math does not touch it.
@@ -443,8 +444,8 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # workspace for the counter, a memset to zero it, three tensor maps — and when each launch is a
 # few tens of µs of GPU time, a host that falls behind now and then shows as slow runs.
 #
-# **Against cuDNN** stage 11 runs at 0.87–1.05×: close to level with it (0.93–1.05×) from N = 4096
-# on, both head dims and masks, and 0.87–0.93× at N = 512, where an item is a few tiles and
+# **Against cuDNN** stage 11 runs at 0.86–1.05×: close to level with it (0.89–1.05×) from N = 4096
+# on, both head dims and masks, and 0.86–0.93× at N = 512, where an item is a few tiles and
 # everything that is not the loop weighs most. Against PyTorch's FlashAttention-2 backend
 # (`sdpa_flash`) it is 1.3–1.8× faster.
 #
