@@ -112,7 +112,7 @@ def segments_of(block) -> dict:
     T and D, as strings)]} of one pick() function's text, as C++ runs it: in line order, a return
     under `if (p->causal)` (a line or a block) serves causal problems only, any other serves both
     masks, and a return without `if (p->N < ..)` ends the list. The shapes pick_source() writes,
-    and stages 09 and 10's."""
+    and the Hopper stages' (09 onwards)."""
     out, done, in_causal = {}, set(), False
     for line in block.splitlines():
         if re.search(r"if \(p->causal\) \{", line):
@@ -171,7 +171,7 @@ def at(D, causal, N, text=None):
 def launched(text, D, causal, N=None):
     """The template arguments after T and D (strings) that any stage's pick() in `text` launches
     at head dim D, mask and sequence length N (None: the longest); None where `text` has no
-    pick() or it launches nothing for D. Stages 08, 09 and 10 have one."""
+    pick() or it launches nothing for D. Stages 08 onwards have one."""
     block = _ANY_PICK.search(text)
     return _serving(segments_of(block.group(0)).get((D, bool(causal)), []), N) if block else None
 

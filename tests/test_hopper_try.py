@@ -1,4 +1,4 @@
-"""tools/hopper_try.py, the device harness that picked stages 09 and 10's shapes: the variant it
+"""tools/hopper_try.py, the device harness that picked the Hopper stages' shapes: the variant it
 builds launches exactly the shapes it was given (read back by the registry's pick() reader)."""
 import importlib.util
 

@@ -1,0 +1,56 @@
+"""tools/hopper_trace.py, the device harness that reads a consumer's schedule from the SM clock:
+the trace table and STAMP it adds compile into a stage's kernel, and its reading of a table."""
+import importlib.util
+import subprocess
+
+import numpy as np
+import pytest
+
+import flashlab as fl
+from flashlab import paths, ptxas
+
+spec = importlib.util.spec_from_file_location("hopper_trace", paths.ROOT / "tools" / "hopper_trace.py")
+hopper_trace = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hopper_trace)
+
+
+def stamped(text):
+    """Stage 11's consumer loop with a stamp before the data wait, after S and after the softmax."""
+    for old, new in [
+        ("  int ring = 0;\n  while (begin_item()) {", "  int ring = 0, tr = 0;\n  while (begin_item()) {"),
+        ("      mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);\n      wgmma_fence();",
+         "      STAMP(0);\n      mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);\n      STAMP(1);\n"
+         "      wgmma_fence();"),
+        ("      softmax(s, j * BC);\n", "      softmax(s, j * BC);\n      STAMP(2);\n      tr++;\n"),
+    ]:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    return text
+
+
+def _nvcc():
+    try:
+        return ptxas.nvcc()
+    except FileNotFoundError:
+        return None
+
+
+@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+def test_a_stamped_stage_compiles_for_hopper(tmp_path):
+    src = tmp_path / "11_traced.cu"
+    src.write_text(hopper_trace.traced_source(stamped(fl.stage(11).source.read_text())))
+    out = subprocess.run([_nvcc(), "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a",
+                          f"-I{paths.ROOT / 'kernels'}", "-c", str(src), "-o", str(tmp_path / "x.o")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_phases_are_the_mean_gaps_between_stamps():
+    t = np.zeros((2, hopper_trace.TILES, hopper_trace.STAMPS), dtype=np.uint64)
+    for wg in range(2):
+        for tile in range(20):
+            start = 1000 + 3000 * tile + 1500 * wg
+            t[wg, tile, :3] = [start, start + 200, start + 1200]
+    got = hopper_trace.phases(t, ["wait", "S"])
+    assert got[0] == {"wait": 200.0, "S": 1000.0, "period": 3000.0}
+    assert got[1]["period"] == 3000.0
