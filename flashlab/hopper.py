@@ -33,6 +33,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from .banks import BANK_BYTES, BANKS, wavefronts
 from .fragments import LANES
+from .tiling import SM_LIMITS
 
 WARPGROUP = 128   # threads that issue one wgmma together
 WARP = 32
@@ -778,7 +779,7 @@ def ring_timeline(n_tiles=8, stages=3, load=1.0, compute=1.5, latency=1.0, warpg
 
 # ---------------------------------------------------------------- stage 11: registers per role
 
-REGS_PER_SM = 65536      # 32-bit registers in an SM's register file (sm_90)
+REGS_PER_SM = SM_LIMITS["9.0"][0]  # 32-bit registers in an SM's register file (65 536)
 MAX_REGS_THREAD = 255    # the most a thread may hold
 REG_UNIT = 8             # registers are allocated (and setmaxnreg counts) in multiples of 8
 SETMAXNREG_RANGE = (24, 256)

@@ -3,9 +3,15 @@ import shutil
 import pytest
 import torch
 
-from flashlab import paths
+from flashlab import paths, ptxas
 
 HAVE_CUDA = torch.cuda.is_available()
+try:
+    NVCC = ptxas.nvcc()  # the compiler flashlab builds with; CPU tests compile with it too
+except FileNotFoundError:
+    NVCC = None
+needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit on PATH, "
+                                "CUDA_HOME or /usr/local/cuda)")
 
 
 def pytest_configure(config):

@@ -1,12 +1,11 @@
 """tools/hopper_trace.py, the device harness that reads a consumer's schedule from the SM clock:
 the trace table and STAMP it adds compile into a stage's kernel, and its reading of a table."""
 import importlib.util
-import subprocess
 
 import numpy as np
-import pytest
 
 import flashlab as fl
+from conftest import needs_nvcc
 from flashlab import paths, ptxas
 
 spec = importlib.util.spec_from_file_location("hopper_trace", paths.ROOT / "tools" / "hopper_trace.py")
@@ -28,21 +27,11 @@ def stamped(text):
     return text
 
 
-def _nvcc():
-    try:
-        return ptxas.nvcc()
-    except FileNotFoundError:
-        return None
-
-
-@pytest.mark.skipif(_nvcc() is None, reason="nvcc not found")
+@needs_nvcc
 def test_a_stamped_stage_compiles_for_hopper(tmp_path):
     src = tmp_path / "11_traced.cu"
     src.write_text(hopper_trace.traced_source(stamped(fl.stage(11).source.read_text())))
-    out = subprocess.run([_nvcc(), "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a",
-                          f"-I{paths.ROOT / 'kernels'}", "-c", str(src), "-o", str(tmp_path / "x.o")],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-3000:]
+    ptxas.compile_cubin(src, "sm_90a")  # the workbook's own flags; RuntimeError if it fails
 
 
 def test_phases_are_the_mean_gaps_between_stamps():

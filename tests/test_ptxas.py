@@ -13,12 +13,7 @@ from flashlab import build, measure, picks, ptxas, tables
 from flashlab.stages import CTYPES
 from flashlab.paths import KERNELS
 
-try:
-    NVCC = ptxas.nvcc()
-except FileNotFoundError:
-    NVCC = None
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit on PATH, "
-                                "CUDA_HOME or /usr/local/cuda)")
+from conftest import NVCC, needs_nvcc
 GXX = shutil.which("g++")
 
 STAGES = [st.slug for st in fl.stages()]

@@ -18,11 +18,8 @@ from flashlab.course import Exercise, Result
 from flashlab.course import kernels as K
 from flashlab.course import student
 
-try:
-    NVCC = ptxas.nvcc()
-except FileNotFoundError:
-    NVCC = None
-needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found")
+from conftest import NVCC, needs_nvcc
+
 try:
     CUOBJDUMP = sass.cuobjdump()
 except FileNotFoundError:

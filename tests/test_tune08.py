@@ -15,12 +15,7 @@ from flashlab import autotune as tune08
 from flashlab import cli, paths, picks, ptxas, tables, tuning
 from flashlab.bench import SWEEP
 
-try:
-    ptxas.nvcc()
-    HAVE_NVCC = True
-except FileNotFoundError:
-    HAVE_NVCC = False
-needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not found (no CUDA toolkit)")
+from conftest import needs_nvcc
 
 
 GPU = "Synthetic GPU"

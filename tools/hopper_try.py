@@ -26,6 +26,12 @@ from flashlab.bench import tflops, time_fn
 from flashlab.baselines import Baseline
 from flashlab.stages import Attention
 
+def unregistered_stage(path):
+    """The registry entry a kernel not yet in the registry is built and checked with: the last
+    stage's (dtypes, head dims, target), under the file's own name."""
+    return dataclasses.replace(fl.stages()[-1], slug=Path(path).stem)
+
+
 PICK = re.compile(r"(// PICK.*?\ntemplate <typename T>\nstatic const char\* pick\([^)]*\) \{\n)(.*?)(\n\}\n)", re.S)
 
 
@@ -58,7 +64,7 @@ def main():
         key, spec = arg.split("|")
         if key.endswith(".cu"):  # a kernel not yet in the registry, checked as the last stage is
             text = Path(key).read_text()
-            st = dataclasses.replace(fl.stages()[-1], slug=Path(key).stem)
+            st = unregistered_stage(key)
         else:
             st = fl.stage(key)
             text = st.source.read_text()
