@@ -43,3 +43,14 @@ def test_phases_are_the_mean_gaps_between_stamps():
     got = hopper_trace.phases(t, ["wait", "S"])
     assert got[0] == {"wait": 200.0, "S": 1000.0, "period": 3000.0}
     assert got[1]["period"] == 3000.0
+
+
+def test_the_stamps_written_say_how_many_names_the_intervals_need():
+    t = np.zeros((2, hopper_trace.TILES, hopper_trace.STAMPS), dtype=np.uint64)
+    assert hopper_trace.stamps_written(t) == 0
+    for wg in range(2):
+        for tile in range(20):
+            t[wg, tile, :3] = [1000 + tile, 1200 + tile, 1300 + tile]
+    assert hopper_trace.stamps_written(t) == 3
+    t[1, 12, 2] = 0  # a stamp missing in one traced tile: the intervals after it are not known
+    assert hopper_trace.stamps_written(t) == 2

@@ -60,6 +60,17 @@ def phases(trace: np.ndarray, names, skip=8):
     return out
 
 
+def stamps_written(trace: np.ndarray, skip=8) -> int:
+    """How many stamps (0, 1, ...) the kernel wrote in every tile it traced: a name is needed
+    for each interval between them."""
+    t = trace[:, skip:, :]
+    traced = (t[:, :, 0] > 0)
+    if not traced.any():
+        return 0
+    full = [bool((t[:, :, k][traced] > 0).all()) for k in range(t.shape[2])]
+    return full.index(False) if False in full else len(full)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("source")
@@ -84,6 +95,10 @@ def main():
     lib = ctypes.CDLL(mod.__file__)
     if lib.flashlab_trace(table.ctypes.data_as(ctypes.c_void_p)) != 0:
         raise SystemExit("cudaMemcpyFromSymbol failed")
+    written = stamps_written(table)
+    if written != len(names) + 1:
+        raise SystemExit(f"the kernel wrote {written} stamps a tile: give {max(written - 1, 0)} "
+                         f"names, one per interval between them, not {len(names)}")
     print(f"{torch.cuda.get_device_name()} {cfg.label}: mean cycles per tile, block 0")
     for wg, stats in phases(table, names).items():
         print(f"consumer {wg}: " + "  ".join(f"{n} {v:.0f}" for n, v in stats.items()))

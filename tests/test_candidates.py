@@ -1,0 +1,40 @@
+"""Kernel candidates in tools/candidates/ (measured, not stages) still build for Hopper at the
+shapes their README reports, without ptxas serializing wgmma (C75xx) or spilling."""
+import importlib.util
+import re
+
+import pytest
+
+from conftest import needs_nvcc
+from flashlab import paths, ptxas
+
+spec = importlib.util.spec_from_file_location("hopper_try", paths.ROOT / "tools" / "hopper_try.py")
+hopper_try = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(hopper_try)
+
+CANDIDATES = paths.ROOT / "tools" / "candidates"
+SHAPES = {  # the shapes tools/candidates/README.md reports
+    "12_overlap.cu": ["D64:128,3,2,true,true;D128:128,2,2,true,true",
+                      "D64:128,3,2,true,false;D128:128,2,2,true,false",
+                      "D64:128,3,3,false,false;D128:128,2,2,false,false"],
+}
+
+
+def test_every_candidate_has_its_shapes_and_readme_entry():
+    readme = (CANDIDATES / "README.md").read_text()
+    assert sorted(p.name for p in CANDIDATES.glob("*.cu")) == sorted(SHAPES)
+    for name in SHAPES:
+        assert f"`{name}`" in readme
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name,shape", [(n, s) for n, shapes in SHAPES.items() for s in shapes])
+def test_a_candidate_builds_for_hopper_without_serialized_wgmma_or_spills(tmp_path, name, shape):
+    src = CANDIDATES / name
+    st = hopper_try.unregistered_stage(src)
+    out = tmp_path / name
+    out.write_text(hopper_try.variant_source(st, shape, src.read_text()))
+    cubin = ptxas.compile_cubin(out, "sm_90a")
+    assert not re.search(r"C75\d\d", cubin.report), cubin.report
+    found = ptxas.parse(cubin.report, "sm_90a")
+    assert found and all(r.spill_bytes == 0 for r in found), found
