@@ -1,3 +1,4 @@
+import importlib.util
 import shutil
 
 import pytest
@@ -12,6 +13,14 @@ except FileNotFoundError:
     NVCC = None
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (no CUDA toolkit on PATH, "
                                 "CUDA_HOME or /usr/local/cuda)")
+
+
+def load_tool(name):
+    """tools/<name>.py (a script, not a package module) imported as a module for its tests."""
+    spec = importlib.util.spec_from_file_location(name, paths.ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_configure(config):

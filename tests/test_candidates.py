@@ -1,16 +1,13 @@
 """Kernel candidates in tools/candidates/ (measured, not stages) still build for Hopper at the
 shapes their README reports, without ptxas serializing wgmma (C75xx) or spilling."""
-import importlib.util
 import re
 
 import pytest
 
-from conftest import needs_nvcc
+from conftest import load_tool, needs_nvcc
 from flashlab import paths, ptxas
 
-spec = importlib.util.spec_from_file_location("hopper_try", paths.ROOT / "tools" / "hopper_try.py")
-hopper_try = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(hopper_try)
+hopper_try = load_tool("hopper_try")
 
 CANDIDATES = paths.ROOT / "tools" / "candidates"
 SHAPES = {  # the shapes tools/candidates/README.md reports

@@ -1,16 +1,13 @@
 """tools/hopper_trace.py, the device harness that reads a consumer's schedule from the SM clock:
 the trace table and STAMP it adds compile into a stage's kernel, and its reading of a table."""
-import importlib.util
 
 import numpy as np
 
 import flashlab as fl
-from conftest import needs_nvcc
-from flashlab import paths, ptxas
+from conftest import load_tool, needs_nvcc
+from flashlab import ptxas
 
-spec = importlib.util.spec_from_file_location("hopper_trace", paths.ROOT / "tools" / "hopper_trace.py")
-hopper_trace = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(hopper_trace)
+hopper_trace = load_tool("hopper_trace")
 
 
 def stamped(text):

@@ -1,15 +1,13 @@
 """tools/hopper_try.py, the device harness that picked the Hopper stages' shapes: the variant it
 builds launches exactly the shapes it was given (read back by the registry's pick() reader)."""
-import importlib.util
 
 import pytest
 
 import flashlab as fl
-from flashlab import paths, picks
+from conftest import load_tool
+from flashlab import picks
 
-spec = importlib.util.spec_from_file_location("hopper_try", paths.ROOT / "tools" / "hopper_try.py")
-hopper_try = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(hopper_try)
+hopper_try = load_tool("hopper_try")
 
 
 @pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.arch_specific])
