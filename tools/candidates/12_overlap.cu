@@ -110,7 +110,10 @@ overlap_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flash
   const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
   int* work = reinterpret_cast<int*>(smem_raw + (v_empty + 8 * STAGES - smem_u32(smem_raw)));
   const int tiles = (N + BR - 1) / BR, items = tiles * BH;
-  const int wg = threadIdx.x / 128;
+  // The warpgroup, read from lane 0 so that ptxas knows it is the same across the warp: the
+  // consumers' loops, whose trip counts depend on it, then carry a wgmma in flight across their
+  // back edges without ptxas serializing every wgmma (C7520: "divergent path").
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < 2; s++) {
@@ -303,6 +306,17 @@ overlap_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flash
       o[4 * d + 3] *= alpha[1];
     }
   };
+  // Empty asm statements that take O and P in and out: the compiler may not move the rescale
+  // or the packing past one, so both stay before the wgmma.fence that hands the registers to
+  // the tensor cores (moved past it, ptxas injects a warpgroup.arrive, C7519).
+  auto fence_operands = [&]() {
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) asm volatile("" : "+f"(o[i])::"memory");
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+      for (int i = 0; i < 4; i++) asm volatile("" : "+r"(p[ks][i])::"memory");
+  };
   auto pv_now = [&](int j) {  // O += P V_j, issued once V_j has landed
     const int r = ring + j;
     mbar_wait(v_full + 8 * (r % STAGES), (r / STAGES) & 1);
@@ -341,9 +355,9 @@ overlap_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flash
         pv_now(j);
       }
     } else {
+      float s[BC / 2];
       {  // tile 0: S_0 alone, nothing to overlap it with yet
         const int buf = ring % STAGES;
-        float s[BC / 2];
         mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);
         my_turn();
         wgmma_fence();
@@ -356,16 +370,22 @@ overlap_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flash
           if (my_tiles == 1) mbar_arrive(q_empty + 8 * slot);
         }
         softmax(s, 0);
-        pack(s);
 #pragma unroll
         for (int i = 0; i < D / 2; i++) o[i] = 0.f;
       }
+      // Each turn of the loop starts with the wait for P_{j-2} V_{j-2} and ends with the
+      // softmax of tile j. Inside one basic block ptxas places a wgmma.wait_group as early as
+      // it can, above the exponentials; the loop's back edge between them keeps it below.
       for (int j = 1; j < my_tiles; j++) {
         const int r = ring + j, buf = r % STAGES, prev = (r - 1) % STAGES;
-        float s[BC / 2];
+        wgmma_wait<0>();
+        if (j > 1 && lane == 0) mbar_arrive(v_empty + 8 * ((r - 2) % STAGES));
+        rescale();  // O, through tile j-2, takes tile j-1's factor
+        pack(s);
         mbar_wait(k_full + 8 * buf, (r / STAGES) & 1);
         mbar_wait(v_full + 8 * prev, ((r - 1) / STAGES) & 1);
         my_turn();
+        fence_operands();
         wgmma_fence();
         qk(s, buf);  // S_j = Q K_j^T
         wgmma_commit();
@@ -378,11 +398,11 @@ overlap_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flash
           if (j == my_tiles - 1) mbar_arrive(q_empty + 8 * slot);
         }
         softmax(s, j * BC);  // under P_{j-1} V_{j-1}
-        wgmma_wait<0>();
-        if (lane == 0) mbar_arrive(v_empty + 8 * prev);
-        rescale();  // O, now through tile j-1, takes tile j's factor
-        pack(s);
       }
+      wgmma_wait<0>();
+      if (my_tiles > 1 && lane == 0) mbar_arrive(v_empty + 8 * ((ring + my_tiles - 2) % STAGES));
+      rescale();
+      pack(s);
       pv_now(my_tiles - 1);  // the last P V
     }
     wgmma_wait<0>();
