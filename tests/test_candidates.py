@@ -1,6 +1,7 @@
 """Kernel candidates in tools/candidates/ (measured, not stages) still build for Hopper at the
 shapes their README reports, without ptxas serializing wgmma (C75xx) or spilling."""
 import re
+import subprocess
 
 import pytest
 
@@ -35,3 +36,14 @@ def test_a_candidate_builds_for_hopper_without_serialized_wgmma_or_spills(tmp_pa
     assert not re.search(r"C75\d\d", cubin.report), cubin.report
     found = ptxas.parse(cubin.report, "sm_90a")
     assert found and all(r.spill_bytes == 0 for r in found), found
+
+
+@needs_nvcc
+@pytest.mark.parametrize("probe", sorted(p.name for p in (CANDIDATES / "probes").glob("*.cu")))
+def test_a_probe_builds_for_hopper(tmp_path, probe):
+    """The standalone probes beside the candidates (their own main, no flashlab headers) build
+    with nvcc for sm_90a as their header comment says."""
+    proc = subprocess.run([ptxas.nvcc(), "-O3", "-gencode", "arch=compute_90a,code=sm_90a",
+                           "-o", str(tmp_path / "probe"), str(CANDIDATES / "probes" / probe)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -42,6 +42,18 @@ def test_phases_are_the_mean_gaps_between_stamps():
     assert got[1]["period"] == 3000.0
 
 
+def test_phases_stop_where_an_earlier_launch_left_its_stamps():
+    # block 0 took 12 tiles in the launch read and more in one before it: the table holds the
+    # read launch's tiles, then older (smaller) clock values from the earlier launch
+    t = np.zeros((2, hopper_trace.TILES, hopper_trace.STAMPS), dtype=np.uint64)
+    for wg in range(2):
+        for tile in range(20):
+            start = (10**9 if tile < 12 else 1000) + 3000 * tile
+            t[wg, tile, :3] = [start, start + 200, start + 1200]
+    got = hopper_trace.phases(t, ["wait", "S"])
+    assert got[0] == {"wait": 200.0, "S": 1000.0, "period": 3000.0}
+
+
 def test_the_stamps_written_say_how_many_names_the_intervals_need():
     t = np.zeros((2, hopper_trace.TILES, hopper_trace.STAMPS), dtype=np.uint64)
     assert hopper_trace.stamps_written(t) == 0
