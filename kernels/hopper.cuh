@@ -67,6 +67,12 @@ __device__ __forceinline__ void fence_proxy_async() {
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
   "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
   "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_LIST_80                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "         \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "         \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "         \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "         \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}"
 #define WG_LIST_96                                                                  \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "         \
   "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
@@ -79,6 +85,7 @@ __device__ __forceinline__ void fence_proxy_async() {
 #define WG_D32(i) WG_D8(i), WG_D8(i + 8), WG_D8(i + 16), WG_D8(i + 24)
 #define WG_ACC_32 WG_D32(0)
 #define WG_ACC_64 WG_D32(0), WG_D32(32)
+#define WG_ACC_80 WG_D32(0), WG_D32(32), WG_D8(64), WG_D8(72)
 #define WG_ACC_96 WG_D32(0), WG_D32(32), WG_D32(64)
 
 // D (64 x N, fp32) = A B (+ D when accumulate != 0); A (64 x 16) and B (16 x N) in shared memory,
@@ -104,13 +111,16 @@ template <typename T, int N>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          int accumulate) {
   constexpr bool h = std::is_same_v<T, __half>;
-  static_assert(N == 64 || N == 128 || N == 192, "wgmma_ss: N is 64, 128 or 192 here");
+  static_assert(N == 64 || N == 128 || N == 160 || N == 192, "wgmma_ss: N is 64, 128, 160 or 192 here");
   if constexpr (N == 64) {
     if constexpr (h) WGMMA_SS(64, "f16", WG_LIST_32, WG_ACC_32, "32", "33", "34");
     else WGMMA_SS(64, "bf16", WG_LIST_32, WG_ACC_32, "32", "33", "34");
   } else if constexpr (N == 128) {
     if constexpr (h) WGMMA_SS(128, "f16", WG_LIST_64, WG_ACC_64, "64", "65", "66");
     else WGMMA_SS(128, "bf16", WG_LIST_64, WG_ACC_64, "64", "65", "66");
+  } else if constexpr (N == 160) {
+    if constexpr (h) WGMMA_SS(160, "f16", WG_LIST_80, WG_ACC_80, "80", "81", "82");
+    else WGMMA_SS(160, "bf16", WG_LIST_80, WG_ACC_80, "80", "81", "82");
   } else {
     if constexpr (h) WGMMA_SS(192, "f16", WG_LIST_96, WG_ACC_96, "96", "97", "98");
     else WGMMA_SS(192, "bf16", WG_LIST_96, WG_ACC_96, "96", "97", "98");
@@ -121,13 +131,16 @@ template <typename T, int N, int TRANS_B>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                                          uint64_t desc_b, int accumulate) {
   constexpr bool h = std::is_same_v<T, __half>;
-  static_assert(N == 64 || N == 128 || N == 192, "wgmma_rs: N is 64, 128 or 192 here");
+  static_assert(N == 64 || N == 128 || N == 160 || N == 192, "wgmma_rs: N is 64, 128, 160 or 192 here");
   if constexpr (N == 64) {
     if constexpr (h) WGMMA_RS(64, "f16", WG_LIST_32, WG_ACC_32, WG_A4("32", "33", "34", "35"), "36", "37", "38");
     else WGMMA_RS(64, "bf16", WG_LIST_32, WG_ACC_32, WG_A4("32", "33", "34", "35"), "36", "37", "38");
   } else if constexpr (N == 128) {
     if constexpr (h) WGMMA_RS(128, "f16", WG_LIST_64, WG_ACC_64, WG_A4("64", "65", "66", "67"), "68", "69", "70");
     else WGMMA_RS(128, "bf16", WG_LIST_64, WG_ACC_64, WG_A4("64", "65", "66", "67"), "68", "69", "70");
+  } else if constexpr (N == 160) {
+    if constexpr (h) WGMMA_RS(160, "f16", WG_LIST_80, WG_ACC_80, WG_A4("80", "81", "82", "83"), "84", "85", "86");
+    else WGMMA_RS(160, "bf16", WG_LIST_80, WG_ACC_80, WG_A4("80", "81", "82", "83"), "84", "85", "86");
   } else {
     if constexpr (h) WGMMA_RS(192, "f16", WG_LIST_96, WG_ACC_96, WG_A4("96", "97", "98", "99"), "100", "101", "102");
     else WGMMA_RS(192, "bf16", WG_LIST_96, WG_ACC_96, WG_A4("96", "97", "98", "99"), "100", "101", "102");

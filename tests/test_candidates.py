@@ -14,7 +14,8 @@ CANDIDATES = paths.ROOT / "tools" / "candidates"
 SHAPES = {  # the shapes tools/candidates/README.md reports
     "12_overlap.cu": ["D64:128,3,2,true,true;D128:128,2,2,true,true",
                       "D64:128,3,2,true,false;D128:128,2,2,true,false",
-                      "D64:128,3,3,false,false;D128:128,2,2,false,false"],
+                      "D64:128,3,3,false,false;D128:128,2,2,false,false",
+                      "D64:160,3,2,true,true;D128:160,2,2,true,true"],
 }
 
 
