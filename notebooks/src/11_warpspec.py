@@ -504,12 +504,37 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ## 11 · What is next
 #
-# Each consumer still runs a tile strictly in order — products, wait, softmax, products — and the
+# Each consumer still runs a tile strictly in order: products, wait, softmax, products. The
 # softmax is the longest of these steps. While one consumer exponentiates, only the other's
-# products can keep the tensor cores busy, and nothing makes the two take turns: in section 5's
-# model they even fall into step, both waiting for the same tile and both exponentiating at once.
-# The next step schedules the two consumers' products and softmaxes against each other, and
-# overlaps a consumer's softmax with its own next product.
+# products can keep the tensor cores busy. FlashAttention-3 schedules against that in two ways.
+# The two consumers take turns at the tensor cores (ping-pong), so that one's softmax runs under
+# the other's products. Inside a consumer, the softmax of tile j runs while the product of tile
+# j − 1 is still in flight.
+#
+# Measure before building either. Read from the SM's clock, a stage 11 consumer at D = 128,
+# N = 4096 spends these cycles on one key tile (fp16, H100; the two consumers of block 0):
+#
+# | K wait | issue S | S wait | softmax | rescale O, pack P | V wait | issue P V | period |
+# |---|---|---|---|---|---|---|---|
+# | 212 / 142 | 501 / 410 | 295 / 365 | 1399 / 1508 | 298 / 235 | 106 / 111 | 195 / 253 | 3333 |
+#
+# The other consumer's two products for its tile, 2 × 64·128·128 multiply-adds, keep the tensor
+# cores busy for about 1 024 cycles at their peak of 4 096 FLOP a cycle per SM, and a consumer's
+# own P V, run under its softmax, 512 more. Taking turns hides a softmax only if, with its
+# rescale, packing and waits, it is shorter than that. The softmax alone takes 1 400–1 500
+# cycles here, and with the rest about 1 900.
+#
+# Why is it so long? Its 66 exponentials are not the reason: one warp on each sub-partition
+# exponentiates at 8.35 cycles a warp instruction, the special-function unit's full rate (16
+# results a cycle per SM), so they need about 550 cycles. With one consumer warpgroup and no
+# products running during its softmax, the same softmax takes 950 cycles. Beside a second
+# warpgroup's products it takes half as long again. cuDNN's attention kernel has the same shape
+# as stage 11: 384 threads, one block per SM, the same count of exponentials. At D = 128 and
+# N = 4096 its tensor pipe is active 76 % of the time, against stage 11's 74 %. Where it leads
+# (short sequences, D = 64), its warps wait at barriers about twice as often as stage 11's: its
+# warpgroups take turns. So the turns can pay on this GPU, but only once the softmax fits under
+# the other consumer's products. Fewer instructions on its critical path, or wider key tiles that
+# spread its fixed costs over more keys, come first.
 
 # %% [markdown]
 # ## Exercises
@@ -569,6 +594,10 @@ labs.check("11.registers", answer)
 #    cost instead?
 # 4. Stage 11 gave up stage 10's per-warpgroup skip of fully masked causal tiles. Where did that
 #    show in the measurements, and what must a consumer still do for a tile it skips?
+# 5. Section 11's trace gives a consumer 1 400–1 500 cycles of softmax a tile and the other
+#    consumer's products about 1 024. Draw two tiles of a ping-pong schedule for the two consumers:
+#    where are the tensor cores idle, and how short must the softmax (with its rescale and
+#    packing) become before they are not?
 
 # %% [markdown]
 # **Instructor's answer.** *1.* 65 536 / 288 ≈ 227, so 224 registers a thread at launch — almost
@@ -604,6 +633,16 @@ labs.check("11.registers", answer)
 # that keep its ring position and phase parities in step with the producer's.
 
 # %% [markdown]
+# **Instructor's answer.** *5.* Consumer A's S runs, then its softmax. Meanwhile the tensor cores
+# run A's P V and then B's S and P V: 512 + 1 024 cycles. A is ready to issue again only after
+# its softmax, rescale and packing (about 1 400 + 270 cycles) and its waits, so the tensor cores
+# idle for the difference, a few hundred cycles every turn, and the period is set by A's chain,
+# not by the products. They stop idling when a consumer's softmax, rescale, packing and waits fit
+# in the other consumer's products plus its own P V, about 1 500 cycles. The softmax alone (950
+# cycles with no products beside it) would fit, but the products slow it by half. So the
+# instructions between the two products must get fewer or cheaper before the turns pay.
+
+# %% [markdown]
 # ## Summary
 #
 # - A producer warpgroup issues every copy and waits for every free buffer, so the computing
@@ -615,6 +654,9 @@ labs.check("11.registers", answer)
 #   first, and copies the next item's Q during the current one: a block's start is paid once.
 # - K and V on their own barriers let K go back to the producer as soon as S has read it.
 # - In a specialized kernel a waiting warp may be doing its job: read stall reasons by role.
+# - The next schedule, consumers taking turns at the tensor cores, pays only once a consumer's
+#   softmax is shorter than the other's products. Here, read from the SM clock, it is longer:
+#   1 400–1 500 cycles against about 1 024.
 
 # %%
 nb.reached("11_warpspec")
