@@ -152,8 +152,9 @@ labs.check('05.fragment_owner', answer)
 
 
 def _ipynb(source):
-    return json.dumps({"cells": [{"cell_type": "code", "metadata": {}, "outputs": [],
-                                  "execution_count": None, "source": source.splitlines(True)}],
+    return json.dumps({"cells": [{"cell_type": "code", "id": "lab-cell", "metadata": {},
+                                  "outputs": [], "execution_count": None,
+                                  "source": source.splitlines(True)}],
                        "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
 
 
