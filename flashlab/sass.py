@@ -37,6 +37,7 @@ CATEGORIES = {
     "LDSM": "ldmatrix: shared memory to registers in tensor-core fragment layout",
     "LDGSTS": "cp.async: global to shared memory without passing through registers",
     "UTMALDG": "cp.async.bulk.tensor: a TMA copy of a whole box, global to shared memory",
+    "UTMASTG": "cp.async.bulk.tensor: a TMA copy of a whole box, shared to global memory",
     "SYNCS": "mbarrier operations (init, arrive, expect_tx, try_wait on a phase)",
     "USETMAXREG": "setmaxnreg: a warpgroup gives registers back to the SM or takes more",
     "LDG.E.128": "16-byte global loads (float4)",

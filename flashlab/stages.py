@@ -291,6 +291,18 @@ _STAGES = (
           idea_metrics=("stall_long_scoreboard", "tensor_pipe_pct"),
           sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "SYNCS": True, "USETMAXREG": True,
                 "LDL": False, "STL": False}),
+    Stage(12, "12_tma_store", "TMA store",
+          "each consumer writes its finished O into its rows of the item's Q buffer, in the "
+          "layout the TMA wrote Q in, and one thread copies it to global memory with a TMA store "
+          "while the consumers go on to the next work item",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
+          kernel="tma_store_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS"),
+          min_cc=(9, 0), arch_specific=True,
+          # no more 4-byte stores from every thread (8 half-filled sectors each): the tensor pipe
+          # waits less at the end of each work item
+          idea_metrics=("global_store_sectors_per_request", "tensor_pipe_pct"),
+          sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "UTMASTG": True, "STG": False,
+                "STS": True, "SYNCS": True, "USETMAXREG": True, "LDL": False, "STL": False}),
 )
 
 
