@@ -27,6 +27,8 @@ LABS = {
     "07.pipeline_period": (700, 300, ["latency + load = 500 + 200 = 700", "the period is 700"]),
     "11.registers": ((128, 152), (128, 157), ["65 536 / 512 = 128", "157.3 each",
                                               "round the share down"]),
+    "12.store_sectors": ((128, 1024, 512), (32, 1024, 512), ["4 x 32 = 128",
+                                                             "one thread's count"]),
 }
 
 
@@ -41,7 +43,7 @@ def test_the_labs_are_registered_in_stage_order():
     assert [ex.id for ex in labs.LABS] == ["01.bank_wavefronts", "02.sectors", "03.occupancy",
                                            "05.fragment_owner", "06.bank_map",
                                            "07.pipeline_period", "08.tuning", "09.descriptor",
-                                           "10.parity", "11.registers"]
+                                           "10.parity", "11.registers", "12.store_sectors"]
     assert all(ex.kind == "lab" and ex.points > 0 and ex.title.endswith("?") for ex in labs.LABS)
     stages = [ex.stage for ex in exercises.EXERCISES]
     assert stages == sorted(stages)

@@ -550,6 +550,37 @@ def _registers(ex, answer):
     return _result(ex, False, f"Wrong: you said {got}; it is {truth}. " + why + hint)
 
 
+STORE_D = 128  # the head dim of lab 12.store_sectors
+
+
+def _store_sectors(ex, answer):
+    req = hp.o_store_requests(STORE_D)
+    s11, s12 = req.iloc[0], req.iloc[1]
+    truth = (int(s11.instructions), int(s11.sectors), int(s12.sectors))
+    per_thread = STORE_D // 4
+    why = (f"Each thread holds 2 rows x {STORE_D // 8} tiles of 8 columns, 4 bytes of each: "
+           f"{per_thread} stores a thread, so the warpgroup's 4 warps issue 4 x {per_thread} = "
+           f"{truth[0]} warp instructions. One of them writes 16 bytes in each of 8 rows "
+           f"({2 * STORE_D} bytes apart): 8 sectors, each half used, {truth[1]} in all. The TMA "
+           f"writes the 64 x {STORE_D} x 2 = {64 * STORE_D * 2:,} bytes as whole sectors: "
+           f"{truth[2]}, half as many.")
+    try:
+        got = tuple(_whole(v, "a whole number") for v in answer)
+    except TypeError:
+        return _result(ex, False, "Set `answer` to three whole numbers: (warp store "
+                                  "instructions, sectors from registers, sectors by the TMA).")
+    if got == truth:
+        return _result(ex, True, f"Right: {truth}. " + why)
+    hint = ""
+    if len(got) == 3 and got[0] == per_thread:
+        hint = f" {per_thread} is one thread's count; a warp instruction is issued per warp."
+    elif len(got) == 3 and got[1] == truth[0] * 4:
+        hint = " A 16-byte piece of a row lies in one 32-byte sector, and 8 rows are 8 sectors."
+    elif len(got) == 3 and got[1] == truth[2]:
+        hint = " That counts sectors as if each were written once, full; each instruction sends its own."
+    return _result(ex, False, f"Wrong: you said {got}; it is {truth}. " + why + hint)
+
+
 # ---------------------------------------------------------------- the registry
 
 _LABS = (
@@ -663,6 +694,19 @@ _LABS = (
         "(`hp.register_budget` computes both; predict them first.) Set `answer` to (registers at "
         "launch, registers of a consumer after setmaxnreg).",
         _registers),
+    Lab(Exercise("12.store_sectors", "12_tma_store", "lab",
+                 "The end of a work item: how many sectors does a consumer's O take, both "
+                 "ways?", POINTS),
+        f"A consumer warpgroup ends a work item with its 64 x {STORE_D} tile of O in registers, "
+        "16-bit once packed: thread (warp w, lane = 4 g + t) holds rows 16 w + g and 16 w + g + 8, "
+        "columns 8 d + 2 t and 8 d + 2 t + 1 of every 8-column tile d. Stage 11 stores each pair "
+        "with one 4-byte st.global, so one warp instruction covers 8 rows of one tile d; O is "
+        f"row-major, {2 * STORE_D} bytes a row. How many warp store instructions does the "
+        "warpgroup issue; how many 32-byte sectors do they write, counted once per instruction "
+        "that touches one; and how many sectors does stage 12's TMA store write for the same "
+        "tile? (`hp.o_store_requests` counts them; predict first.) Set `answer` to "
+        "(instructions, sectors from registers, sectors by the TMA).",
+        _store_sectors),
 )
 _BY_ID = {lab.exercise.id: lab for lab in _LABS}
 LABS = tuple(lab.exercise for lab in _LABS)

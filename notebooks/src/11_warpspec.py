@@ -535,6 +535,11 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # warpgroups take turns. So the turns can pay on this GPU, but only once the softmax fits under
 # the other consumer's products. Fewer instructions on its critical path, or wider key tiles that
 # spread its fixed costs over more keys, come first.
+#
+# One cost is not in the table, because it is paid once per work item, not per tile: the end of
+# an item, where each consumer stores O from its registers before it starts the next. At N = 512
+# an item is four tiles long, and that is where stage 11 trails cuDNN most. Stage 12 starts
+# there.
 
 # %% [markdown]
 # ## Exercises

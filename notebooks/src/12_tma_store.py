@@ -1,0 +1,418 @@
+# %% [markdown]
+# # Stage 12 — the TMA stores O: a work item's output leaves while the next one is computed
+#
+# Stage 11's consumers finish every work item the way stage 05's warps did: each thread writes its
+# part of O from its registers, 4 bytes at a time. In a long sequence that is a small tail after
+# a long loop. In a short one it is not: at N = 512 and D = 128 a work item is only four key tiles,
+# and the end of an item comes every four tiles. Hopper's tensor memory accelerator copies both
+# ways. The tensor map that brought Q into shared memory can take O out of it: the consumers write
+# O into the Q buffer they no longer need, one thread hands it to the TMA, and the warps start the
+# next item while the copy runs.
+#
+# ## Objectives
+# After this notebook you can:
+# - count what stage 11's end of an item sends to memory: instructions, sectors, bytes used;
+# - write a tile into shared memory in the TMA's 128-byte swizzle without bank conflicts, and
+#   hand it to the TMA: `fence.proxy.async`, a named barrier, `cp.async.bulk.tensor` from shared
+#   to global memory, a bulk group;
+# - reuse a buffer that the TMA reads asynchronously: when `cp.async.bulk.wait_group.read` allows
+#   it, and when the producer may refill it;
+# - predict where the change pays (short work items) and check it in the machine code, the
+#   timings over the sweep and the profile;
+# - say what FlashAttention-3's two other overlaps, consumers taking turns and the softmax under
+#   the next product, measured on this GPU.
+#
+# **Prerequisites:** notebook 11 (producer, consumers, the persistent grid) and notebook 10 (TMA,
+# tensor maps, mbarriers); notebook 09's 128-byte swizzle. The kernel needs a Hopper GPU (H100,
+# H200, GH200); elsewhere this notebook replays the numbers recorded on one.
+#
+# **Time:** about 20 min to read, 40 min to work through.
+
+# %%
+# %matplotlib inline
+import pandas as pd
+from IPython.display import display
+
+import flashlab as fl
+from flashlab import hopper as hp
+from flashlab import notebook as nb
+from flashlab import plots
+nb.banner("12_tma_store")
+
+# %%
+here = nb.the_gpu()  # this GPU, or the one the recorded numbers come from
+print(here)
+
+# %% [markdown]
+# ## 1 · The end of a work item in stage 11
+#
+# When a consumer has multiplied its last P·V of an item, it divides O by the row sums and stores
+# it, straight from the accumulator registers:
+
+# %%
+nb.show_lines("11_warpspec", r"// O / l of a finished item", r"^  \};")
+
+# %% [markdown]
+# A thread holds rows r and r + 8, and in each 8-column tile d the columns 8 d + 2 t and
+# 8 d + 2 t + 1 (notebook 09's accumulator layout): 4 bytes once packed to 16 bits. So one warp
+# instruction writes 16 bytes in each of 8 rows. Each row's 16 bytes lie in a sector of 32, so
+# the instruction sends 8 sectors to L2, each half filled; the other half is written by the
+# instruction for tile d + 1. Counted for one consumer's 64 × D tile:
+
+# %%
+display(pd.concat({f"D = {d}": hp.o_store_requests(d) for d in (64, 128)}))
+
+# %% [markdown]
+# Twice the sectors the tile needs, 128 store instructions of a warpgroup at D = 128, and a
+# consumer issues them all before it can start the next item: O's registers must be read by the
+# stores before the next item's first P·V overwrites them.
+#
+# ## 2 · O goes out the way Q came in
+#
+# The consumer's 64 rows of the item's Q buffer are free once its last S has read them, and they
+# are exactly O's size: 64 × D 16-bit values. The TMA wrote Q there in the 128-byte swizzle, and it
+# can read O from the same layout and write it to a tensor map of O, box by box. Stage 12's store:
+
+# %%
+nb.show_lines("12_tma_store", r"// O / l of a finished item", r"^  \};")
+
+# %% [markdown]
+# Four steps:
+#
+# 1. **Into shared memory, swizzled.** Each thread writes its 4-byte pairs where the TMA will look
+#    for them: row `row`, 16-byte chunk `d % 8` stored at chunk `(d % 8) ^ (row % 8)` of box
+#    `d / 8` (`hp.sw128`, notebook 09). The 8 rows of a warp instruction are 8 different rows, so
+#    the XOR puts them in 8 different chunks, and the 4 lanes of a row in the 4 banks of that
+#    chunk: 32 lanes, 32 banks, one wavefront (the figure below).
+# 2. **`fence.proxy.async`.** The TMA reads shared memory through the *async proxy*, a different
+#    path from the one `st.shared` writes through. The fence makes each thread's writes visible
+#    to it; without it the TMA may read stale bytes.
+# 3. **A named barrier.** All 128 threads of the warpgroup must have written before one of them
+#    issues the copy. `bar.sync 1 + cw, 128` waits for this warpgroup only; the other consumer
+#    goes on (barrier 0 is `__syncthreads`, which would stop the producer too).
+# 4. **One thread issues the copy:** `cp.async.bulk.tensor.4d.global.shared::cta.bulk_group`, one
+#    box of 64 rows × 64 columns per 64 columns of D, then `cp.async.bulk.commit_group`. Rows past
+#    N are not written: the tensor map clips them, as it filled them with zeros on the way in.
+#
+# The copy completes on its own. Nothing waits for it until the buffer is needed again:
+
+# %%
+nb.show_lines("12_tma_store", r"if \(j == 0 && prev_slot >= 0", r"softmax\(s, j \* BC\);")
+
+# %% [markdown]
+# In stage 11 a consumer warp released its Q buffer (`q_empty`) right after the item's last S; now
+# the buffer holds O until the TMA has read it. So the release moves: at the next item's first
+# tile, the thread that issued the copy waits for `cp.async.bulk.wait_group.read 0` (the copy has
+# *read* shared memory; its writes to global memory may still be on their way) and then arrives,
+# once for its warpgroup (`q_empty` now counts one arrival per consumer, not per warp). By then
+# the copy of 16–32 KiB has had a whole S = Q Kᵀ to finish. The producer needs the buffer for the
+# item after next, so it does not wait either. Before the block exits, the same wait keeps shared
+# memory alive until the last copy has read it.
+#
+# ## 3 · One warp instruction, both ways
+
+# %%
+hp.o_store_figure(D=64, d=0)
+
+# %% [markdown]
+# ## 4 · What changed
+#
+# Against stage 11: the tensor map of O and its prefetch, the TMA store and bulk-group wrappers,
+# the named barrier, `q_empty`'s count and the place it is arrived at, and the store itself. The
+# producer and the math are stage 11's:
+
+# %%
+nb.show_diff("11_warpspec", "12_tma_store", context=1)
+
+# %% [markdown]
+# ## 5 · Prediction, before measuring
+#
+# Only the end of an item changes, so the gain depends on how often an item ends: once per
+# N / 128 key tiles (128 query rows an item, 128 keys a tile, at both head dims). Notebook 11's
+# model of a block, with a tile's products and softmax taking 2 units (about 3 300 cycles at
+# D = 128), prices the end of an item. Stage 11's stores: 8 consumer warps × D / 4 instructions ×
+# 8 sectors is 2 048 sector writes per SM at D = 128 and 1 024 at D = 64, leaving the SM at a few
+# a cycle at best: several hundred to a thousand cycles, with the rest of the end of an item
+# (the row sums, the division) about 1 unit. Stage 12's: the same number of `st.shared` at one
+# wavefront each, a barrier and one instruction: about 0.1.
+
+# %%
+h100 = dict(mma=1.0, softmax=1.0, latency=1.0, load=0.5, q_load=0.25, launch=0.5)
+predicted = hp.store_gain(n_tiles=(4, 8, 16, 32, 64, 128), store11=1.0, store12=0.1, **h100)
+predicted.round(3).to_frame().T
+
+# %% [markdown]
+# * **Time.** About 1.1× at N = 512 (4 tiles an item), 1.05× at N = 1024, fading below 1.02× from
+#   N = 4096 on. At the teaching config (D = 64, N = 1024: 8 tiles an item) expect 1.03–1.08×.
+# * **Machine code:** no `STG` left; `STS` for O, a `BAR.SYNC` on a named barrier, `UTMASTG` (the
+#   TMA store, D / 64 of them) and `UTMACMDFLUSH` (the commit).
+# * **Profile:** the global stores gone from the SM's load/store path, so *sectors per store
+#   request* falls from 8 to nothing, and the tensor pipe is busier by the time saved.
+
+# %%
+gain_band = (1.03, 1.08)
+
+# %% [markdown]
+# ## 6 · The machine code
+
+# %%
+with nb.unless_missing():
+    mix = pd.concat([nb.instructions("11_warpspec"), nb.instructions("12_tma_store")])
+    display(mix[mix.index.get_level_values("kernel").str.contains("__half")].droplevel("stage").T)
+
+# %%
+with nb.unless_missing():
+    print("\n".join(nb.sass_lines("12_tma_store", r"FENCE|BAR\.SYNC|UTMASTG|UTMACMDFLUSH|"
+                                                  r"DEPBAR\.LE SB0", kernel=r"__half, 128,")))
+
+# %% [markdown]
+# `FENCE.VIEW.ASYNC.S` is `fence.proxy.async.shared::cta` (once after the mbarriers' set-up, once
+# before each store); `BAR.SYNC.DEFER_BLOCKING R5, 0x80` the named barrier, its id in a register
+# and 0x80 = 128 threads; `UTMASTG.4D` the two boxes of D = 128; `UTMACMDFLUSH` the commit;
+# `DEPBAR.LE SB0, 0x0` the `wait_group.read 0`, once in the loop (at an item's first tile) and
+# once before the exit. The counts above: `STG` is gone, and the `STS` count is stage 11's `STG`
+# count — the same 4-byte pieces, to shared memory instead.
+
+# %% [markdown]
+# ## 7 · Measure
+
+# %%
+ev = nb.evaluate("12_tma_store")
+ev
+
+# %%
+with nb.unless_missing():
+    t = ev.timing("fp16")
+    gain = nb.speedup("11_warpspec", "12_tma_store", "fp16")
+    print(f"stage 12: {t.median_ms:.3f} ms, {t.tflops:.0f} TFLOP/s (fp16, teaching config), "
+          f"{gain:.2f}x stage 11; predicted {gain_band[0]:.2f} - {gain_band[1]:.2f}x")
+    print(f"bf16: {nb.speedup('11_warpspec', '12_tma_store', 'bf16'):.2f}x stage 11")
+
+# %% [markdown]
+# Both stages' rows at the teaching config, with the spread of their timed runs (p20 and p80):
+
+# %%
+with nb.unless_missing():
+    rows = pd.concat([fl.tables.at_config(fl.recorded(s, gpu=here.name), fl.teaching(d))
+                      for s in ("11_warpspec", "12_tma_store") for d in ("fp16", "bf16")])
+    display(rows.set_index(["stage", "dtype"])[["median_ms", "p20_ms", "p80_ms", "tflops",
+                                                "commit"]])
+    wide = rows[rows.p80_ms > 1.1 * rows.p20_ms]
+    for _, r in wide.iterrows():
+        print(f"{r['stage']} {r['dtype']}: p80 is {r.p80_ms / r.p20_ms - 1:.0%} above p20 - a wide "
+              "spread: read this row's median with care")
+    if wide.empty:
+        print("every row's p80 is within 10 % of its p20")
+
+# %% [markdown]
+# Over the sweep: stage 12 over stage 11, then over cuDNN's attention and over PyTorch's
+# FlashAttention-2 backend:
+
+# %%
+with nb.unless_missing():
+    gains = nb.sweep_ratio("12_tma_store", "11_warpspec")
+    display(gains.round(2))
+    print("mean gain by N: " + ", ".join(f"{n}: {g:.2f}x" for n, g in gains.mean().items()))
+    display(nb.sweep_ratio("12_tma_store", "sdpa_cudnn").round(2))
+    fa2 = nb.sweep_ratio("12_tma_store", "sdpa_flash")
+    print(f"stage 12 over sdpa_flash (FlashAttention-2): {fa2.min().min():.2f}-"
+          f"{fa2.max().max():.2f}x")
+
+# %%
+plots.scaling(last="12_tma_store")
+
+# %% [markdown]
+# ### Discussion
+#
+# **Time.** The prediction was a gain that shrinks as items grow: about 1.1× at N = 512, 1.05× at
+# N = 1024, little from N = 4096 on. In the recorded sweep stage 12 runs 1.07–1.15× stage 11 at
+# N = 512 and 1.04–1.10× at N = 1024, the largest gains at D = 128, where an item's O is twice
+# as big. That is the predicted shape, and at D = 128 a little more than the model gave.
+#
+# **Where it missed.** Two cells stand out. At D = 128 and N = 2048 the ratio is 1.14×, where the
+# model says 1.03: stage 11's row there is the slow one (about 517 TFLOP/s; 553–560 in three
+# other runs of the same kernel on the same GPU), not stage 12's the fast one. At N = 8192 three
+# of the four cells fall to 0.94–0.99×, where the model says 1.01. In three other runs at D = 128 and
+# N = 8192, stage 12 measured 601–610 TFLOP/s and stage 11 542–599. A single run's ratio between
+# two kernels this close carries several per cent of noise, more than the model's whole
+# prediction from N = 4096 on. So read the long-N cells as "no change", which is what the model
+# said; only the short-N gains stand clearly above the noise.
+#
+# **The teaching config** (D = 64, N = 1024: 8 tiles an item) lies in the predicted band, for fp16
+# and bf16 alike, when its rows are tight (the check above).
+#
+# **Against cuDNN** stage 12 runs at 0.93–1.12× over the sweep. At D = 128 it is level or ahead
+# everywhere but N = 8192 (0.93–0.98×, the noisy column above); at D = 64 it is within a few per
+# cent either way (0.96–1.09×). Stage 11 was 0.86–1.05×, and most of its deficit was in the short
+# sequences this stage was about. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.4–1.8×
+# faster.
+
+# %% [markdown]
+# ## 8 · The profile
+
+# %%
+idea = list(fl.stage("12_tma_store").idea_metrics)
+with nb.unless_missing():
+    prof = nb.profile("12_tma_store")
+    stall_rows = prof.index[prof.index.str.startswith("stall_")]
+    display(prof.loc[[m for m in ["duration_ms", "tensor_pipe_pct", "sm_throughput_pct",
+                                  "global_store_sectors_per_request", "smem_store_bank_conflicts",
+                                  "smem_wavefronts"] if m in prof.index]
+                     + list(stall_rows)].round(2))
+    if "11_warpspec" not in prof.columns:
+        raise nb.not_recorded("11_warpspec", " profile (to compare with)", " --profile")
+    for m in idea + ["stall_short_scoreboard", "stall_lg_throttle"]:
+        print(f"{m}: {prof.at[m, '11_warpspec']:.2f} -> {prof.at[m, '12_tma_store']:.2f}")
+    d11, d12 = prof.at["duration_ms", "11_warpspec"], prof.at["duration_ms", "12_tma_store"]
+    print(f"duration under Nsight Compute: {d11:.4f} -> {d12:.4f} ms ({d11 / d12:.2f}x)")
+
+# %%
+plots.idea_metrics(only=["12_tma_store"])
+
+# %% [markdown]
+# ### Discussion
+#
+# * **The stores are gone from the load/store path**, as predicted: stage 11's 8 sectors per store
+#   request (the half-filled sectors of section 1) become no request at all. The only global
+#   stores left are the TMA's, which Nsight Compute does not count as the SM's requests.
+# * **The tensor pipe is busier,** about 40 % → 43 % of the time at the teaching config, and the
+#   kernel is about 1.1× faster under the profiler: the same products in less time.
+# * **Fewer short waits:** `short_scoreboard` (waiting for shared memory and other variable-latency
+#   units) about 7 % → 4 %, and `lg_throttle` (a full queue of global memory instructions) goes to
+#   zero.
+# * **A surprise: bank conflicts on shared-memory stores,** about 1.9 thousand against stage 11's
+#   14, where section 2's bank map promises none. They are few: the kernel issues about 65 thousand
+#   warp-wide `st.shared` for O at this config, so they add under 3 % to those stores' wavefronts,
+#   and O's stores are a small part of all shared-memory traffic (`smem_wavefronts`). The
+#   addresses are not the cause: each instruction's 32 words are in 32 banks. One possible cause,
+#   not tested here: the counter may also count a store that finds its bank busy with other
+#   traffic, such as the TMA writing the next tiles. At under 3 % of these stores it does not
+#   matter for the time.
+
+# %% [markdown]
+# ## 9 · The overlaps that did not pay
+#
+# FlashAttention-3 adds two more overlaps to a kernel of stage 11's shape. The two consumers take
+# turns at the tensor cores (*ping-pong*, ordered by named barriers), so that one's softmax runs
+# under the other's products. Inside a consumer, the softmax of tile j runs while the products of
+# tile j − 1 are still in flight. Both were built on top of stage 11 and measured against it on
+# this GPU, over the same sweep. They tie: 0.84–1.03× stage 11, with either overlap or both, with
+# two or three consumers, with 128 or 160 keys a tile. Getting the second one to run at all took
+# care: inside one basic block, ptxas places a `wgmma.wait_group` as early as it can, above the
+# exponentials it was meant to overlap. Rotating the loop (the wait at the top of a turn, the
+# softmax at its end) keeps the loop's back edge between the two.
+#
+# Notebook 11 measured why they tie. A consumer's softmax takes 1 400–1 500 cycles per tile beside
+# the other consumer, while that consumer's products take about 1 024. Taking turns cannot hide a
+# step longer than what it is hidden under. Stage 12's gain is of a different kind. It does not
+# hide the softmax; it removes work from the end of every item, and the end of an item is where
+# both consumers stop at once.
+#
+# What is left against cuDNN is mostly D = 64. A score there costs half the multiply-adds of
+# D = 128 and the same softmax, so the softmax's length sets the pace even more. Every
+# exponential is already the special-function unit's single instruction. The remaining levers
+# are the instructions around it: the row maximum, the row sum and the rescale of O.
+
+# %% [markdown]
+# ## Exercises
+#
+# ### Lab `12.store_sectors`
+#
+# Section 1's count, for D = 128.
+
+# %%
+from flashlab.course import labs
+print(labs.prompt("12.store_sectors"))
+
+# %%
+### BEGIN SOLUTION
+per_thread = 128 // 4            # 2 rows x 16 tiles of 8 columns
+instructions = 4 * per_thread    # 4 warps
+sectors_registers = instructions * 8   # 8 rows, one sector each
+sectors_tma = 64 * 128 * 2 // 32
+answer = (instructions, sectors_registers, sectors_tma)
+### END SOLUTION
+labs.check("12.store_sectors", answer)
+
+# %% [markdown]
+# ### Kernel exercise `12.o_address` (10 points)
+#
+# **Where:** the `store` lambda in `kernels/12_tma_store.cu`, between `// BEGIN EXERCISE
+# 12.o_address` and `// END EXERCISE 12.o_address`. The stub writes O row-major, without the
+# swizzle. It compiles and runs and the TMA copies it out, but the TMA reads the tile as swizzled:
+# in every row but the multiples of 8, the 16-byte chunks come out in the wrong columns.
+#
+# **What to write:** the shared-memory address `at` of this thread's 4 bytes of row `row`, columns
+# 8 d + 2 t and 8 d + 2 t + 1, in the layout the TMA wrote Q in (section 2, step 1; `hp.sw128`
+# computes it in Python). The `+ 8 * 128` for row `row + 8` is already there.
+#
+# **How it is judged.** `flashlab grade` builds stage 12 from your `kernels/` and checks it against
+# a float64 reference on fresh random inputs (NaN-poisoned output, N = 1, 17, 1000 and 4096, D = 64
+# and 128, causal and not, fp16 and bf16, and the strided layout of a model's projections). A
+# right kernel is timed against stage 11 built from the same folder (a layout with bank conflicts
+# would show there); a wrong one scores 0 with its first wrong element named.
+#
+# **GPU:** compute capability 9.0 (H100, H200, GH200); elsewhere `flashlab grade` skips it with one
+# line saying why. Run it with
+#
+#     flashlab grade --exercise 12.o_address
+
+# %% [markdown]
+# ## Questions for discussion
+#
+# 1. Why must the consumer write O in the 128-byte swizzle, when a TMA tensor map can also be
+#    made with no swizzle at all? What would `st.shared` cost then?
+# 2. The thread that issued the copy waits for `wait_group.read` before the producer may refill
+#    the buffer. Why `.read` and not the full `wait_group 0`? What would go wrong with no wait at
+#    all?
+# 3. Where else could O go? The producer warpgroup has three idle warps: what would it take for
+#    them to store O instead of the consumers?
+# 4. Stage 12's gain fades as N grows. Which other costs of a work item are paid once per item,
+#    and which of them are still paid while the tensor cores wait?
+
+# %% [markdown]
+# **Instructor's answer.** *1.* Without the swizzle a warp's instruction would write 8 rows at the
+# same chunk of 8 lines 128 bytes apart: the same 4 banks for all 8 rows, 8 wavefronts instead of
+# 1 (notebook 06's conflict). The swizzle is free here because the TMA undoes it on the way out,
+# as it applied it on the way in; and it lets O reuse Q's buffer and Q's layout.
+
+# %% [markdown]
+# **Instructor's answer.** *2.* `.read` returns once the TMA has read the shared memory; the writes
+# to global memory may still be in flight, and nothing in the block needs them (the kernel's end
+# makes them visible). The full wait would also wait for the global writes to complete, longer and
+# for nothing. With no wait, the producer could copy the next-but-one item's Q into the buffer
+# while the TMA is still reading O from it: O would be written with parts of Q.
+
+# %% [markdown]
+# **Instructor's answer.** *3.* O is in the consumers' registers, and registers cannot be read by
+# another warp: O would have to go through shared memory anyway, which is what the consumers now
+# write. The producer's warps could issue the copy (after a barrier shared with the consumer that
+# wrote it), but issuing is one instruction; the work is the writing into shared memory, and only
+# the register owners can do it.
+
+# %% [markdown]
+# **Instructor's answer.** *4.* Per item: waiting for Q, the first S before any softmax (no P·V is
+# in flight yet), the last P·V with no softmax beside it, and the normalisation and store of O.
+# The two consumers start each item together, so at the first tile both run their softmax at the
+# same time and the tensor cores idle; at the last tile both wait for their last P·V. Stage 12
+# shortened the store; the start and the end of an item are still paid with idle tensor cores.
+
+# %% [markdown]
+# ## Summary
+#
+# - Stage 11 ends every work item with D / 4 four-byte stores per thread from registers; each warp
+#   instruction writes 8 half-used sectors, and the consumers issue them all before they can go
+#   on.
+# - Stage 12 writes O into its warpgroup's rows of the item's Q buffer, in the 128-byte swizzle
+#   (one wavefront a warp instruction), makes the writes visible to the TMA with
+#   `fence.proxy.async`, gathers its 4 warps at a named barrier, and one thread copies the tile out
+#   with a TMA store; the consumers start the next item at once.
+# - The buffer goes back to the producer only after `cp.async.bulk.wait_group.read`, at the next
+#   item's first tile.
+# - The gain is largest where items are short, about 1.1× at N = 512, and fades as N grows, as
+#   the model of a block predicted; against cuDNN the stage runs at 0.93–1.12× over the sweep.
+# - FlashAttention-3's ping-pong and in-warpgroup overlap tie with stage 11 on this GPU: a
+#   consumer's softmax is longer than the other consumer's products that would hide it.
+
+# %%
+nb.reached("12_tma_store")
