@@ -225,25 +225,29 @@ plots.scaling(last="12_tma_store")
 # ### Discussion
 #
 # **Time.** The prediction was a gain that shrinks as items grow: about 1.1× at N = 512, 1.05× at
-# N = 1024, little from N = 4096 on. In the recorded sweep stage 12 runs 1.07–1.15× stage 11 at
-# N = 512 and 1.04–1.10× at N = 1024, the largest gains at D = 128, where an item's O is twice
-# as big. That is the predicted shape, and at D = 128 a little more than the model gave.
+# N = 1024, little from N = 4096 on. In the run recorded in `data/`, with both stages and the
+# baselines timed in one run, stage 12 runs 1.07–1.15× stage 11 at N = 512 and 1.04–1.10× at
+# N = 1024. This notebook's own timing of stage 12, against stage 11's recorded rows (the table
+# above), gives 1.06–1.13× and 1.03–1.08×. The largest gains are at D = 128, where an item's O is
+# twice as big. That is the predicted shape, and at D = 128 a little more than the model gave.
 #
-# **Where it missed.** Two cells stand out. At D = 128 and N = 2048 the ratio is 1.14×, where the
-# model says 1.03: stage 11's row there is the slow one (about 517 TFLOP/s; 553–560 in three
+# **Where it missed.** Two cells stand out. At D = 128 and N = 2048 the ratio is 1.14× in the
+# recorded run (1.09× here), where the model says 1.03: stage 11's row there is the slow one (about 517 TFLOP/s; 553–560 in three
 # other runs of the same kernel on the same GPU), not stage 12's the fast one. At N = 8192 three
-# of the four cells fall to 0.94–0.99×, where the model says 1.01. In three other runs at D = 128 and
+# of the four cells fall to 0.94–0.99× (0.95–0.98× here), where the model says 1.01. In three other runs at D = 128 and
 # N = 8192, stage 12 measured 601–610 TFLOP/s and stage 11 542–599. A single run's ratio between
 # two kernels this close carries several per cent of noise, more than the model's whole
 # prediction from N = 4096 on. So read the long-N cells as "no change", which is what the model
 # said; only the short-N gains stand clearly above the noise.
 #
-# **The teaching config** (D = 64, N = 1024: 8 tiles an item) lies in the predicted band, for fp16
-# and bf16 alike, when its rows are tight (the check above).
+# **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.05× in fp16 and 1.07× in bf16 in
+# the recorded run, 1.07× and 1.10× in this notebook's, every row tight (the check above). fp16
+# lies in the predicted band of 1.03–1.08× both times; bf16, the same instructions on other
+# numbers, at and just above its top.
 #
-# **Against cuDNN** stage 12 runs at 0.93–1.12× over the sweep. At D = 128 it is level or ahead
-# everywhere but N = 8192 (0.93–0.98×, the noisy column above); at D = 64 it is within a few per
-# cent either way (0.96–1.09×). Stage 11 was 0.86–1.05×, and most of its deficit was in the short
+# **Against cuDNN** stage 12 runs at 0.93–1.12× over the sweep in the recorded run (0.93–1.11×
+# here). At D = 128 it is level or ahead everywhere but N = 8192 (0.93–0.98×, the noisy column
+# above); at D = 64 it is within a few per cent either way, most cells just below 1. Stage 11 was 0.86–1.05×, and most of its deficit was in the short
 # sequences this stage was about. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.4–1.8×
 # faster.
 
