@@ -57,7 +57,7 @@ nb.show_lines("11_warpspec", r"// O / l of a finished item", r"^  \};")
 # 8 d + 2 t + 1 (notebook 09's accumulator layout): 4 bytes once packed to 16 bits. So one warp
 # instruction writes 16 bytes in each of 8 rows. Each row's 16 bytes lie in a sector of 32, so
 # the instruction sends 8 sectors to L2, each half filled; the other half is written by the
-# instruction for tile d + 1. Counted for one consumer's 64 × D tile:
+# instruction for the neighbouring tile. Counted for one consumer's 64 × D tile:
 
 # %%
 display(pd.concat({f"D = {d}": hp.o_store_requests(d) for d in (64, 128)}))
@@ -105,7 +105,7 @@ nb.show_lines("12_tma_store", r"if \(j == 0 && prev_slot >= 0", r"softmax\(s, j 
 # tile, the thread that issued the copy waits for `cp.async.bulk.wait_group.read 0` (the copy has
 # *read* shared memory; its writes to global memory may still be on their way) and then arrives,
 # once for its warpgroup (`q_empty` now counts one arrival per consumer, not per warp). By then
-# the copy of 16–32 KiB has had a whole S = Q Kᵀ to finish. The producer needs the buffer for the
+# the copy of 8–16 KiB has had a whole S = Q Kᵀ to finish. The producer needs the buffer for the
 # item after next, so it does not wait either. Before the block exits, the same wait keeps shared
 # memory alive until the last copy has read it.
 #
@@ -132,9 +132,9 @@ nb.show_diff("11_warpspec", "12_tma_store", context=1)
 # model of a block, with a tile's products and softmax taking 2 units (about 3 300 cycles at
 # D = 128), prices the end of an item. Stage 11's stores: 8 consumer warps × D / 4 instructions ×
 # 8 sectors is 2 048 sector writes per SM at D = 128 and 1 024 at D = 64, leaving the SM at a few
-# a cycle at best: several hundred to a thousand cycles, with the rest of the end of an item
-# (the row sums, the division) about 1 unit. Stage 12's: the same number of `st.shared` at one
-# wavefront each, a barrier and one instruction: about 0.1.
+# a cycle at best: several hundred to a thousand cycles before the consumers can begin the next
+# item. Call it 1 unit. Stage 12's: the same number of `st.shared` at one wavefront each, a
+# barrier and one instruction: about 0.1.
 
 # %%
 h100 = dict(mma=1.0, softmax=1.0, latency=1.0, load=0.5, q_load=0.25, launch=0.5)
