@@ -1,7 +1,8 @@
-"""Stages 09, 10 and 11 on the CPU: wgmma's register layouts, its shared-memory matrix descriptor,
-the 128-byte swizzle, TMA boxes, the mbarrier ring, and warp specialization's register budgets,
-work claiming and producer/consumer schedule, computed from the PTX ISA's rules and the kernels'
-own indexing (no GPU needed).
+"""Stages 09-12 on the CPU: wgmma's register layouts, its shared-memory matrix descriptor,
+the 128-byte swizzle, TMA boxes, the mbarrier ring, warp specialization's register budgets,
+work claiming and producer/consumer schedule, and the end of a work item (O from registers or
+through the TMA), computed from the PTX ISA's rules and the kernels' own indexing (no GPU
+needed).
 
 kernels/09_wgmma.cu multiplies with `wgmma.mma_async.sync.aligned.m64nNk16`, issued together by a
 warpgroup (4 consecutive warps, 128 threads); its shared-memory operands are named by 64-bit
@@ -10,7 +11,8 @@ matrix descriptors (`wgmma_desc` in kernels/hopper.cuh) over tiles in the 128-by
 (`cp.async.bulk.tensor`), one elected thread issuing, and counts completion on a ring of
 mbarriers. kernels/11_warpspec.cu gives the copies to a warpgroup of their own (the producer),
 moves registers to the computing warpgroups (the consumers) with `setmaxnreg`, and runs a
-persistent grid that claims work items from a counter. Each function below models a line of
+persistent grid that claims work items from a counter; kernels/12_tma_store.cu writes O into
+shared memory and copies it out with a TMA store. Each function below models a line of
 those files; the `SOURCE` fragments quoted are copied from them, and tests/test_hopper.py checks
 that they are still there (and compiles hopper.cuh's own encoders on the host to compare them
 with the ones here).
@@ -32,6 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
 from .banks import BANK_BYTES, BANKS, wavefronts
+from .diagrams import SECTOR, sectors_per_request
 from .fragments import LANES
 from .tiling import SM_LIMITS
 
@@ -79,6 +82,10 @@ SOURCE = {
                                  "1);"),
     "k_with_v": ("11_warpspec.cu", "if (j > 0) load(Vs, v_full, v_empty, maps.v, j - 1);"),
     "k_release": ("11_warpspec.cu", "mbar_arrive(k_empty + 8 * buf);"),
+    "o_global": ("11_warpspec.cu", "*reinterpret_cast<uint32_t*>(Ob + r * L.o.n + 8 * d + 2 * "
+                                   "t) ="),
+    "o_shared": ("12_tma_store.cu", "at = Qw + (d / 8) * BR * 128 + row * 128 + (((d % 8) ^ "
+                                    "(row % 8)) << 4) + 4 * t;"),
 }
 
 WARP_COLORS = ("#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb")   # pale: warps 0..3 of a warpgroup
@@ -1412,11 +1419,7 @@ def warpspec_timeline(tiles=(3, 3, 3), load=0.5, latency=1.0, mma=1.0, softmax=1
     return fig
 
 
-# ---------------------------------------------------------------- stage 12: O leaves through the TMA
-
-SECTOR = 32  # bytes of a global-memory sector, the unit a store writes to L2
-WARP = 32
-
+# ---------------------------------------------------------------- stage 12: O through the TMA
 
 def _o_words(D, warp, d, half):
     """The 32 lanes of one warp's write of O in 12_tma_store.cu / 11_warpspec.cu: rows
@@ -1429,7 +1432,7 @@ def _o_words(D, warp, d, half):
 
 def o_store_requests(D=128) -> pd.DataFrame:
     """How one consumer warpgroup's 64 x D tile of O (16-bit) reaches global memory, both ways,
-    counted from the kernels' own indexing.
+    counted from the kernels' own indexing (SOURCE "o_global" and "o_shared").
     * stage 11 (`*reinterpret_cast<uint32_t*>(Ob + r * L.o.n + 8 * d + 2 * t) = ...`): each
       thread stores 4 bytes of rows r and r + 8, 8-column tile d by tile d, with st.global; one
       warp instruction writes 16 bytes in each of 8 rows;
@@ -1442,24 +1445,21 @@ def o_store_requests(D=128) -> pd.DataFrame:
     conflict); TMA boxes."""
     if D % 64:
         raise ValueError("D is a multiple of 64 (64 or 128 in the kernels)")
-    instr11 = sectors11 = instr12 = 0
-    worst = 0
+    instr = sectors11 = worst = 0
     for warp in range(4):
         for d in range(D // 8):
             for half in (0, 1):
                 rows, cols = _o_words(D, warp, d, half)
-                addr = rows * 2 * D + cols * 2                  # O in global memory, row-major
-                sectors11 += len(np.unique(addr // SECTOR))
-                instr11 += 1
+                instr += 1  # one st.global in stage 11, one st.shared in stage 12
+                sectors11 += sectors_per_request(rows * 2 * D + cols * 2).sectors  # row-major O
                 words = sw128(2 * M, rows, cols) // BANK_BYTES  # a 128-row item, like BR
                 worst = max(worst, wavefronts(words)[0])
-                instr12 += 1
     tile = M * D * 2
     return pd.DataFrame([
-        dict(way="stage 11: st.global from registers", instructions=instr11,
+        dict(way="stage 11: st.global from registers", instructions=instr,
              sectors=sectors11, bytes_per_sector=tile / sectors11, smem_wavefronts=np.nan,
              tma_boxes=0),
-        dict(way="stage 12: st.shared, then a TMA store", instructions=instr12,
+        dict(way="stage 12: st.shared, then a TMA store", instructions=instr,
              sectors=tile // SECTOR, bytes_per_sector=float(SECTOR), smem_wavefronts=worst,
              tma_boxes=D // 64)]).set_index("way")
 
@@ -1495,11 +1495,10 @@ def o_store_figure(D=64, d=0):
     left.set_title(f"Stage 11: st.global of one warp (tile d = {d})\n8 rows x 16 bytes: 8 "
                    f"sectors of 32 bytes, each half written", fontsize=LABEL + 1)
     left.set_yticks(range(8), [f"row {r}" for r in range(8)], fontsize=TEXT)
-    left.set_xticks(np.arange(0, show, per_sector), [f"+{w * 4}" for w in range(0, show,
-                                                                                 per_sector)],
-                    fontsize=TEXT)
-    left.set_xlabel(f"byte in the row of O ({2 * D} bytes a row{', first 128 shown' if show < words_per_row else ''})",
-                    fontsize=LABEL)
+    starts = np.arange(0, show, per_sector)
+    left.set_xticks(starts, [f"+{w * BANK_BYTES}" for w in starts], fontsize=TEXT)
+    shown = ", first 128 shown" if show < words_per_row else ""
+    left.set_xlabel(f"byte in the row of O ({2 * D} bytes a row{shown})", fontsize=LABEL)
     # stage 12: shared memory, sw128
     smem = np.full((8, 32), np.nan)
     off = sw128(2 * M, rows, cols)
