@@ -84,10 +84,12 @@ def test_tflops():
 # --- the timing fallback, with CUDA events faked -------------------------------------------------
 
 class FakeClock:
-    """Stands in for torch.cuda.Event: each (start, end) pair reports the next queued time."""
+    """Stands in for torch.cuda.Event: each (start, end) pair reports the next queued time; a
+    start event's query() says whether the GPU had already reached it (the next of `reached`,
+    False once they run out: the GPU was always behind)."""
 
-    def __init__(self, times):
-        self.times = list(times)
+    def __init__(self, times, reached=()):
+        self.times, self.reached, self.sleeps = list(times), list(reached), []
 
     def event_class(clock):
         class Event:
@@ -100,6 +102,9 @@ class FakeClock:
             def synchronize(self):
                 pass
 
+            def query(self):
+                return clock.reached.pop(0) if clock.reached else False
+
             def elapsed_time(self, end):
                 return clock.times.pop(0)
         return Event
@@ -107,29 +112,53 @@ class FakeClock:
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    def install(times):
-        clock = FakeClock(times)
+    def install(times, reached=()):
+        clock = FakeClock(times, reached)
         monkeypatch.setattr(torch.cuda, "Event", clock.event_class())
         monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
         monkeypatch.setattr(bench_mod, "_flush_l2", lambda device: None)
-        monkeypatch.setitem(sys.modules, "triton", None)  # `from triton... import` -> ImportError
-        monkeypatch.setitem(sys.modules, "triton.testing", None)
+        monkeypatch.setattr(bench_mod, "_gpu_sleep", lambda ms, device: clock.sleeps.append(ms))
         return clock
     return install
 
 
-def test_timing_fallback_statistics(fake_cuda):
+def test_queued_timing_statistics(fake_cuda):
     timed = [float(i) for i in range(1, 21)]
     random.Random(0).shuffle(timed)
     clock = fake_cuda(timed)
     calls = []
-    t = bench_mod._events_bench(lambda: calls.append(1), 20, device="cpu")
+    t = bench_mod._queued_bench(lambda: calls.append(1), 20, device="cpu", host_ms=0.2)
     assert clock.times == [] and len(calls) == 20
-    assert t.timer == "cuda events" and t.runs == 20
+    assert t.timer == "cuda events, queued" and t.runs == 20 and t.note == ""
+    assert clock.sleeps == [2 * bench_mod.BATCH * 0.2]  # one batch, behind one head start
     assert t.median_ms == pytest.approx(10.5)
     assert t.p20_ms == pytest.approx(1 + 0.2 * 19)
     assert t.p80_ms == pytest.approx(1 + 0.8 * 19)
     assert t.p20_ms <= t.median_ms <= t.p80_ms
+
+
+def test_runs_the_gpu_waited_for_are_dropped_and_the_head_start_doubles(fake_cuda):
+    """A run whose start event the GPU had already passed when its call was queued timed the
+    host's launch work (a 0.075 ms median for a 0.052 ms kernel, with do_bench): it is dropped,
+    and the next batch waits behind twice the sleep."""
+    b = bench_mod.BATCH
+    reached = [i % 2 == 1 for i in range(b)]  # every other run of the first batch: the GPU waited
+    times = [0.075 if r else 0.052 for r in reached] + [0.052] * b
+    clock = fake_cuda(times, reached)
+    t = bench_mod._queued_bench(lambda: None, b, device="cpu", host_ms=0.1)
+    assert clock.times == [] and clock.sleeps == [4.0, 8.0]
+    assert t.runs == b + b // 2 and t.median_ms == pytest.approx(0.052)
+    assert t.note == f"{b // 2} runs dropped: the GPU waited for the host"
+
+
+def test_a_callable_the_gpu_always_waits_for_keeps_every_run_and_says_so(fake_cuda):
+    b = bench_mod.BATCH
+    batches = 4 * 1 + 4
+    clock = fake_cuda([1.0] * b * batches, [True] * b * batches)
+    t = bench_mod._queued_bench(lambda: None, b, device="cpu")
+    assert clock.times == [] and len(clock.sleeps) == batches
+    assert t.runs == b * batches and t.median_ms == 1.0
+    assert "the GPU waited for the host" in t.note and "all kept" in t.note
 
 
 class SlowStart:
@@ -190,8 +219,9 @@ def test_warm_runs_long_enough(monkeypatch, no_gpu_sync):
 
 
 def test_bench_row_with_fake_timer(fake_cuda, monkeypatch):
-    # the first timing, then its quick check (QUICK_RUNS): they agree, so nothing is re-timed
-    fake_cuda([1.0] + [2.0, 4.0] * 10 + [1.0] + [3.0] * bench_mod.QUICK_RUNS)
+    # the first timing (an estimate of 10 ms: min_runs runs fit its budget), then its quick check
+    # (one batch); they agree, so nothing is re-timed
+    fake_cuda([10.0] + [2.0, 4.0] * 10 + [10.0] + [3.0] * bench_mod.BATCH)
     monkeypatch.setattr(bench_mod, "AGREE", 1.0)  # a 2-4 ms spread is wide; accept it here
     monkeypatch.setattr(bench_mod, "warm", lambda fn, device: 10)
 

@@ -166,3 +166,29 @@ def test_profile_shows_coalescing():
         assert df["duration_ms"] > 0
         spr[slug] = df["global_load_sectors_per_request"]
     assert spr["01_naive"] > 2 * spr["02_coalesced"], spr
+
+
+def test_the_timer_drops_runs_that_timed_the_host():
+    """A call with far more host work than GPU work (a 0.3 ms host spin around a tiny kernel):
+    queued behind the sleep, none of its runs times the host; a callable that waits for the GPU
+    itself cannot be queued, and its timing says so."""
+    import time
+    x = torch.zeros(1024, device="cuda")
+
+    def host_heavy():
+        end = time.perf_counter() + 3e-4
+        while time.perf_counter() < end:
+            pass
+        x.add_(1)
+
+    t = fl.time_fn(host_heavy)
+    assert t.median_ms < 0.1, t  # the 0.3 ms of host work is not in it
+    assert "all kept" not in t.note
+
+    def syncing():
+        x.add_(1)
+        torch.cuda.synchronize()
+
+    from flashlab import bench
+    t = bench._queued_bench(syncing, 20, "cuda")
+    assert "the GPU waited for the host" in t.note and "all kept" in t.note

@@ -440,13 +440,17 @@ else:
 # ### `fl.bench`
 #
 # `fl.bench(attn, config)` records the relative error at that config, then times the kernel with
-# `triton.testing.do_bench` (or CUDA events):
+# CUDA events:
 #
 # - **warm-up** of at least 10 calls and 100 ms, so compilation, allocation, a library's per-shape
 #   planning and the clock ramp are never timed;
 # - **L2 flushed** before every run (a 256 MB buffer overwritten), so a small problem is not timed
 #   from cache;
 # - the **median of at least 20 runs**, with the 20th and 80th percentiles;
+# - **the GPU never waits for Python**: the runs are queued behind a short GPU sleep, and a run
+#   whose start event the GPU had already reached when the call was queued is dropped. Our wrapper
+#   spends about 0.1 ms of host time per call (checks, allocation, launch), longer than a 0.05 ms
+#   kernel: without the guard, that host time leaks into the event timing;
 # - **timed twice**: where the p20–p80 spread exceeds 10% of the median, or the two medians differ
 #   by more than 10%, it times again (at most twice more), and the row says so (`retimes`,
 #   `note`);
