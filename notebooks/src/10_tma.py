@@ -255,17 +255,17 @@ with nb.unless_missing():
 # ### Discussion
 #
 # **Time.** Predicted 1.05–1.15×, more where tiles are short. Measured: 1.05× at the teaching
-# config, 1.03–1.20× over the sweep — 1.09× on average at D = 64 and 1.14× at D = 128 (the run in
-# `data/results.csv`: 1.02–1.20×). Roughly as predicted, with one correction: the largest gains are
-# at the longest sequences (1.09–1.20× from N = 8192 on), not at the shortest tiles. A long
+# config, 1.02–1.28× over the sweep — 1.11× on average at D = 64 and 1.19× at D = 128 (the rows
+# in `data/results.csv`: 1.02–1.29×). Roughly as predicted, with one correction: the largest gains
+# are at the longest sequences (1.16–1.29× from N = 8192 on), not at the shortest tiles. A long
 # sequence is many tiles per block, and every one of them paid stage 09's barrier; a short one is
 # mostly prologue (loading Q and the first tile) and epilogue, which TMA shortens little.
 #
 # **bf16** runs as fast as fp16 (the time ratio above is within 2 %): the same instruction,
 # another element type.
 #
-# **Against cuDNN**, PyTorch's fastest attention: 0.75–0.97×; at D = 128 from N = 2048 on,
-# 0.79–0.92× (0.81–0.93× in the recorded run). What is left is the scheduling: the tensor cores
+# **Against cuDNN**, PyTorch's fastest attention: 0.74–1.04×; at D = 128 from N = 2048 on,
+# 0.81–0.96× (0.81–0.93× in the recorded run). What is left is the scheduling: the tensor cores
 # still wait while both warpgroups exponentiate.
 
 # %% [markdown]

@@ -225,31 +225,32 @@ plots.scaling(last="12_tma_store")
 # ### Discussion
 #
 # **Time.** The prediction was a gain that shrinks as items grow: about 1.1× at N = 512, 1.05× at
-# N = 1024, little from N = 4096 on. In the run recorded in `data/`, with both stages and the
-# baselines timed in one run, stage 12 runs 1.07–1.15× stage 11 at N = 512 and 1.04–1.10× at
+# N = 1024, little from N = 4096 on. In the run recorded in `data/`, with stages 10–12 and the
+# baselines timed in one run, stage 12 runs 1.07–1.16× stage 11 at N = 512 and 1.04–1.10× at
 # N = 1024. This notebook's own timing of stage 12, against stage 11's recorded rows (the table
-# above), gives 1.06–1.13× and 1.03–1.08×. The largest gains are at D = 128, where an item's O is
-# twice as big. That is the predicted shape, and at D = 128 a little more than the model gave.
+# above), gives 1.08–1.16× and 1.05–1.10×. The largest gains are at D = 128, where an item's O is
+# twice as big: 1.14–1.16× at N = 512, where the model gives 1.11. That is the predicted shape,
+# and at D = 128 a little more than the model gave.
 #
-# **Where it missed.** Two cells stand out. At D = 128 and N = 2048 the ratio is 1.14× in the
-# recorded run (1.09× here), where the model says 1.03: stage 11's row there is the slow one (about 517 TFLOP/s; 553–560 in three
-# other runs of the same kernel on the same GPU), not stage 12's the fast one. At N = 8192 three
-# of the four cells fall to 0.94–0.99× (0.95–0.98× here), where the model says 1.01. In three other runs at D = 128 and
-# N = 8192, stage 12 measured 601–610 TFLOP/s and stage 11 542–599. A single run's ratio between
-# two kernels this close carries several per cent of noise, more than the model's whole
-# prediction from N = 4096 on. So read the long-N cells as "no change", which is what the model
-# said; only the short-N gains stand clearly above the noise.
+# **Where it missed.** From N = 4096 on the model says 1.00–1.01×; the measured cells scatter
+# around that, 0.98–1.04× here and 0.975–1.02× in the recorded run, with a different cell lowest
+# in each (D = 64 at N = 16384 here, D = 128 at N = 16384 there). At long N the same kernel
+# timed in two runs ten minutes apart differs by a few per cent: at D = 128, N = 16384 stage 12
+# measured 633 and 601 TFLOP/s, and cuDNN 618 and 652 (the two runs logged in `data/runs`). So
+# read the long-N cells as "no change", which is what the model said; only the short-N gains
+# stand clearly above the noise.
 #
-# **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.05× in fp16 and 1.07× in bf16 in
-# the recorded run, 1.07× and 1.10× in this notebook's, every row tight (the check above). fp16
-# lies in the predicted band of 1.03–1.08× both times; bf16, the same instructions on other
-# numbers, at and just above its top.
+# **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.06× in fp16 and 1.07× in bf16 in
+# the recorded run, 1.05× and 1.07× in this notebook's, every row tight (the check above): inside
+# the predicted band of 1.03–1.08× both times.
 #
-# **Against cuDNN** stage 12 runs at 0.93–1.12× over the sweep in the recorded run (0.93–1.11×
-# here). At D = 128 it is level or ahead everywhere but N = 8192 (0.93–0.98×, the noisy column
-# above); at D = 64 it is within a few per cent either way, most cells just below 1. Stage 11 was 0.86–1.05×, and most of its deficit was in the short
-# sequences this stage was about. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.4–1.8×
-# faster.
+# **Against cuDNN** stage 12 runs at 0.92–1.05× over the sweep in the recorded run (0.95–1.04×
+# here). At D = 128 it is level or ahead everywhere but one long cell (0.92× at N = 16384 in the
+# recorded run, 0.98× here: the noisy end of the sweep). At D = 64 it is level from N = 8192 on
+# and 2–5 % behind at shorter lengths, most of all under the causal mask: that is where cuDNN's
+# warpgroups take turns (notebook 11's last section) and these do not. Stage 11 was 0.86–1.05×,
+# and most of its deficit was in the short sequences this stage was about. Against
+# FlashAttention-2 (`sdpa_flash`) stage 12 is 1.4–1.9× faster.
 
 # %% [markdown]
 # ## 8 · The profile
@@ -280,12 +281,12 @@ plots.idea_metrics(only=["12_tma_store"])
 #   request (the half-filled sectors of section 1) become no request at all. The only global
 #   stores left are the TMA's, which Nsight Compute does not count as the SM's requests.
 # * **The tensor pipe is busier,** about 40 % → 43 % of the time at the teaching config, and the
-#   kernel is about 1.1× faster under the profiler: the same products in less time.
+#   kernel is about 1.06× faster under the profiler: the same products in less time.
 # * **Fewer short waits:** `short_scoreboard` (waiting for shared memory and other variable-latency
 #   units) about 7 % → 4 %, and `lg_throttle` (a full queue of global memory instructions) goes to
 #   zero.
 # * **A surprise: bank conflicts on shared-memory stores,** about 1.9 thousand against stage 11's
-#   14, where section 2's bank map promises none. They are few: the kernel issues about 65 thousand
+#   handful, where section 2's bank map promises none. They are few: the kernel issues about 65 thousand
 #   warp-wide `st.shared` for O at this config, so they add under 3 % to those stores' wavefronts,
 #   and O's stores are a small part of all shared-memory traffic (`smem_wavefronts`). The
 #   addresses are not the cause: each instruction's 32 words are in 32 banks. One possible cause,
@@ -414,7 +415,7 @@ labs.check("12.store_sectors", answer)
 # - The buffer goes back to the producer only after `cp.async.bulk.wait_group.read`, at the next
 #   item's first tile.
 # - The gain is largest where items are short, about 1.1× at N = 512, and fades as N grows, as
-#   the model of a block predicted; against cuDNN the stage runs at 0.93–1.12× over the sweep.
+#   the model of a block predicted; against cuDNN the stage runs at 0.92–1.05× over the sweep.
 # - FlashAttention-3's ping-pong and in-warpgroup overlap tie with stage 11 on this GPU: a
 #   consumer's softmax is longer than the other consumer's products that would hide it.
 
