@@ -1,12 +1,14 @@
 """Kernel candidates in tools/candidates/ (measured, not stages) still build for Hopper at the
 shapes their README reports, without ptxas serializing wgmma (C75xx) or spilling."""
 import re
+import shutil
 import subprocess
 
 import pytest
 
 from conftest import load_tool, needs_nvcc
 from flashlab import paths, ptxas
+from flashlab.stages import stage
 
 hopper_try = load_tool("hopper_try")
 
@@ -17,12 +19,18 @@ SHAPES = {  # the shapes tools/candidates/README.md reports
                       "D64:128,3,3,false,false;D128:128,2,2,false,false",
                       "D64:160,3,2,true,true;D128:160,2,2,true,true"],
 }
+# Candidates kept as a patch on a stage (a few lines changed): the stage they apply to, and shapes.
+PATCHES = {
+    "12_poly_exp2.patch": ("12_tma_store", ["D64:128,3,2,4;D128:128,2,2,4",
+                                            "D64:128,3,2,2;D128:128,2,2,8"]),
+}
 
 
 def test_every_candidate_has_its_shapes_and_readme_entry():
     readme = (CANDIDATES / "README.md").read_text()
     assert sorted(p.name for p in CANDIDATES.glob("*.cu")) == sorted(SHAPES)
-    for name in SHAPES:
+    assert sorted(p.name for p in CANDIDATES.glob("*.patch")) == sorted(PATCHES)
+    for name in [*SHAPES, *PATCHES]:
         assert f"`{name}`" in readme
 
 
@@ -33,6 +41,23 @@ def test_a_candidate_builds_for_hopper_without_serialized_wgmma_or_spills(tmp_pa
     st = hopper_try.unregistered_stage(src)
     out = tmp_path / name
     out.write_text(hopper_try.variant_source(st, shape, src.read_text()))
+    cubin = ptxas.compile_cubin(out, "sm_90a")
+    assert not re.search(r"C75\d\d", cubin.report), cubin.report
+    found = ptxas.parse(cubin.report, "sm_90a")
+    assert found and all(r.spill_bytes == 0 for r in found), found
+
+
+@needs_nvcc
+@pytest.mark.skipif(shutil.which("patch") is None, reason="needs the patch program")
+@pytest.mark.parametrize("name,shape", [(n, s) for n, (_, shapes) in PATCHES.items() for s in shapes])
+def test_a_patch_candidate_applies_and_builds_for_hopper(tmp_path, name, shape):
+    """The patch still applies to its stage, and the kernel it makes builds as the README says."""
+    slug, _ = PATCHES[name]
+    out = tmp_path / name.replace(".patch", ".cu")
+    subprocess.run(["patch", "-s", "-o", str(out), str(stage(slug).source), str(CANDIDATES / name)],
+                   check=True)
+    st = hopper_try.unregistered_stage(out)
+    out.write_text(hopper_try.variant_source(st, shape, out.read_text()))
     cubin = ptxas.compile_cubin(out, "sm_90a")
     assert not re.search(r"C75\d\d", cubin.report), cubin.report
     found = ptxas.parse(cubin.report, "sm_90a")
