@@ -149,11 +149,13 @@ def _estimate_ms(fn, device):
 
 # Runs are queued in batches of BATCH behind a GPU sleep long enough for the host to queue them
 # all (SLEEP_CYCLES_PER_MS assumes a 2 GHz clock; a slower clock only sleeps longer); where the
-# GPU still had to wait, the next batch's sleep is doubled. A timing asks for a budget of
-# RUN_BUDGET_MS (QUICK_BUDGET_MS for a quick check) of runs, at least min_runs and at most MAX_RUNS.
+# GPU still had to wait, the next batch's sleep is doubled, up to MAX_SLEEP_MS. A timing asks for
+# a budget of RUN_BUDGET_MS (QUICK_BUDGET_MS for a quick check) of runs, at least min_runs and at
+# most MAX_RUNS.
 BATCH = 20
 SLEEP_CYCLES_PER_MS = 2_000_000
 RUN_BUDGET_MS, QUICK_BUDGET_MS, MAX_RUNS = 100.0, 25.0, 1000
+MAX_SLEEP_MS = 50.0
 
 
 def _gpu_sleep(ms, device):
@@ -171,7 +173,7 @@ def _queued_bench(fn, runs, device, host_ms=0.1) -> Timing:
     the call has been queued (the GPU went idle waiting for the host) is not kept. Where too few
     calls could be kept (fewer than min(runs, 20): a callable that waits for the GPU itself), every
     call is, and the note says so."""
-    sleep_ms = max(1.0, 2 * BATCH * host_ms)
+    sleep_ms = min(max(1.0, 2 * BATCH * host_ms), MAX_SLEEP_MS)
     kept, waited, dropped = [], [], 0
     for _ in range(4 * math.ceil(runs / BATCH) + 4):
         if len(kept) >= runs:
@@ -191,7 +193,7 @@ def _queued_bench(fn, runs, device, host_ms=0.1) -> Timing:
             (kept if ok else waited).append(start.elapsed_time(end))
         if not all(ahead):
             dropped += ahead.count(False)
-            sleep_ms *= 2
+            sleep_ms = min(2 * sleep_ms, MAX_SLEEP_MS)
     note = ""
     if len(kept) < min(runs, 20):
         kept, note = kept + waited, f"the GPU waited for the host in {dropped} runs; all kept"

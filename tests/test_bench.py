@@ -157,6 +157,7 @@ def test_a_callable_the_gpu_always_waits_for_keeps_every_run_and_says_so(fake_cu
     clock = fake_cuda([1.0] * b * batches, [True] * b * batches)
     t = bench_mod._queued_bench(lambda: None, b, device="cpu")
     assert clock.times == [] and len(clock.sleeps) == batches
+    assert max(clock.sleeps) == bench_mod.MAX_SLEEP_MS  # doubled, but never past the cap
     assert t.runs == b * batches and t.median_ms == 1.0
     assert "the GPU waited for the host" in t.note and "all kept" in t.note
 
