@@ -174,7 +174,7 @@ def _queued_bench(fn, runs, device, host_ms=0.1) -> Timing:
     calls could be kept (fewer than min(runs, 20): a callable that waits for the GPU itself), every
     call is, and the note says so."""
     sleep_ms = min(max(1.0, 2 * BATCH * host_ms), MAX_SLEEP_MS)
-    kept, waited, dropped = [], [], 0
+    kept, waited = [], []
     for _ in range(4 * math.ceil(runs / BATCH) + 4):
         if len(kept) >= runs:
             break
@@ -192,15 +192,15 @@ def _queued_bench(fn, runs, device, host_ms=0.1) -> Timing:
         for start, end, ok in zip(starts, ends, ahead):
             (kept if ok else waited).append(start.elapsed_time(end))
         if not all(ahead):
-            dropped += ahead.count(False)
             sleep_ms = min(2 * sleep_ms, MAX_SLEEP_MS)
     note = ""
     if len(kept) < min(runs, 20):
-        kept, note = kept + waited, f"the GPU waited for the host in {dropped} runs; all kept"
-    elif dropped:
-        note = f"{dropped} runs dropped: the GPU waited for the host"
-    qs = statistics.quantiles(kept, n=10, method="inclusive") if len(kept) > 1 else kept * 9
-    return Timing(statistics.median(kept), qs[1], qs[7], len(kept), "cuda events, queued", note=note)
+        kept, note = kept + waited, f"the GPU waited for the host in {len(waited)} runs; all kept"
+    elif waited:
+        note = f"{len(waited)} runs dropped: the GPU waited for the host"
+    qs = statistics.quantiles(kept, n=10, method="inclusive")  # a batch is BATCH runs: >= 2
+    return Timing(statistics.median(kept), qs[1], qs[7], len(kept), "cuda events, queued",
+                  note=note)
 
 
 def _timing(fn, min_runs, device) -> Timing:

@@ -1299,12 +1299,16 @@ def predicted_gain(n_tiles=(4, 8, 16, 32, 64, 128), items=6, **times) -> pd.Seri
     elected_schedule and warpspec_schedule with the same times (keyword arguments of both), for
     `items` items of that many tiles on one SM (stage 10 at 3 buffers, stage 11 at 2, as both
     kernels pick at D = 128)."""
-    out = {}
-    for n in n_tiles:
-        ten = elected_schedule(tiles=(n,) * items, stages=3, **times).total
-        eleven = warpspec_schedule(tiles=(n,) * items, stages=2, **times).total
-        out[n] = ten / eleven
-    return pd.Series(out, name="stage 10 time / stage 11 time").rename_axis("tiles per item")
+    return _gain(n_tiles, items, "stage 10 time / stage 11 time",
+                 lambda tiles: elected_schedule(tiles=tiles, stages=3, **times).total,
+                 lambda tiles: warpspec_schedule(tiles=tiles, stages=2, **times).total)
+
+
+def _gain(n_tiles, items, name, before, after) -> pd.Series:
+    """before(tiles) / after(tiles), the two schedules' totals for `items` work items of n tiles
+    each, per n in n_tiles."""
+    out = {n: before((n,) * items) / after((n,) * items) for n in n_tiles}
+    return pd.Series(out, name=name).rename_axis("tiles per item")
 
 
 ITEM_COLORS = ("#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363")
@@ -1421,7 +1425,7 @@ def warpspec_timeline(tiles=(3, 3, 3), load=0.5, latency=1.0, mma=1.0, softmax=1
 
 # ---------------------------------------------------------------- stage 12: O through the TMA
 
-def _o_words(D, warp, d, half):
+def _o_words(warp, d, half):
     """The 32 lanes of one warp's write of O in 12_tma_store.cu / 11_warpspec.cu: rows
     warp * 16 + g (+ 8 for half 1), columns 8 d + 2 t and + 1 (4 bytes a lane). Returns (rows,
     cols) of each lane's first element, rows counted in the consumer's 64."""
@@ -1449,7 +1453,7 @@ def o_store_requests(D=128) -> pd.DataFrame:
     for warp in range(4):
         for d in range(D // 8):
             for half in (0, 1):
-                rows, cols = _o_words(D, warp, d, half)
+                rows, cols = _o_words(warp, d, half)
                 instr += 1  # one st.global in stage 11, one st.shared in stage 12
                 sectors11 += sectors_per_request(rows * 2 * D + cols * 2).sectors  # row-major O
                 words = sw128(2 * M, rows, cols) // BANK_BYTES  # a 128-row item, like BR
@@ -1472,7 +1476,7 @@ def o_store_figure(D=64, d=0):
     128-byte swizzle's places: every lane in a bank of its own, one wavefront."""
     fig = Figure(figsize=(15, 4.4), layout="constrained")
     left, right = fig.subplots(1, 2)
-    rows, cols = _o_words(D, 0, d, 0)
+    rows, cols = _o_words(0, d, 0)
     lanes = np.arange(WARP)
     words_per_row = 2 * D // BANK_BYTES
     # stage 11: global memory, row-major, D * 2 bytes a row
@@ -1534,9 +1538,6 @@ def store_gain(n_tiles=(4, 8, 16, 32, 64, 128), items=6, store11=1.2, store12=0.
     st.global, and the wait for them to drain before O's registers are reused) or `store12` (its
     st.shared, a named barrier and one TMA store; the copy itself runs under the next item).
     The other times are warpspec_schedule's keyword arguments."""
-    out = {}
-    for n in n_tiles:
-        eleven = warpspec_schedule(tiles=(n,) * items, stages=2, store=store11, **times).total
-        twelve = warpspec_schedule(tiles=(n,) * items, stages=2, store=store12, **times).total
-        out[n] = eleven / twelve
-    return pd.Series(out, name="stage 11 time / stage 12 time").rename_axis("tiles per item")
+    def total(store):
+        return lambda tiles: warpspec_schedule(tiles=tiles, stages=2, store=store, **times).total
+    return _gain(n_tiles, items, "stage 11 time / stage 12 time", total(store11), total(store12))
