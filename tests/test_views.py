@@ -78,6 +78,19 @@ def test_a_notebook_shows_one_gpu(two_gpus, capsys):
     assert nb.speedup("01_naive", "03_coarsened") == pytest.approx(97.0 / 0.56)
 
 
+def test_teaching_rows_show_one_gpu_and_name_a_wide_spread(two_gpus, capsys):
+    nb.banner("03_coarsened")
+    capsys.readouterr()
+    rows = nb.teaching_rows(["01_naive", "03_coarsened"], dtypes=("fp32",))
+    assert list(rows.index) == [("01_naive", "fp32"), ("03_coarsened", "fp32")]
+    assert rows.loc[("01_naive", "fp32"), "median_ms"] == 97.0  # GPU A's, not B's 167
+    assert capsys.readouterr().out.strip() == "every row's p80 is within 10 % of its p20"
+    tables.RESULTS.upsert([{**result("03_coarsened", A, 0.56, "2026-01-01T00:00:03Z"),
+                            "p20_ms": 0.5, "p80_ms": 0.6}])
+    nb.teaching_rows(["01_naive", "03_coarsened"], dtypes=("fp32",))
+    assert "03_coarsened fp32: p80 is 20% above p20" in capsys.readouterr().out
+
+
 def test_figures_and_tables_show_one_gpu(two_gpus, monkeypatch):
     monkeypatch.setenv("FLASHLAB_GPU", A)
     fig = plots.ladder()

@@ -15,11 +15,11 @@ By concern: view (mode, the GPU shown, what is not recorded), code (sources and 
 from ..tables import NotRecorded
 from .code import excerpt, extract, show_diff, show_lines, show_source
 from .measured import (Evaluation, attention_alone, compare, evaluate, in_a_model, profile, published_minimal,
-                       reached, speedup, sweep_ratio)
+                       reached, speedup, sweep_ratio, teaching_rows)
 from .static import blocks_per_sm, instructions, loop_bodies, opcode_changes, resources, sass_lines
 from .view import GPU, banner, not_recorded, the_gpu, unless_missing
 
 __all__ = ["GPU", "Evaluation", "NotRecorded", "attention_alone", "banner", "blocks_per_sm", "compare", "evaluate",
            "excerpt", "extract", "in_a_model", "instructions", "loop_bodies", "not_recorded", "opcode_changes",
            "profile", "published_minimal", "reached", "resources", "sass_lines", "show_diff", "show_lines", "show_source",
-           "speedup", "sweep_ratio", "the_gpu", "unless_missing"]
+           "speedup", "sweep_ratio", "teaching_rows", "the_gpu", "unless_missing"]

@@ -1,7 +1,7 @@
 """Measured numbers in a notebook: evaluate() builds, checks, times and records a stage when the
 notebook runs live, and reads the same from data/ when it replays; compare(), speedup(),
-sweep_ratio() and profile() read the recorded tables. All of them show the notebook's GPU only
-(flashlab.notebook.view.gpu)."""
+teaching_rows(), sweep_ratio() and profile() read the recorded tables. All of them show the
+notebook's GPU only (flashlab.notebook.view.gpu)."""
 import importlib.util
 import time
 from dataclasses import dataclass
@@ -98,6 +98,25 @@ def sweep_ratio(new, old, dtype="fp16") -> pd.DataFrame:
     """new's TFLOP/s over old's at every recorded point of the FlashAttention sweep on the
     notebook's GPU: rows (D, causal), columns N."""
     return tables.sweep_ratio(new, old, dtype, gpu=view.gpu())
+
+
+# A row whose p80 is more than WIDE times its p20: its median is not the kernel's time.
+WIDE = 1.1
+
+
+def teaching_rows(stages, dtypes=("fp16", "bf16")) -> pd.DataFrame:
+    """The recorded rows of `stages` at the teaching config in each of `dtypes` on the notebook's
+    GPU, with the spread of their timed runs (p20, p80); prints each row whose p80 is more than
+    10 % above its p20 (read its median with care), or that none is."""
+    rows = pd.concat([at_config(tables.recorded(s, gpu=view.gpu()), teaching(d))
+                      for s in stages for d in dtypes])
+    wide = rows[rows.p80_ms > WIDE * rows.p20_ms]
+    for _, r in wide.iterrows():
+        print(f"{r['stage']} {r['dtype']}: p80 is {r.p80_ms / r.p20_ms - 1:.0%} above p20 - a wide "
+              "spread: read this row's median with care")
+    if wide.empty:
+        print("every row's p80 is within 10 % of its p20")
+    return rows.set_index(["stage", "dtype"])[["median_ms", "p20_ms", "p80_ms", "tflops", "commit"]]
 
 
 def speedup(slower, faster, dtype="fp32", faster_dtype=None, missing_ok=False) -> float:

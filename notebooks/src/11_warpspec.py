@@ -354,16 +354,7 @@ with nb.unless_missing():
 
 # %%
 with nb.unless_missing():
-    rows = pd.concat([fl.tables.at_config(fl.recorded(s, gpu=here.name), fl.teaching(d))
-                      for s in ("10_tma", "11_warpspec") for d in ("fp16", "bf16")])
-    display(rows.set_index(["stage", "dtype"])[["median_ms", "p20_ms", "p80_ms", "tflops",
-                                                "commit"]])
-    wide = rows[rows.p80_ms > 1.1 * rows.p20_ms]
-    for _, r in wide.iterrows():
-        print(f"{r['stage']} {r['dtype']}: p80 is {r.p80_ms / r.p20_ms - 1:.0%} above p20 - a wide "
-              "spread: read this row's median with care")
-    if wide.empty:
-        print("every row's p80 is within 10 % of its p20")
+    display(nb.teaching_rows(["10_tma", "11_warpspec"]))
 
 # %% [markdown]
 # Over the sweep: stage 11 over stage 10, then over cuDNN's attention, PyTorch's fastest, and

@@ -193,16 +193,7 @@ with nb.unless_missing():
 
 # %%
 with nb.unless_missing():
-    rows = pd.concat([fl.tables.at_config(fl.recorded(s, gpu=here.name), fl.teaching(d))
-                      for s in ("11_warpspec", "12_tma_store") for d in ("fp16", "bf16")])
-    display(rows.set_index(["stage", "dtype"])[["median_ms", "p20_ms", "p80_ms", "tflops",
-                                                "commit"]])
-    wide = rows[rows.p80_ms > 1.1 * rows.p20_ms]
-    for _, r in wide.iterrows():
-        print(f"{r['stage']} {r['dtype']}: p80 is {r.p80_ms / r.p20_ms - 1:.0%} above p20 - a wide "
-              "spread: read this row's median with care")
-    if wide.empty:
-        print("every row's p80 is within 10 % of its p20")
+    display(nb.teaching_rows(["11_warpspec", "12_tma_store"]))
 
 # %% [markdown]
 # Over the sweep: stage 12 over stage 11, then over cuDNN's attention and over PyTorch's
