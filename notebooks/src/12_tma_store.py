@@ -219,26 +219,26 @@ plots.scaling(last="12_tma_store")
 # N = 1024, little from N = 4096 on. In the run recorded in `data/`, with stages 10–12 and the
 # baselines timed in one run, stage 12 runs 1.07–1.16× stage 11 at N = 512 and 1.04–1.10× at
 # N = 1024. This notebook's own timing of stage 12, against stage 11's recorded rows (the table
-# above), gives 1.08–1.16× and 1.05–1.10×. The largest gains are at D = 128, where an item's O is
-# twice as big: 1.14–1.16× at N = 512, where the model gives 1.11. That is the predicted shape,
+# above), gives 1.07–1.15× and 1.04–1.09×. The largest gains are at D = 128, where an item's O is
+# twice as big: 1.13–1.16× at N = 512, where the model gives 1.11. That is the predicted shape,
 # and at D = 128 a little more than the model gave.
 #
 # **Where it missed.** From N = 4096 on the model says 1.00–1.01×; the measured cells scatter
-# around that, 0.98–1.04× here and 0.975–1.02× in the recorded run, with a different cell lowest
-# in each (D = 64 at N = 16384 here, D = 128 at N = 16384 there). At long N the same kernel
-# timed in two runs ten minutes apart differs by a few per cent: at D = 128, N = 16384 stage 12
-# measured 633 and 601 TFLOP/s, and cuDNN 618 and 652 (the two runs logged in `data/runs`). So
-# read the long-N cells as "no change", which is what the model said; only the short-N gains
-# stand clearly above the noise.
+# around that, 1.00–1.04× here and 0.975–1.03× in the recorded run, where three cells fall just
+# below 1 (D = 128 at N = 4096 and 16384, D = 64 at N = 16384) and none does here. At long N the
+# same kernel timed in two runs ten minutes apart differs by a few per cent: at D = 128,
+# N = 16384 stage 12 measured 633 and 601 TFLOP/s, and cuDNN 618 and 652 (the two runs logged in
+# `data/runs`). So read the long-N cells as "no change", which is what the model said; only the
+# short-N gains stand clearly above the noise.
 #
 # **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.06× in fp16 and 1.07× in bf16 in
-# the recorded run, 1.05× and 1.07× in this notebook's, every row tight (the check above): inside
+# the recorded run, 1.05× and 1.06× in this notebook's, every row tight (the check above): inside
 # the predicted band of 1.03–1.08× both times.
 #
-# **Against cuDNN** stage 12 runs at 0.92–1.05× over the sweep in the recorded run (0.95–1.04×
+# **Against cuDNN** stage 12 runs at 0.92–1.05× over the sweep in the recorded run (0.94–1.08×
 # here). At D = 128 it is level or ahead everywhere but one long cell (0.92× at N = 16384 in the
-# recorded run, 0.98× here: the noisy end of the sweep). At D = 64 it is level from N = 8192 on
-# and 2–5 % behind at shorter lengths, most of all under the causal mask: that is where cuDNN's
+# recorded run, 0.95× here: the noisy end of the sweep). At D = 64 it is level from N = 8192 on
+# and 2–6 % behind at shorter lengths, most of all under the causal mask: that is where cuDNN's
 # warpgroups take turns (notebook 11's last section) and these do not. Stage 11 was 0.86–1.05×,
 # and most of its deficit was in the short sequences this stage was about. Against
 # FlashAttention-2 (`sdpa_flash`) stage 12 is 1.4–1.9× faster.
@@ -272,11 +272,11 @@ plots.idea_metrics(only=["12_tma_store"])
 #   request (the half-filled sectors of section 1) become no request at all. The only global
 #   stores left are the TMA's, which Nsight Compute does not count as the SM's requests.
 # * **The tensor pipe is busier,** about 40 % → 43 % of the time at the teaching config, and the
-#   kernel is about 1.06× faster under the profiler: the same products in less time.
+#   kernel is about 1.07× faster under the profiler: the same products in less time.
 # * **Fewer short waits:** `short_scoreboard` (waiting for shared memory and other variable-latency
 #   units) about 7 % → 4 %, and `lg_throttle` (a full queue of global memory instructions) goes to
 #   zero.
-# * **A surprise: bank conflicts on shared-memory stores,** about 1.9 thousand against stage 11's
+# * **A surprise: bank conflicts on shared-memory stores,** about 2 thousand against stage 11's
 #   handful, where section 2's bank map promises none. They are few: the kernel issues about 65 thousand
 #   warp-wide `st.shared` for O at this config, so they add under 3 % to those stores' wavefronts,
 #   and O's stores are a small part of all shared-memory traffic (`smem_wavefronts`). The
