@@ -12,6 +12,8 @@ SDPA_BACKENDS = {
     "sdpa_math": SDPBackend.MATH,
 }
 NAMES = (*SDPA_BACKENDS, "torch_naive")
+# The backends the stages are compared with over the sweep, timed in turn with them at each config.
+COMPARED = ("sdpa_flash", "sdpa_cudnn")
 
 
 class Baseline:

@@ -234,22 +234,61 @@ def time_fn(fn, min_runs=20, device="cuda") -> Timing:
     return t
 
 
+# Callables compared in one run (the stages and SDPA's backends over the sweep) are timed in turn
+# at each config, ROUNDS times over: the GPU's clock and temperature drift by 5-10 % over minutes at
+# long sequences, and what drifts between two kernels timed minutes apart would be read as a
+# difference between them. Each keeps the round with the median time.
+ROUNDS = 3
+
+
+def time_interleaved(fns: dict, rounds=ROUNDS, min_runs=20, device="cuda") -> dict:
+    """{name: Timing}: each fn timed with time_fn, in turn, `rounds` times over; each keeps the
+    round with its median time (the note lists every round's median; warm-ups and re-timings add
+    up over the rounds)."""
+    seen = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            seen[name].append(time_fn(fn, min_runs, device))
+    out = {}
+    for name, ts in seen.items():
+        t = sorted(ts, key=lambda x: x.median_ms)[(len(ts) - 1) // 2]
+        rounds_note = (f"the median of {len(ts)} rounds timed in turn with the others: "
+                       + ", ".join(f"{x.median_ms:.4g}" for x in ts) + " ms")
+        out[name] = Timing(t.median_ms, t.p20_ms, t.p80_ms, t.runs,
+                           t.timer + (f", {len(ts)} rounds in turn" if len(ts) > 1 else ""),
+                           sum(x.warmup_runs for x in ts), sum(x.retimes for x in ts),
+                           "; ".join(filter(None, [rounds_note if len(ts) > 1 else "", t.note])))
+    return out
+
+
+def error_at(attn, config: Config, inputs, ref) -> float:
+    """attn's relative error against the float64 reference `ref`, into an output poisoned with
+    NaN first (an element it never writes cannot pass)."""
+    q, k, v = inputs
+    out = torch.full_like(q, math.nan)
+    return rel_err(attn(q, k, v, causal=config.causal, out=out), ref)
+
+
+def timing_row(config: Config, t: Timing) -> dict:
+    """A timing as a results row's values: the Timing's fields and TFLOP/s at its p20/median/p80."""
+    row = t.as_dict()
+    row["tflops"] = tflops(config, t.median_ms)
+    row["tflops_p20"] = tflops(config, t.p80_ms)  # the slower time gives the lower rate
+    row["tflops_p80"] = tflops(config, t.p20_ms)
+    return row
+
+
 def bench(attn, config: Config, min_runs=20, device="cuda", with_error=True, seed=0,
           inputs=None, ref=None) -> dict:
     """Time attn at config; returns ms, TFLOP/s and (with_error) the relative error there.
 
     inputs / ref let several functions share one set of inputs and one float64 reference."""
-    q, k, v = inputs if inputs is not None else config.inputs(device, seed)
+    q, k, v = inputs = inputs if inputs is not None else config.inputs(device, seed)
     row = {}
     if with_error:
         if ref is None:
             ref = reference(q, k, v, causal=config.causal)
-        out = torch.full_like(q, math.nan)
-        row["rel_err"] = rel_err(attn(q, k, v, causal=config.causal, out=out), ref)
-        del out
+        row["rel_err"] = error_at(attn, config, inputs, ref)
     t = time_fn(lambda: attn(q, k, v, causal=config.causal), min_runs, device)
-    row.update(t.as_dict())
-    row["tflops"] = tflops(config, t.median_ms)
-    row["tflops_p20"] = tflops(config, t.p80_ms)  # the slower time gives the lower rate
-    row["tflops_p80"] = tflops(config, t.p20_ms)
+    row.update(timing_row(config, t))
     return row

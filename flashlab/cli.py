@@ -257,8 +257,10 @@ def parser():
                        description="The main job. On a CUDA GPU: for every stage, build it, check "
                        "it against the float64 reference and, if it passes, time it at the "
                        "standard configs; time PyTorch's baselines at the same configs; update "
-                       "data/results.csv and data/figures/, and print the table. Each stage runs "
-                       "in its own process, so one that crashes cannot take the others down. "
+                       "data/results.csv and data/figures/, and print the table. Each stage is "
+                       "checked in its own process, so one that crashes cannot take the others "
+                       "down; the fast stages that pass are then timed over the sweep in turn "
+                       "with SDPA's flash and cuDNN backends at each config, three rounds over. "
                        "Without a GPU: print and plot the recorded results.")
     p.add_argument("--stage", action="append", metavar="NN",
                    help="only this stage (repeatable), e.g. --stage 03")

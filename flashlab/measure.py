@@ -5,7 +5,7 @@ import torch
 
 from . import baselines as _baselines
 from . import ptxas
-from .bench import bench, sweep, teaching
+from .bench import ROUNDS, bench, error_at, sweep, teaching, time_interleaved, timing_row
 from .check import FP32_TOL, check
 from .env import environment
 from .reference import reference
@@ -31,6 +31,46 @@ def baseline_configs(with_sweep=True):
     return [teaching("fp32"), teaching("fp16")] + (sweep("fp16") if with_sweep else [])
 
 
+def timed_tolerance(cfg) -> float:
+    """The error a timed config may show: the check is the real test, this guards the config."""
+    return FP32_TOL if cfg.dtype == "fp32" else 1e-2
+
+
+def _ptxas_at(st, env, log):
+    """A function of a config: the ptxas report's registers and spills of the kernel timed there."""
+    def at(cfg):
+        try:
+            cc = tuple(int(x) for x in env["compute_capability"].split("."))
+            return ptxas.summary(st, st.arch(cc), cfg)
+        except (OSError, RuntimeError, LookupError) as err:
+            log(f"{st.slug}: no ptxas report ({err})")
+            return {}
+    return at
+
+
+def _not_timed(st, cfg, env, chk, res_at):
+    return _row(st.slug, "stage", cfg, env, status="failed check", **res_at(cfg),
+                note=f"not timed: check failed, max rel err {chk.max_rel_err:.2e}")
+
+
+def _timed_line(name, cfg, row):
+    return (f"{name:16} {cfg.label:42} {row['median_ms']:10.3f} ms {row['tflops']:8.2f} TFLOP/s"
+            f"  rel_err {row['rel_err']:.1e}")
+
+
+def _keep(rows, record, frames):
+    """A config's rows, recorded as soon as the config is done: a run killed later loses none."""
+    if rows:
+        df = pd.DataFrame(rows)
+        if record:
+            RESULTS.upsert(df)
+        frames.append(df)
+
+
+def _joined(frames):
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def _row(name, kind, cfg, env, **values):
     row = dict(stage=name, kind=kind, dtype=cfg.dtype, B=cfg.B, H=cfg.H, N=cfg.N, D=cfg.D,
                causal=cfg.causal, **env)
@@ -38,19 +78,14 @@ def _row(name, kind, cfg, env, **values):
     return row
 
 
-def measure_stage(st: Stage, configs=None, record=True, log=print, attn=None):
+def measure_stage(st: Stage, configs=None, record=True, log=print, attn=None, untimed=()):
     """Check the stage, then time it at `configs` (default: configs_for(st)) unless the check
-    failed. Returns (CheckResult, DataFrame of the rows), which are also recorded in data/."""
+    failed. Returns (CheckResult, DataFrame of the rows), which are also recorded in data/.
+    untimed: configs timed elsewhere (measure_interleaved) that still get a "failed check" row
+    here if the check fails, so that no earlier timing of a now wrong kernel stands."""
     env = environment()
     configs = configs_for(st) if configs is None else configs
-    def res_at(cfg):
-        try:
-            cc = tuple(int(x) for x in env["compute_capability"].split("."))
-            return ptxas.summary(st, st.arch(cc), cfg)
-        except (OSError, RuntimeError, LookupError) as err:
-            log(f"{st.slug}: no ptxas report ({err})")
-            return {}
-
+    res_at = _ptxas_at(st, env, log)
     attn = attn or st.build()
     missing = st.unavailable_dtypes()  # stage 04 on a T4: bf16 needs compute capability 8.0
     for why in missing.values():
@@ -61,18 +96,15 @@ def measure_stage(st: Stage, configs=None, record=True, log=print, attn=None):
     if record:
         CHECKS.upsert([dict(stage=st.slug, **c, **env) for c in chk.rows()])
     rows = []
-    for cfg in configs:
-        if not chk.passed:
-            rows.append(_row(st.slug, "stage", cfg, env, status="failed check", **res_at(cfg),
-                             note=f"not timed: check failed, max rel err {chk.max_rel_err:.2e}"))
-            continue
+    if not chk.passed:
+        rows = [_not_timed(st, cfg, env, chk, res_at)
+                for cfg in [*configs, *(c for c in untimed if c.dtype not in missing)]]
+    for cfg in configs if chk.passed else ():
         try:
             m = bench(attn, cfg)
-            # the check above is the real test; this guards the timed config itself
-            status = "ok" if m["rel_err"] <= (FP32_TOL if cfg.dtype == "fp32" else 1e-2) else "failed check"
+            status = "ok" if m["rel_err"] <= timed_tolerance(cfg) else "failed check"
             rows.append(_row(st.slug, "stage", cfg, env, status=status, **m, **res_at(cfg)))
-            log(f"{st.slug:16} {cfg.label:42} {m['median_ms']:10.3f} ms {m['tflops']:8.2f} TFLOP/s"
-                f"  rel_err {m['rel_err']:.1e}")
+            log(_timed_line(st.slug, cfg, m))
         except ValueError as err:
             log(f"{st.slug}: {cfg.label}: {err}")
     df = pd.DataFrame(rows)
@@ -81,17 +113,84 @@ def measure_stage(st: Stage, configs=None, record=True, log=print, attn=None):
     return chk, df
 
 
-def measure_baselines(configs=None, names=_baselines.NAMES, record=True, log=print):
-    """Time PyTorch's implementations at `configs` (default: baseline_configs()), on the same
-    inputs and against the same reference, config by config."""
+def interleaved_configs(stages, with_baselines=True):
+    """The configs measure_interleaved times: every sweep config of the stages (fp16 first), and
+    the baselines' fp16 sweep."""
+    out = list(sweep("fp16")) if with_baselines else []
+    for st in stages:
+        out += [c for c in configs_for(st) if c != teaching(c.dtype) and c not in out]
+    return sorted(out, key=lambda c: (c.dtype != "fp16", c.dtype, c.D, c.causal, c.N))
+
+
+def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rounds=ROUNDS,
+                        record=True, log=print):
+    """Time the (already checked) stages and the baselines config by config, in turn, `rounds`
+    times over (bench.time_interleaved), on one set of inputs and one float64 reference per
+    config, so that their ratios hold within one run. A stage is timed at the configs of
+    configs_for(st), a baseline at the fp16 sweep; each config's rows are recorded as soon as it
+    is done. configs: default interleaved_configs(stages, bool(baselines))."""
     env = environment()
-    rows = []
-    for cfg in configs or baseline_configs():
+    built = [(st, st.build(), _ptxas_at(st, env, log)) for st in stages]
+    own = {st.slug: set(configs_for(st)) for st in stages}
+    base_cfgs = set(baseline_configs())
+    frames = []
+    for cfg in configs if configs is not None else interleaved_configs(stages, bool(baselines)):
         inputs = cfg.inputs()
         ref = reference(*inputs, causal=cfg.causal)
-        for name in names:
+        q, k, v = inputs
+        fns, rows, kinds = {}, [], {}
+        for st, attn, res_at in built:
+            if cfg not in own[st.slug] or cfg.dtype in st.unavailable_dtypes():
+                continue
+            try:
+                err = error_at(attn, cfg, inputs, ref)
+            except ValueError as e:
+                log(f"{st.slug}: {cfg.label}: {e}")
+                continue
+            if not err <= timed_tolerance(cfg):
+                rows.append(_row(st.slug, "stage", cfg, env, status="failed check", rel_err=err,
+                                 **res_at(cfg), note=f"not timed: rel err {err:.2e} here"))
+                log(f"{st.slug:16} {cfg.label:42} FAILED: rel err {err:.2e}")
+                continue
+            fns[st.slug], kinds[st.slug] = attn, ("stage", err, res_at(cfg))
+        for name in baselines if cfg in base_cfgs else ():
             if name in MATERIALISING and cfg.N > MAX_N_MATERIALISED:
                 continue
+            b = _baselines.Baseline(name)
+            try:
+                err = error_at(b, cfg, inputs, ref)
+            except RuntimeError as e:  # backend refuses this dtype/shape, or out of memory
+                log(f"{name:16} {cfg.label:42} skipped: {str(e).splitlines()[0][:100]}")
+                torch.cuda.empty_cache()
+                continue
+            fns[name], kinds[name] = b, ("baseline", err, {})
+        timings = time_interleaved({n: (lambda f=f: f(q, k, v, causal=cfg.causal))
+                                    for n, f in fns.items()}, rounds)
+        for name, t in timings.items():
+            kind, err, res = kinds[name]
+            m = dict(rel_err=err, **timing_row(cfg, t))
+            rows.append(_row(name, kind, cfg, env, status="ok", **m, **res))
+            log(_timed_line(name, cfg, m))
+        del inputs, ref, q, k, v
+        torch.cuda.empty_cache()
+        _keep(rows, record, frames)
+    return _joined(frames)
+
+
+def measure_baselines(configs=None, names=_baselines.NAMES, record=True, log=print):
+    """Time PyTorch's implementations at `configs` (default: baseline_configs()), on the same
+    inputs and against the same reference, config by config; each config's rows are recorded as
+    soon as it is done."""
+    env = environment()
+    frames = []
+    for cfg in configs or baseline_configs():
+        here = [n for n in names if not (n in MATERIALISING and cfg.N > MAX_N_MATERIALISED)]
+        if not here:
+            continue
+        inputs = cfg.inputs()
+        ref = reference(*inputs, causal=cfg.causal)
+        rows = []
+        for name in here:
             try:
                 m = bench(_baselines.Baseline(name), cfg, inputs=inputs, ref=ref)
             except RuntimeError as err:  # backend refuses this dtype/shape, or out of memory
@@ -99,12 +198,8 @@ def measure_baselines(configs=None, names=_baselines.NAMES, record=True, log=pri
                 torch.cuda.empty_cache()
                 continue
             rows.append(_row(name, "baseline", cfg, env, status="ok", **m))
-            log(f"{name:16} {cfg.label:42} {m['median_ms']:10.3f} ms {m['tflops']:8.2f} TFLOP/s"
-                f"  rel_err {m['rel_err']:.1e}")
+            log(_timed_line(name, cfg, m))
         del inputs, ref
         torch.cuda.empty_cache()
-    df = pd.DataFrame(rows)
-    if record and rows:
-        RESULTS.upsert(df)
-    return df
-
+        _keep(rows, record, frames)
+    return _joined(frames)

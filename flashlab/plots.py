@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from . import paths, profile_schema, tables
+from .baselines import COMPARED
 from .bench import SWEEP, teaching
 from .stages import stage as _stage, stages
 from .tables import RESULTS, at_config, stage_at_teaching
@@ -100,7 +101,7 @@ def ladder(df=None, gpu=None, dtype="fp32", ax=None, last=None):
         base = at_config(ok, teaching(d))
         base = base[base["kind"] == "baseline"]
         if d != dtype:
-            base = base[base["stage"].isin(["sdpa_flash", "sdpa_cudnn"])]
+            base = base[base["stage"].isin(COMPARED)]
         for _, r in base.iterrows():
             color, ls = BASELINE_STYLE.get(r.stage, ("k", "-"))
             ax.axhline(r.tflops, color=color, ls=ls, lw=1.2, alpha=alpha, zorder=1)

@@ -8,6 +8,7 @@ data/results.csv, and the command list, from the command line's own help.
 import html
 
 from . import paths, tables
+from .baselines import COMPARED
 from .bench import SWEEP, teaching
 from .stages import stages
 from .tables import RESULTS, NotRecorded
@@ -121,7 +122,7 @@ def render(text: str, table: str, start=START, end=END) -> str:
     return f"{head}{start}\n{table}\n{end}{tail}"
 
 
-def sweep_table(df=None, stage=None, baselines=("sdpa_flash", "sdpa_cudnn"), by=BY) -> str:
+def sweep_table(df=None, stage=None, baselines=COMPARED, by=BY) -> str:
     """`stage` (default: the last) ÷ each of `baselines` (PyTorch's FlashAttention-2 and cuDNN
     backends) in TFLOP/s over the FlashAttention sweep (fp16): per baseline, a row per head dim
     and mask, a column per N, as Markdown; says what to run where unrecorded."""

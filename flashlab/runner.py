@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from . import paths, plots, tables
+from .baselines import COMPARED
 from .baselines import NAMES as BASELINES
 from .env import environment, gpu_available
 from .measure import configs_for
@@ -90,13 +91,13 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
     for slug, why in replayed.items():
         out(f"{slug}: replayed from {RESULTS.path()}, not run: {why}")
     chosen = [s for s in chosen if s.slug not in replayed]
-    jobs = [("peaks", ["peaks"])] if with_baselines else []
-    jobs += [(s.slug, [s.slug] + ([] if with_sweep else ["--no-sweep"])) for s in chosen]
-    if with_profile:
-        jobs.append(("profile", ["profile"] + [a for s in chosen for a in ("--stage", s.slug)]))
-    if with_baselines:
-        jobs.append(("baselines", ["baselines"] + ([] if with_sweep else ["--no-sweep"])
-                     + [a for b in baselines or () for a in ("--baseline", b)]))
+    # The fast stages' sweep is timed in one job, in turn with SDPA's compared backends at each
+    # config, once every stage has passed its check in its own job.
+    interleave = with_sweep and any(s.fast for s in chosen)
+    compared = [b for b in COMPARED if b in (baselines or BASELINES)] if with_baselines else []
+    planned = (["peaks"] if with_baselines else []) + [s.slug for s in chosen] \
+        + (["sweep"] if interleave else []) + (["profile"] if with_profile else []) \
+        + (["baselines"] if with_baselines else [])
     paths.runs_dir().mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     log_path = paths.runs_dir() / f"run-{stamp}.log"
@@ -105,17 +106,41 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
     with open(log_path, "w") as log:
         log.write(f"flashlab run on {env['gpu']} (cc {env['compute_capability']}), torch "
                   f"{env['torch']}, CUDA {env['cuda']}, commit {env['commit']}, {env['time']}\n")
-        bar = tqdm(jobs, desc="flashlab run", unit="job", disable=not progress, file=sys.stderr)
-        for name, args in bar:
+        bar = tqdm(total=len(planned), desc="flashlab run", unit="job", disable=not progress,
+                   file=sys.stderr)
+        say = bar.write if progress else out
+
+        def job(name, args):
             bar.set_postfix_str(name)
-            code = _job(args, log, bar.write if progress else out)
+            code = _job(args, log, say)
+            bar.update()
             if code != 0:
                 failed.append(name)
                 msg = f"{name}: {'check failed' if code == 3 else f'crashed (exit {code})'}"
                 log.write(msg + "\n")
-                (bar.write if progress else out)(msg)
-                if code != 3 and name not in ("peaks", "baselines", "profile"):
+                say(msg)
+                if code != 3 and name not in ("peaks", "baselines", "profile", "sweep"):
                     _record_crash(name, env, code)
+            return code == 0
+
+        if with_baselines:
+            job("peaks", ["peaks"])
+        passed = [s for s in chosen if job(s.slug, [s.slug] + (
+            ["--no-sweep"] if not with_sweep else ["--sweep-elsewhere"] if s.fast else []))]
+        if interleave:
+            fast = [s.slug for s in passed if s.fast]
+            if fast or compared:
+                job("sweep", ["sweep"] + [a for k in fast for a in ("--stage", k)]
+                    + [a for b in compared for a in ("--baseline", b)])
+            else:
+                bar.update()
+        if with_profile:
+            job("profile", ["profile"] + [a for s in chosen for a in ("--stage", s.slug)])
+        if with_baselines:
+            job("baselines", ["baselines"] + (["--sweep-elsewhere"] if interleave and compared
+                                              else ["--no-sweep"] * (not with_sweep))
+                + [a for b in baselines or () for a in ("--baseline", b)])
+        bar.close()
     df = RESULTS.load()
     figs = plots.save_all(df)
     out(table(df))

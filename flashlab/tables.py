@@ -30,6 +30,7 @@ import pandas as pd
 from filelock import FileLock
 
 from . import paths
+from .baselines import COMPARED
 from .bench import SWEEP, Config, teaching
 from .env import environment, gpu_available
 from .profile_schema import COLUMNS as PROFILE_COLUMNS
@@ -370,7 +371,7 @@ def sweep_at(N, D, causal, dtype="fp16", gpu=None, df=None) -> pd.Series:
     return rows.set_index("stage")["tflops"]
 
 
-def versus(df=None, stage=None, others=("sdpa_flash", "sdpa_cudnn"), gpu=None,
+def versus(df=None, stage=None, others=COMPARED, gpu=None,
            dtype="fp16") -> pd.DataFrame:
     """`stage` (default: the last) against `others` over the sweep: TFLOP/s of each and the
     stage's ratio to each ("÷ other"), rows (D, causal, N); others not recorded are left out.

@@ -242,3 +242,28 @@ def test_bench_row_with_fake_timer(fake_cuda, monkeypatch):
     assert row["rel_err"] < 1e-5
     assert math.isfinite(row["rel_err"])
     assert statistics.median([2.0] * 10 + [4.0] * 10) == row["median_ms"]
+
+
+def test_callables_compared_are_timed_in_turn_and_keep_their_median_round(monkeypatch):
+    """At long sequences the GPU drifts by a few per cent over minutes; kernels compared in one run
+    are timed in turn at each config, ROUNDS times over, each keeping its median round."""
+    order = []
+    scripted = {"a": [1.0, 3.0, 2.0], "b": [5.0, 4.0, 6.0]}
+
+    def fake_time_fn(fn, min_runs=20, device="cuda"):
+        name = fn()
+        order.append(name)
+        m = scripted[name][sum(x == name for x in order) - 1]
+        return bench_mod.Timing(m, m * 0.99, m * 1.01, 20, "fake", warmup_runs=10, retimes=1)
+
+    monkeypatch.setattr(bench_mod, "time_fn", fake_time_fn)
+    out = bench_mod.time_interleaved({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
+    assert order == ["a", "b"] * 3
+    assert out["a"].median_ms == 2.0 and out["b"].median_ms == 5.0
+    assert out["a"].p20_ms == pytest.approx(1.98)  # the statistics of the round kept
+    assert out["a"].warmup_runs == 30 and out["a"].retimes == 3
+    assert out["a"].timer == "fake, 3 rounds in turn"
+    assert "median of 3 rounds" in out["a"].note and "1, 3, 2 ms" in out["a"].note
+    order.clear()
+    one = bench_mod.time_interleaved({"a": lambda: "a"}, rounds=1)["a"]
+    assert one.timer == "fake" and one.note == ""

@@ -193,3 +193,34 @@ def test_the_timer_drops_runs_that_timed_the_host():
     bench = importlib.import_module("flashlab.bench")  # fl.bench is the function
     t = bench._queued_bench(syncing, 20, "cuda")
     assert "the GPU waited for the host" in t.note and "all kept" in t.note
+
+
+def test_the_sweep_job_times_stages_and_baselines_in_turn_and_guards_each_config(data_dir,
+                                                                                  monkeypatch):
+    """measure_interleaved: one set of inputs and one reference per config, a row per callable
+    with its rounds in the note, recorded as each config is done; a stage that is wrong at a
+    config gets a "failed check" row there and is not timed."""
+    import types
+
+    from flashlab import measure, tables
+    cfg = fl.Config(2, 4, 1000, 64, True, "fp16")
+    st = fl.stage("07")
+    df = measure.measure_interleaved([st], configs=[cfg], baselines=("sdpa_flash",), rounds=2,
+                                     log=lambda m: None)
+    assert sorted(df["stage"]) == ["07_cp_async", "sdpa_flash"]
+    assert (df["status"] == "ok").all() and (df["rel_err"] < 1e-2).all()
+    assert df["note"].str.contains("median of 2 rounds").all()
+    assert len(tables.at_config(tables.RESULTS.load(), cfg)) == 2
+
+    attn = st.build()
+
+    def wrong(q, k, v, causal=False, out=None, scale=None):  # right kernel, output scaled
+        return attn(q, k, v, causal=causal, out=out, scale=scale).mul_(1.5)
+
+    fake = types.SimpleNamespace(slug="07_wrong", build=lambda: wrong,
+                                 unavailable_dtypes=lambda: {})
+    monkeypatch.setattr(measure, "configs_for", lambda s: [cfg])
+    monkeypatch.setattr(measure, "_ptxas_at", lambda s, env, log: lambda c: {})
+    df = measure.measure_interleaved([fake], configs=[cfg], baselines=(), rounds=1,
+                                     log=lambda m: None)
+    assert list(df["status"]) == ["failed check"] and df["rel_err"].iloc[0] > 0.1

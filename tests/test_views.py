@@ -4,6 +4,8 @@ tables.live), checked on a small synthetic data/ with two GPUs, CPU only.
 GPU A recorded everything (stages 01 and 03, peaks, checks); GPU B recorded later, stage 01 only,
 and no ceilings. Nothing a view shows may mix them.
 """
+import types
+
 import pandas as pd
 import pytest
 import torch
@@ -108,9 +110,13 @@ def test_figures_and_tables_show_one_gpu(two_gpus, monkeypatch):
 @pytest.fixture
 def a_t4(monkeypatch):
     """A GPU of compute capability 7.5 (a T4), with nvcc."""
+    _a_gpu(monkeypatch, (7, 5), "Tesla T4")
+
+
+def _a_gpu(monkeypatch, capability, name):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     monkeypatch.setattr(build, "nvcc", lambda: "/usr/local/cuda/bin/nvcc")
 
 
@@ -162,3 +168,65 @@ def test_the_views_helpers_agree_on_rows(two_gpus):
     assert set(tables.teaching_rows(df, A)["gpu"]) == {A}
     assert tables.stage_at_teaching(df[df["gpu"] == A], fl.stage(1))["median_ms"].tolist() == [97.0]
     assert isinstance(tables.recorded_checks("01_naive", A), pd.DataFrame)
+
+
+@pytest.fixture
+def an_h100(monkeypatch):
+    """A GPU of compute capability 9.0 (an H100), with nvcc."""
+    _a_gpu(monkeypatch, (9, 0), "NVIDIA H100 80GB HBM3")
+
+
+def test_run_times_the_sweep_in_one_job_in_turn_with_the_compared_backends(two_gpus, an_h100,
+                                                                            monkeypatch):
+    """Each stage is checked in its own job; the fast ones that pass are timed over the sweep in
+    one more job beside sdpa_flash and sdpa_cudnn, which the baselines job then leaves alone."""
+    jobs = []
+
+    def fake_job(args, log, out):
+        jobs.append(args)
+        return 3 if args[0] == "11_warpspec" else 0  # stage 11 fails its check
+
+    monkeypatch.setattr(runner, "_job", fake_job)
+    monkeypatch.setattr(runner.plots, "save_all", lambda df: [])
+    df = runner.run(["03", "11", "12"], progress=False, out=lambda m: None)
+    assert jobs == [["peaks"], ["03_coarsened"], ["11_warpspec", "--sweep-elsewhere"],
+                    ["12_tma_store", "--sweep-elsewhere"],
+                    ["sweep", "--stage", "12_tma_store", "--baseline", "sdpa_flash",
+                     "--baseline", "sdpa_cudnn"],
+                    ["baselines", "--sweep-elsewhere"]]
+    assert df.attrs["failed"] == ["11_warpspec"]
+
+    jobs.clear()
+    runner.run(["12"], baselines=["sdpa_math"], progress=False, out=lambda m: None)
+    assert jobs[2:] == [["sweep", "--stage", "12_tma_store"], ["baselines", "--baseline", "sdpa_math"]]
+    jobs.clear()
+    runner.run(["12"], with_sweep=False, progress=False, out=lambda m: None)
+    assert jobs == [["peaks"], ["12_tma_store", "--no-sweep"], ["baselines", "--no-sweep"]]
+    jobs.clear()
+    runner.run(["03"], progress=False, out=lambda m: None)  # no fast stage: no sweep job
+    assert jobs == [["peaks"], ["03_coarsened"], ["baselines"]]
+
+
+def test_the_worker_leaves_the_sweep_to_the_sweep_job(monkeypatch):
+    from flashlab import measure, worker
+    from flashlab.baselines import COMPARED, NAMES
+    calls = []
+    monkeypatch.setattr(measure, "measure_baselines",
+                        lambda configs, names, log: calls.append(("baselines", configs, names)))
+    monkeypatch.setattr(measure, "measure_interleaved",
+                        lambda stages, baselines, log, **kw: calls.append(("sweep", stages, baselines, kw)))
+    monkeypatch.setattr(measure, "measure_stage",
+                        lambda st, configs, log, untimed: calls.append(("stage", configs, untimed))
+                        or (types.SimpleNamespace(passed=True), None))
+    assert worker.main(["baselines", "--sweep-elsewhere"]) == 0
+    (_, teach, names), (_, swept, rest) = calls
+    assert teach == measure.baseline_configs(with_sweep=False) and names == NAMES
+    assert swept == fl.sweep("fp16") and set(rest) == set(NAMES) - set(COMPARED)
+    calls.clear()
+    assert worker.main(["sweep", "--stage", "12", "--baseline", "sdpa_cudnn", "--rounds", "5"]) == 0
+    assert calls == [("sweep", [fl.stage(12)], ("sdpa_cudnn",), {"rounds": 5})]
+    calls.clear()
+    assert worker.main(["12", "--sweep-elsewhere"]) == 0
+    (_, timed, untimed), = calls
+    assert timed == [fl.teaching("fp16"), fl.teaching("bf16")]
+    assert untimed == fl.sweep("fp16") + fl.sweep("bf16")
