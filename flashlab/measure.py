@@ -126,13 +126,11 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
                         record=True, log=print):
     """Time the (already checked) stages and the baselines config by config, in turn, `rounds`
     times over (bench.time_interleaved), on one set of inputs and one float64 reference per
-    config, so that their ratios hold within one run. A stage is timed at the configs of
-    configs_for(st), a baseline at the fp16 sweep; each config's rows are recorded as soon as it
-    is done. configs: default interleaved_configs(stages, bool(baselines))."""
+    config, so that their ratios hold within one run. A stage is timed at the configs it takes,
+    a baseline at the fp16 ones; each config's rows are recorded as soon as it is done. configs:
+    default interleaved_configs(stages, bool(baselines)): the stages' sweeps and the fp16 sweep."""
     env = environment()
     built = [(st, st.build(), _ptxas_at(st, env, log)) for st in stages]
-    own = {st.slug: set(configs_for(st)) for st in stages}
-    base_cfgs = set(baseline_configs())
     frames = []
     for cfg in configs if configs is not None else interleaved_configs(stages, bool(baselines)):
         inputs = cfg.inputs()
@@ -140,7 +138,7 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
         q, k, v = inputs
         fns, rows, kinds = {}, [], {}
         for st, attn, res_at in built:
-            if cfg not in own[st.slug] or cfg.dtype in st.unavailable_dtypes():
+            if not st.takes(cfg) or cfg.dtype in st.unavailable_dtypes():
                 continue
             try:
                 err = error_at(attn, cfg, inputs, ref)
@@ -153,7 +151,7 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
                 log(f"{st.slug:16} {cfg.label:42} FAILED: rel err {err:.2e}")
                 continue
             fns[st.slug], kinds[st.slug] = attn, ("stage", err, res_at(cfg))
-        for name in baselines if cfg in base_cfgs else ():
+        for name in baselines if cfg.dtype == "fp16" else ():  # fp16 against fp16
             if name in MATERIALISING and cfg.N > MAX_N_MATERIALISED:
                 continue
             b = _baselines.Baseline(name)

@@ -58,6 +58,11 @@ class Stage:
     def source(self):
         return KERNELS / f"{self.slug}.cu"
 
+    def takes(self, cfg) -> bool:
+        """Whether the stage runs at this config: its dtype, its head dim and its mask."""
+        return (cfg.dtype in self.dtypes and (self.any_head_dim or cfg.D in self.head_dims)
+                and (self.causal or not cfg.causal))
+
     @property
     def sass_evidence(self) -> dict:
         """{SASS category: must appear (True) / must not (False)} in every kernel of the stage."""

@@ -217,9 +217,8 @@ def test_the_sweep_job_times_stages_and_baselines_in_turn_and_guards_each_config
     def wrong(q, k, v, causal=False, out=None, scale=None):  # right kernel, output scaled
         return attn(q, k, v, causal=causal, out=out, scale=scale).mul_(1.5)
 
-    fake = types.SimpleNamespace(slug="07_wrong", build=lambda: wrong,
+    fake = types.SimpleNamespace(slug="07_wrong", build=lambda: wrong, takes=st.takes,
                                  unavailable_dtypes=lambda: {})
-    monkeypatch.setattr(measure, "configs_for", lambda s: [cfg])
     monkeypatch.setattr(measure, "_ptxas_at", lambda s, env, log: lambda c: {})
     df = measure.measure_interleaved([fake], configs=[cfg], baselines=(), rounds=1,
                                      log=lambda m: None)

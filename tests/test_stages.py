@@ -78,3 +78,13 @@ def test_every_stage_carries_its_facts(st):
     assert not st.picks or "D" in st.template
     assert st.idea_metrics or st.number == 1, "which profile metrics does this stage's idea move?"
     assert "HMMA" in st.sass_evidence
+
+
+def test_a_stage_takes_its_own_configs_and_no_other_dtype_or_head_dim():
+    from flashlab.measure import configs_for
+    for st in fl.stages():
+        assert all(st.takes(c) for c in configs_for(st)), st.slug
+        assert not st.takes(fl.Config(1, 1, 64, 64, False, "fp64"))
+        if not st.any_head_dim:
+            assert not st.takes(fl.Config(1, 1, 64, 96, False, st.dtypes[0]))
+        assert st.takes(fl.Config(1, 1, 64, 64, True, st.dtypes[0])) == st.causal
