@@ -216,32 +216,32 @@ plots.scaling(last="12_tma_store")
 # ### Discussion
 #
 # **Time.** The prediction was a gain that shrinks as items grow: about 1.1× at N = 512, 1.05× at
-# N = 1024, little from N = 4096 on. In the run recorded in `data/`, with stages 10–12 and the
-# baselines timed in one run, stage 12 runs 1.07–1.16× stage 11 at N = 512 and 1.04–1.10× at
-# N = 1024. This notebook's own timing of stage 12, against stage 11's recorded rows (the table
-# above), gives 1.07–1.15× and 1.04–1.09×. The largest gains are at D = 128, where an item's O is
-# twice as big: 1.13–1.16× at N = 512, where the model gives 1.11. That is the predicted shape,
-# and at D = 128 a little more than the model gave.
+# N = 1024, little from N = 4096 on. In the run recorded in `data/`, where stages 10–12 and the
+# two baselines are timed in turn at each config, three rounds over, stage 12 runs 1.08–1.15×
+# stage 11 at N = 512 and 1.05–1.10× at N = 1024. This notebook's own timing of stage 12, against
+# stage 11's recorded rows (the table above), gives 1.07–1.15× and 1.04–1.09×. The largest gains
+# are at D = 128, where an item's O is twice as big: 1.14–1.15× at N = 512, where the model gives
+# 1.11. That is the predicted shape, and at D = 128 a little more than the model gave.
 #
 # **Where it missed.** From N = 4096 on the model says 1.00–1.01×; the measured cells scatter
-# around that, 1.00–1.04× here and 0.975–1.03× in the recorded run, where three cells fall just
-# below 1 (D = 128 at N = 4096 and 16384, D = 64 at N = 16384) and none does here. At long N the
-# same kernel timed in two runs ten minutes apart differs by a few per cent: at D = 128,
-# N = 16384 stage 12 measured 633 and 601 TFLOP/s, and cuDNN 618 and 652 (the two runs logged in
-# `data/runs`). So read the long-N cells as "no change", which is what the model said; only the
-# short-N gains stand clearly above the noise.
+# around that, 1.00–1.04× here and 0.98–1.03× in the recorded run, where one cell falls below 1
+# (D = 128, N = 16384: 0.98×). Timing the kernels in turn keeps the GPU's slow drift out of their
+# ratio, but not the spread inside one timing: at that cell a run takes 3.4 ms, the runs of one
+# timing spread by 7 % from p20 to p80, and the three rounds' medians were 3.39–3.57 ms for
+# stage 12 and 3.37–3.60 ms for stage 11. So read the long-N cells as "no change", which is what
+# the model said; only the short-N gains stand clearly above the noise.
 #
 # **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.06× in fp16 and 1.07× in bf16 in
 # the recorded run, 1.05× and 1.06× in this notebook's, every row tight (the check above): inside
 # the predicted band of 1.03–1.08× both times.
 #
-# **Against cuDNN** stage 12 runs at 0.92–1.05× over the sweep in the recorded run (0.94–1.08×
-# here). At D = 128 it is level or ahead everywhere but one long cell (0.92× at N = 16384 in the
-# recorded run, 0.95× here: the noisy end of the sweep). At D = 64 it is level from N = 8192 on
-# and 2–6 % behind at shorter lengths, most of all under the causal mask: that is where cuDNN's
-# warpgroups take turns (notebook 11's last section) and these do not. Stage 11 was 0.86–1.05×,
-# and most of its deficit was in the short sequences this stage was about. Against
-# FlashAttention-2 (`sdpa_flash`) stage 12 is 1.4–1.9× faster.
+# **Against cuDNN** stage 12 runs at 0.95–1.05× over the sweep in the recorded run (0.94–1.08×
+# here). At D = 128 it is level (0.99×) or ahead at every length. At D = 64 it is level only at
+# the longest sequences and 2–5 % behind elsewhere, most of all under the causal mask at N = 512
+# (0.95×), where items are one to four key tiles long: that is where cuDNN's warpgroups take turns
+# (notebook 11's last section) and these do not. Stage 11 was 0.87–1.02×, and most of its deficit
+# was in the short sequences this stage was about. Against FlashAttention-2 (`sdpa_flash`)
+# stage 12 is 1.4–1.9× faster.
 
 # %% [markdown]
 # ## 8 · The profile
@@ -406,7 +406,7 @@ labs.check("12.store_sectors", answer)
 # - The buffer goes back to the producer only after `cp.async.bulk.wait_group.read`, at the next
 #   item's first tile.
 # - The gain is largest where items are short, about 1.1× at N = 512, and fades as N grows, as
-#   the model of a block predicted; against cuDNN the stage runs at 0.92–1.05× over the sweep.
+#   the model of a block predicted; against cuDNN the stage runs at 0.95–1.05× over the sweep.
 # - FlashAttention-3's ping-pong and in-warpgroup overlap tie with stage 11 on this GPU: a
 #   consumer's softmax is longer than the other consumer's products that would hide it.
 
