@@ -173,34 +173,51 @@ def _queued_bench(fn, runs, device, host_ms=0.1) -> Timing:
     the call has been queued (the GPU went idle waiting for the host) is not kept. Where too few
     calls could be kept (fewer than min(runs, 20): a callable that waits for the GPU itself), every
     call is, and the note says so."""
-    sleep_ms = min(max(1.0, 2 * BATCH * host_ms), MAX_SLEEP_MS)
-    kept, waited = [], []
-    for _ in range(4 * math.ceil(runs / BATCH) + 4):
-        if len(kept) >= runs:
+    return _queued_many({"": fn}, runs, device, host_ms)[""]
+
+
+def _queued_many(fns: dict, runs, device, host_ms=0.1, first=0) -> dict:
+    """_queued_bench for several callables at once, run by run in turn (a, b, c, a, b, c, ...,
+    the order rotating from batch to batch), so that whatever the GPU's clock does while they are
+    timed, it does to all of them: {name: Timing}. host_ms: the host time of one call of each;
+    first: where in the list of names the rotation starts."""
+    sleep_ms = min(max(1.0, 2 * BATCH * host_ms * len(fns)), MAX_SLEEP_MS)
+    names = list(fns)
+    kept = {n: [] for n in names}
+    waited = {n: [] for n in names}
+    for batch in range(4 * math.ceil(runs / BATCH) + 4):
+        if min(len(k) for k in kept.values()) >= runs:
             break
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(BATCH)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(BATCH)]
+        at = (batch + first) % len(names)
+        order = names[at:] + names[:at]
+        queued = []
         _gpu_sleep(sleep_ms, device)
-        ahead = []
-        for start, end in zip(starts, ends):
-            _flush_l2(device)
-            start.record()
-            fn()
-            ahead.append(not start.query())  # the GPU had not reached the call: it never waited
-            end.record()
-        ends[-1].synchronize()
-        for start, end, ok in zip(starts, ends, ahead):
-            (kept if ok else waited).append(start.elapsed_time(end))
-        if not all(ahead):
+        for _ in range(BATCH):
+            for name in order:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                _flush_l2(device)
+                start.record()
+                fns[name]()
+                ahead = not start.query()  # the GPU had not reached the call: it never waited
+                end.record()
+                queued.append((name, start, end, ahead))
+        queued[-1][2].synchronize()
+        for name, start, end, ok in queued:
+            (kept if ok else waited)[name].append(start.elapsed_time(end))
+        if not all(ok for *_, ok in queued):
             sleep_ms = min(2 * sleep_ms, MAX_SLEEP_MS)
-    note = ""
-    if len(kept) < min(runs, 20):
-        kept, note = kept + waited, f"the GPU waited for the host in {len(waited)} runs; all kept"
-    elif waited:
-        note = f"{len(waited)} runs dropped: the GPU waited for the host"
-    qs = statistics.quantiles(kept, n=10, method="inclusive")  # a batch is BATCH runs: >= 2
-    return Timing(statistics.median(kept), qs[1], qs[7], len(kept), "cuda events, queued",
-                  note=note)
+    out = {}
+    for name in names:
+        k, w, note = kept[name], waited[name], ""
+        if len(k) < min(runs, 20):
+            k, note = k + w, f"the GPU waited for the host in {len(w)} runs; all kept"
+        elif w:
+            note = f"{len(w)} runs dropped: the GPU waited for the host"
+        qs = statistics.quantiles(k, n=10, method="inclusive")  # a batch is BATCH runs: >= 2
+        out[name] = Timing(statistics.median(k), qs[1], qs[7], len(k),
+                           "cuda events, queued" + (", in turn run by run" if len(fns) > 1 else ""),
+                           note=note)
+    return out
 
 
 def _timing(fn, min_runs, device) -> Timing:
@@ -234,29 +251,34 @@ def time_fn(fn, min_runs=20, device="cuda") -> Timing:
     return t
 
 
-# Callables compared in one run (the stages and SDPA's backends over the sweep) are timed in turn
-# at each config, ROUNDS times over: the GPU's clock and temperature drift by 5-10 % over minutes at
-# long sequences, and what drifts between two kernels timed minutes apart would be read as a
-# difference between them. Each keeps the round with the median time.
+# Callables compared in one run (the stages and SDPA's backends over the sweep) are timed together
+# at each config, run by run in turn, ROUNDS times over: at long sequences the GPU's clock moves by
+# 5-10 % between timings a few seconds apart, and even within one, and what moved between two
+# kernels timed apart would be read as a difference between them. Each keeps its median round.
 ROUNDS = 3
 
 
 def time_interleaved(fns: dict, rounds=ROUNDS, min_runs=20, device="cuda") -> dict:
-    """{name: Timing}: each fn timed with time_fn, in turn, `rounds` times over; each keeps the
-    round with its median time (the note lists every round's median; warm-ups and re-timings add
-    up over the rounds)."""
+    """{name: Timing}: every fn warmed, then timed run by run in turn with the others (one queued
+    stream: a, b, c, a, b, c, ...; bench._queued_many), `rounds` times over; each keeps the round
+    with its median time, and its note lists every round's median."""
+    warmups = {name: warm(fn, device) for name, fn in fns.items()}
+    estimates = {name: _estimate_ms(fn, device) for name, fn in fns.items()}
+    longest = max((gpu for gpu, _ in estimates.values()), default=1.0)
+    runs = min(MAX_RUNS, max(min_runs, int(RUN_BUDGET_MS / longest)))
+    host_ms = max((host for _, host in estimates.values()), default=0.1)
     seen = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            seen[name].append(time_fn(fn, min_runs, device))
+    for r in range(rounds):
+        for name, t in _queued_many(fns, runs, device, host_ms, first=r).items():
+            seen[name].append(t)
     out = {}
     for name, ts in seen.items():
         t = sorted(ts, key=lambda x: x.median_ms)[(len(ts) - 1) // 2]
-        rounds_note = (f"the median of {len(ts)} rounds timed in turn with the others: "
-                       + ", ".join(f"{x.median_ms:.4g}" for x in ts) + " ms")
+        rounds_note = (f"the median of {len(ts)} rounds: " + ", ".join(f"{x.median_ms:.4g}" for x in ts)
+                       + " ms")
         out[name] = Timing(t.median_ms, t.p20_ms, t.p80_ms, t.runs,
-                           t.timer + (f", {len(ts)} rounds in turn" if len(ts) > 1 else ""),
-                           sum(x.warmup_runs for x in ts), sum(x.retimes for x in ts),
+                           t.timer + (f", {len(ts)} rounds" if len(ts) > 1 else ""),
+                           warmups[name], 0,
                            "; ".join(filter(None, [rounds_note if len(ts) > 1 else "", t.note])))
     return out
 

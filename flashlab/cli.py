@@ -259,8 +259,9 @@ def parser():
                        "standard configs; time PyTorch's baselines at the same configs; update "
                        "data/results.csv and data/figures/, and print the table. Each stage is "
                        "checked in its own process, so one that crashes cannot take the others "
-                       "down; the fast stages that pass are then timed over the sweep in turn "
-                       "with SDPA's flash and cuDNN backends at each config, three rounds over. "
+                       "down; the fast stages that pass are then timed over the sweep together "
+                       "with SDPA's flash and cuDNN backends, run by run in turn at each config, "
+                       "three rounds over. "
                        "Without a GPU: print and plot the recorded results.")
     p.add_argument("--stage", action="append", metavar="NN",
                    help="only this stage (repeatable), e.g. --stage 03")

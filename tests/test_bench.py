@@ -244,26 +244,33 @@ def test_bench_row_with_fake_timer(fake_cuda, monkeypatch):
     assert statistics.median([2.0] * 10 + [4.0] * 10) == row["median_ms"]
 
 
-def test_callables_compared_are_timed_in_turn_and_keep_their_median_round(monkeypatch):
-    """At long sequences the GPU drifts by a few per cent over minutes; kernels compared in one run
-    are timed in turn at each config, ROUNDS times over, each keeping its median round."""
-    order = []
-    scripted = {"a": [1.0, 3.0, 2.0], "b": [5.0, 4.0, 6.0]}
+def test_callables_compared_are_timed_run_by_run_in_turn_and_keep_their_median_round(
+        fake_cuda, monkeypatch):
+    """At long sequences the GPU's clock moves by a few per cent between timings and within one;
+    kernels compared in one run are timed in one queued stream, run by run in turn (the order
+    rotating), ROUNDS times over, each keeping its median round."""
+    b = bench_mod.BATCH
+    medians = {"a": [1.0, 3.0, 2.0], "b": [5.0, 4.0, 6.0]}
+    orders = [["a", "b"], ["b", "a"], ["a", "b"]]  # each round starts one further along
+    clock = fake_cuda([medians[n][r] for r in range(3) for _ in range(b) for n in orders[r]])
+    monkeypatch.setattr(bench_mod, "warm", lambda fn, device: 10)
+    monkeypatch.setattr(bench_mod, "_estimate_ms", lambda fn, device: (10.0, 0.1))
+    calls = []
+    out = bench_mod.time_interleaved({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")},
+                                     rounds=3, device="cpu")
+    assert clock.times == []
+    assert calls == [n for r in range(3) for _ in range(b) for n in orders[r]]
+    assert out["a"].median_ms == 2.0 and out["b"].median_ms == 5.0 and out["a"].runs == b
+    assert out["a"].warmup_runs == 10 and out["a"].retimes == 0
+    assert out["a"].timer == "cuda events, queued, in turn run by run, 3 rounds"
+    assert out["a"].note == "the median of 3 rounds: 1, 3, 2 ms"
+    assert clock.sleeps == [2 * b * 0.1 * 2] * 3  # a head start for both callables' calls
 
-    def fake_time_fn(fn, min_runs=20, device="cuda"):
-        name = fn()
-        order.append(name)
-        m = scripted[name][sum(x == name for x in order) - 1]
-        return bench_mod.Timing(m, m * 0.99, m * 1.01, 20, "fake", warmup_runs=10, retimes=1)
 
-    monkeypatch.setattr(bench_mod, "time_fn", fake_time_fn)
-    out = bench_mod.time_interleaved({"a": lambda: "a", "b": lambda: "b"}, rounds=3)
-    assert order == ["a", "b"] * 3
-    assert out["a"].median_ms == 2.0 and out["b"].median_ms == 5.0
-    assert out["a"].p20_ms == pytest.approx(1.98)  # the statistics of the round kept
-    assert out["a"].warmup_runs == 30 and out["a"].retimes == 3
-    assert out["a"].timer == "fake, 3 rounds in turn"
-    assert "median of 3 rounds" in out["a"].note and "1, 3, 2 ms" in out["a"].note
-    order.clear()
-    one = bench_mod.time_interleaved({"a": lambda: "a"}, rounds=1)["a"]
-    assert one.timer == "fake" and one.note == ""
+def test_one_callable_timed_in_turn_is_timed_as_alone(fake_cuda, monkeypatch):
+    clock = fake_cuda([2.0] * bench_mod.BATCH)
+    monkeypatch.setattr(bench_mod, "warm", lambda fn, device: 10)
+    monkeypatch.setattr(bench_mod, "_estimate_ms", lambda fn, device: (10.0, 0.1))
+    one = bench_mod.time_interleaved({"a": lambda: None}, rounds=1, device="cpu")["a"]
+    assert clock.times == [] and one.median_ms == 2.0
+    assert one.timer == "cuda events, queued" and one.note == ""
