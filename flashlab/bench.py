@@ -262,6 +262,8 @@ def time_interleaved(fns: dict, rounds=ROUNDS, min_runs=20, device="cuda") -> di
     """{name: Timing}: every fn warmed, then timed run by run in turn with the others (one queued
     stream: a, b, c, a, b, c, ...; bench._queued_many), `rounds` times over; each keeps the round
     with its median time, and its note lists every round's median."""
+    if not fns:
+        return {}
     warmups = {name: warm(fn, device) for name, fn in fns.items()}
     estimates = {name: _estimate_ms(fn, device) for name, fn in fns.items()}
     longest = max((gpu for gpu, _ in estimates.values()), default=1.0)

@@ -274,3 +274,4 @@ def test_one_callable_timed_in_turn_is_timed_as_alone(fake_cuda, monkeypatch):
     one = bench_mod.time_interleaved({"a": lambda: None}, rounds=1, device="cpu")["a"]
     assert clock.times == [] and one.median_ms == 2.0
     assert one.timer == "cuda events, queued" and one.note == ""
+    assert bench_mod.time_interleaved({}, device="cpu") == {}  # every stage failed there
