@@ -224,24 +224,25 @@ plots.scaling(last="12_tma_store")
 # 1.11. That is the predicted shape, and at D = 128 a little more than the model gave.
 #
 # **Where it missed.** From N = 4096 on the model says 1.00–1.01×; the measured cells scatter
-# around that, 1.00–1.04× here and 0.98–1.03× in the recorded run, where one cell falls below 1
-# (D = 128, N = 16384: 0.98×). Timing the kernels in turn keeps the GPU's slow drift out of their
-# ratio, but not the spread inside one timing: at that cell a run takes 3.4 ms, the runs of one
-# timing spread by 7 % from p20 to p80, and the three rounds' medians were 3.39–3.57 ms for
-# stage 12 and 3.37–3.60 ms for stage 11. So read the long-N cells as "no change", which is what
-# the model said; only the short-N gains stand clearly above the noise.
+# around that, 1.00–1.04× here and 1.005–1.03× in the recorded run. At long N the GPU's clock
+# moves by a few per cent from second to second, so the recorded run times the kernels together,
+# run by run in turn: at D = 128, N = 16384 the three rounds' medians moved together, 3.62, 3.41
+# and 3.48 ms for stage 12 and 3.65, 3.43 and 3.53 ms for stage 11. Timed one after the other,
+# each for its own third of a second, the same two kernels had come out the other way round there
+# (0.98×). So read the long-N cells as "no change", or a hair better, which is what the model
+# said; only the short-N gains stand clearly above the noise.
 #
 # **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.06× in fp16 and 1.07× in bf16 in
 # the recorded run, 1.05× and 1.06× in this notebook's, every row tight (the check above): inside
 # the predicted band of 1.03–1.08× both times.
 #
-# **Against cuDNN** stage 12 runs at 0.95–1.05× over the sweep in the recorded run (0.94–1.08×
-# here). At D = 128 it is level (0.99×) or ahead at every length. At D = 64 it is level only at
-# the longest sequences and 2–5 % behind elsewhere, most of all under the causal mask at N = 512
-# (0.95×), where items are one to four key tiles long: that is where cuDNN's warpgroups take turns
-# (notebook 11's last section) and these do not. Stage 11 was 0.87–1.02×, and most of its deficit
-# was in the short sequences this stage was about. Against FlashAttention-2 (`sdpa_flash`)
-# stage 12 is 1.4–1.9× faster.
+# **Against cuDNN** stage 12 runs at 0.95–1.03× over the sweep in the recorded run (0.94–1.08×
+# here). At D = 128 it is level (0.995×) or ahead at every length. At D = 64 it is 2–5 % behind at
+# every length, most of all under the causal mask at N = 512 (0.95×). D = 64 has half of
+# D = 128's math per score, so the softmax weighs twice as much, and cuDNN's warpgroups take turns
+# (notebook 11's last section) where these do not. Stage 11 was 0.87–1.02×, and most of its
+# deficit was in the short sequences this stage was about. Against FlashAttention-2
+# (`sdpa_flash`) stage 12 is 1.4–2.1× faster.
 
 # %% [markdown]
 # ## 8 · The profile
@@ -406,7 +407,7 @@ labs.check("12.store_sectors", answer)
 # - The buffer goes back to the producer only after `cp.async.bulk.wait_group.read`, at the next
 #   item's first tile.
 # - The gain is largest where items are short, about 1.1× at N = 512, and fades as N grows, as
-#   the model of a block predicted; against cuDNN the stage runs at 0.95–1.05× over the sweep.
+#   the model of a block predicted; against cuDNN the stage runs at 0.95–1.03× over the sweep.
 # - FlashAttention-3's ping-pong and in-warpgroup overlap tie with stage 11 on this GPU: a
 #   consumer's softmax is longer than the other consumer's products that would hide it.
 
