@@ -456,6 +456,13 @@ else:
 #   `note`);
 # - **TFLOP/s** = `fl.flops(config)` / median, the same formula for every stage and baseline.
 #
+# Kernels that are compared over the sweep are timed **together**: `flashlab run` queues the runs
+# of the stages and of SDPA's flash and cuDNN backends in one stream, taken in turn (a, b, c, a,
+# b, c, ...), three rounds over, and each keeps its median round (`time_interleaved` in
+# `flashlab/bench.py`). At long sequences the GPU's clock moves by a few per cent from one second
+# to the next; two kernels timed one after the other can be ranked by that movement rather than by
+# their speed.
+#
 # Stage 03's row at the teaching config (live, a fresh measurement above it):
 
 # %%
