@@ -152,14 +152,17 @@ def test_runs_the_gpu_waited_for_are_dropped_and_the_head_start_doubles(fake_cud
 
 
 def test_a_callable_the_gpu_always_waits_for_keeps_every_run_and_says_so(fake_cuda):
+    """The head start doubles up to its cap; a batch behind the cap in which the GPU still waited
+    for most runs ends the timing (a model's forward pass: more host work than any sleep covers)."""
     b = bench_mod.BATCH
-    batches = 4 * 1 + 4
-    clock = fake_cuda([1.0] * b * batches, [True] * b * batches)
+    clock = fake_cuda([1.0] * b * 8, [True] * b * 8)
     t = bench_mod._queued_bench(lambda: None, b, device="cpu")
-    assert clock.times == [] and len(clock.sleeps) == batches
-    assert max(clock.sleeps) == bench_mod.MAX_SLEEP_MS  # doubled, but never past the cap
-    assert t.runs == b * batches and t.median_ms == 1.0
-    assert "the GPU waited for the host" in t.note and "all kept" in t.note
+    assert clock.sleeps == [4.0, 8.0, 16.0, 32.0, bench_mod.MAX_SLEEP_MS]
+    assert t.runs == b * 5 and t.median_ms == 1.0
+    assert "the GPU waited for the host in 100 runs" in t.note and "all kept" in t.note
+    clock = fake_cuda([1.0] * b, [True] * b)  # 30 ms of host work a call: at the cap at once
+    t = bench_mod._queued_bench(lambda: None, b, device="cpu", host_ms=30.0)
+    assert clock.sleeps == [bench_mod.MAX_SLEEP_MS] and t.runs == b
 
 
 class SlowStart:
