@@ -3,9 +3,10 @@ check each against float64, time them over the sweep beside stage 08 and SDPA's 
 
     python3 tools/hopper_try.py "09|D64:64,2,4;D128:128,2,3" "10|..."   [--quick]
 
-A variant is `;`-separated `D<d>[c]:<template args after T, D>` entries; `c` marks the causal
-shape (the non-causal one is used where no causal shape is given); an empty spec ("10|") runs the
-stage as it is. In place of a stage, a path to a .cu file ("scratch/11_x.cu|...") tries a kernel
+At each config the variants, stage 08 and the baselines are timed together, run by run in turn
+(flashlab.bench.time_interleaved, one round). A variant is `;`-separated
+`D<d>[c]:<template args after T, D>` entries; `c` marks the causal shape (the non-causal one is
+used where no causal shape is given); an empty spec ("10|") runs the stage as it is. In place of a stage, a path to a .cu file ("scratch/11_x.cu|...") tries a kernel
 not yet in the registry, checked with the last stage's dtypes and head dims. A file named
 timing_only_*.cu is timed even when its check fails: a deliberately incomplete kernel (the
 products without the softmax, say) that bounds what the real one could reach.
@@ -22,7 +23,7 @@ import torch
 
 import flashlab as fl
 from flashlab import build
-from flashlab.bench import tflops, time_fn
+from flashlab.bench import tflops, time_interleaved
 from flashlab.baselines import Baseline
 from flashlab.stages import Attention
 
@@ -96,10 +97,11 @@ def main():
     rows = []
     for cfg in cfgs:
         q, k, v = cfg.inputs()
-        row = {}
-        for name, fn in {**attns, **others}.items():
-            tm = time_fn(lambda: fn(q, k, v, causal=cfg.causal))
-            row[name] = tflops(cfg, tm.median_ms)
+        # every variant and baseline in one queued stream, run by run in turn: the GPU's clock
+        # moves by a few per cent from second to second at long N, and moves them all alike
+        tms = time_interleaved({name: (lambda fn=fn: fn(q, k, v, causal=cfg.causal))
+                                for name, fn in {**attns, **others}.items()}, rounds=1)
+        row = {name: tflops(cfg, tm.median_ms) for name, tm in tms.items()}
         rows.append((cfg, row))
         print(f"{cfg.D:<3}{'c' if cfg.causal else ' ':6}{cfg.N:6}  " +
               " ".join(f"{row[n]:7.1f}" for n in names), flush=True)
@@ -111,11 +113,12 @@ def main():
     # bf16 against fp16 at a few points
     for vname, attn in attns.items():
         for cfg in [c for c in fl.sweep("bf16") if c.N == 4096]:
-            q, k, v = cfg.inputs()
-            tb = time_fn(lambda: attn(q, k, v, causal=cfg.causal)).median_ms
-            q, k, v = (x.half() for x in (q, k, v))
-            th = time_fn(lambda: attn(q, k, v, causal=cfg.causal)).median_ms
-            print(f"{vname} D={cfg.D} causal={cfg.causal}: bf16/fp16 speed {th / tb:.3f}")
+            b16 = cfg.inputs()
+            f16 = tuple(x.half() for x in b16)
+            tm = time_interleaved({dt: (lambda x=x: attn(*x, causal=cfg.causal))
+                                   for dt, x in (("bf16", b16), ("fp16", f16))}, rounds=1)
+            print(f"{vname} D={cfg.D} causal={cfg.causal}: bf16/fp16 speed "
+                  f"{tm['fp16'].median_ms / tm['bf16'].median_ms:.3f}")
         break
 
 
