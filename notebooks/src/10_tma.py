@@ -255,11 +255,12 @@ with nb.unless_missing():
 # ### Discussion
 #
 # **Time.** Predicted 1.05–1.15×, more where tiles are short. Measured: 1.05× at the teaching
-# config, 1.02–1.28× over the sweep — 1.11× on average at D = 64 and 1.19× at D = 128 (the rows
-# in `data/results.csv`, stage 09's from an earlier run than stage 10's: 1.03–1.23×). Roughly as predicted, with one correction: the largest gains
-# are at the longest sequences (1.16–1.29× from N = 8192 on), not at the shortest tiles. A long
-# sequence is many tiles per block, and every one of them paid stage 09's barrier; a short one is
-# mostly prologue (loading Q and the first tile) and epilogue, which TMA shortens little.
+# config, 1.02–1.28× over the sweep — 1.11× on average at D = 64 and 1.19× at D = 128 (the rows in
+# `data/results.csv`, stage 09's from an earlier run than stage 10's: 1.03–1.23×). Roughly as
+# predicted, with one correction: the largest gains are at the longest sequences (1.16–1.29×
+# from N = 8192 on), not at the shortest tiles. A long sequence is many tiles per block, and every
+# one of them paid stage 09's barrier; a short one is mostly prologue (loading Q and the first
+# tile) and epilogue, which TMA shortens little.
 #
 # **bf16** runs as fast as fp16 (the time ratio above is within 2 %): the same instruction,
 # another element type.

@@ -407,28 +407,27 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # Three things the prediction got wrong, and one it got right.
 #
 # * **At D = 128 the gain did not fade.** It is 1.11–1.26× at every length, 1.26× at N = 16384
-#   without the mask and 1.19× with it in the recorded run, where the model gives 1.01. An item of 128 tiles
-#   pays one prologue; what is left is per tile, and the model had none because, with its copies
-#   quicker than a tile's math, stage 10's ring was never short of data. Give the model copies
-#   slightly slower than a tile's math (below) and stage 10's warpgroups wait a little before
-#   every tile while stage 11's do not: K and V on their own barriers, K released right after S,
-#   let the producer load further ahead with fewer buffers (two of K and two of V against stage
-#   10's three pairs). Under a whole GPU's load that is plausible; these measurements alone do
-#   not separate it from the other per-tile change, the copy instructions and the wait on
-#   `empty` gone from warpgroup 0's path.
+#   without the mask and 1.19× with it in the recorded run, where the model gives 1.01. An item of
+#   128 tiles pays one prologue; what is left is per tile, and the model had none because, with its
+#   copies quicker than a tile's math, stage 10's ring was never short of data. Give the model
+#   copies slightly slower than a tile's math (below) and stage 10's warpgroups wait a little before
+#   every tile while stage 11's do not: K and V on their own barriers, K released right after S, let
+#   the producer load further ahead with fewer buffers (two of K and two of V against stage 10's
+#   three pairs). Under a whole GPU's load that is plausible; these measurements alone do not
+#   separate it from the other per-tile change, the copy instructions and the wait on `empty` gone
+#   from warpgroup 0's path.
 # * **At D = 64 the gain faded, but for another reason.** From N = 8192 on it is about 1.06–1.10×,
 #   and that is where stage 10 was already closest to cuDNN (0.87–0.91× in the recorded run): all
 #   three stand near 390–470 TFLOP/s there. D = 64 has half of D = 128's math per score, so the same
 #   softmax weighs twice as much; separating copies from math does not touch it.
-# * **The one loss, D = 64 causal at N = 512 (0.98×, in every round of the recorded run),** is work, not time: stage 11
-#   computes about 11 % more scores there (the count above), because its 128-key tiles and
-#   consumers without a skip compute masked keys on the diagonal that stage 10's 64-key tiles
-#   skipped. The excess
-#   falls to 6 % and 3 % at N = 1024 and 2048, and the gain rises with it.
+# * **The one loss, D = 64 causal at N = 512 (0.98×, in every round of the recorded run),** is work,
+#   not time: stage 11 computes about 11 % more scores there (the count above), because its 128-key
+#   tiles and consumers without a skip compute masked keys on the diagonal that stage 10's 64-key
+#   tiles skipped. The excess falls to 6 % and 3 % at N = 1024 and 2048, and the gain rises with it.
 # * **Short items gained, as the model said:** 1.04–1.18× at N = 512–1024 outside that one case.
 #
-# **The teaching config** is one launch of about 50 µs: predicted 1.05–1.15×, measured 1.14× in
-# fp16 and 1.12× in bf16 in the recorded run, 1.14× and 1.13× here, every row tight (the check above):
+# **The teaching config** is one launch of about 50 µs: predicted 1.05–1.15×, measured 1.14× in fp16
+# and 1.12× in bf16 in the recorded run, 1.14× and 1.13× here, every row tight (the check above):
 # inside the band.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and

@@ -232,7 +232,7 @@ plots.scaling(last="12_tma_store")
 # (0.98×). So read the long-N cells as "no change", or a hair better, which is what the model
 # said; only the short-N gains stand clearly above the noise.
 #
-# **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.06× in fp16 and 1.07× in bf16 in
+# **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.07× in fp16 and 1.08× in bf16 in
 # the recorded run, 1.05× and 1.06× in this notebook's, every row tight (the check above): inside
 # the predicted band of 1.03–1.08× both times.
 #
