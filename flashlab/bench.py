@@ -229,8 +229,13 @@ def _timing(fn, min_runs, device) -> Timing:
     as fit a time budget (the GPU time of one call estimated first)."""
     estimate, host_ms = _estimate_ms(fn, device)
     budget = QUICK_BUDGET_MS if min_runs <= QUICK_RUNS else RUN_BUDGET_MS
-    runs = min(MAX_RUNS, max(min_runs, int(budget / estimate)))
-    return _queued_bench(fn, runs, device, host_ms)
+    return _queued_bench(fn, _runs_for(estimate, min_runs, budget), device, host_ms)
+
+
+def _runs_for(estimate_ms, min_runs, budget_ms=RUN_BUDGET_MS) -> int:
+    """How many runs a timing takes: as many as fit the budget, at least min_runs, at most
+    MAX_RUNS."""
+    return min(MAX_RUNS, max(min_runs, int(budget_ms / estimate_ms)))
 
 
 def time_fn(fn, min_runs=20, device="cuda") -> Timing:
@@ -270,9 +275,8 @@ def time_interleaved(fns: dict, rounds=ROUNDS, min_runs=20, device="cuda") -> di
         return {}
     warmups = {name: warm(fn, device) for name, fn in fns.items()}
     estimates = {name: _estimate_ms(fn, device) for name, fn in fns.items()}
-    longest = max((gpu for gpu, _ in estimates.values()), default=1.0)
-    runs = min(MAX_RUNS, max(min_runs, int(RUN_BUDGET_MS / longest)))
-    host_ms = max((host for _, host in estimates.values()), default=0.1)
+    runs = _runs_for(max(gpu for gpu, _ in estimates.values()), min_runs)
+    host_ms = max(host for _, host in estimates.values())
     seen = {name: [] for name in fns}
     for r in range(rounds):
         for name, t in _queued_many(fns, runs, device, host_ms, first=r).items():

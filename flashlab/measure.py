@@ -58,6 +58,18 @@ def _timed_line(name, cfg, row):
             f"  rel_err {row['rel_err']:.1e}")
 
 
+def _times_at(name, cfg) -> bool:
+    """Whether a baseline is timed at cfg: those that hold the N x N scores stop at
+    MAX_N_MATERIALISED."""
+    return not (name in MATERIALISING and cfg.N > MAX_N_MATERIALISED)
+
+
+def _refused(name, cfg, err, log):
+    """A backend refused this dtype or shape, or ran out of memory: say so and free its memory."""
+    log(f"{name:16} {cfg.label:42} skipped: {str(err).splitlines()[0][:100]}")
+    torch.cuda.empty_cache()
+
+
 def _keep(rows, record, frames):
     """A config's rows, recorded as soon as the config is done: a run killed later loses none."""
     if rows:
@@ -152,14 +164,13 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
                 continue
             fns[st.slug], kinds[st.slug] = attn, ("stage", err, res_at(cfg))
         for name in baselines if cfg.dtype == "fp16" else ():  # fp16 against fp16
-            if name in MATERIALISING and cfg.N > MAX_N_MATERIALISED:
+            if not _times_at(name, cfg):
                 continue
             b = _baselines.Baseline(name)
             try:
                 err = error_at(b, cfg, inputs, ref)
-            except RuntimeError as e:  # backend refuses this dtype/shape, or out of memory
-                log(f"{name:16} {cfg.label:42} skipped: {str(e).splitlines()[0][:100]}")
-                torch.cuda.empty_cache()
+            except RuntimeError as e:
+                _refused(name, cfg, e, log)
                 continue
             fns[name], kinds[name] = b, ("baseline", err, {})
         timings = time_interleaved({n: (lambda f=f: f(q, k, v, causal=cfg.causal))
@@ -182,7 +193,7 @@ def measure_baselines(configs=None, names=_baselines.NAMES, record=True, log=pri
     env = environment()
     frames = []
     for cfg in configs or baseline_configs():
-        here = [n for n in names if not (n in MATERIALISING and cfg.N > MAX_N_MATERIALISED)]
+        here = [n for n in names if _times_at(n, cfg)]
         if not here:
             continue
         inputs = cfg.inputs()
@@ -191,9 +202,8 @@ def measure_baselines(configs=None, names=_baselines.NAMES, record=True, log=pri
         for name in here:
             try:
                 m = bench(_baselines.Baseline(name), cfg, inputs=inputs, ref=ref)
-            except RuntimeError as err:  # backend refuses this dtype/shape, or out of memory
-                log(f"{name:16} {cfg.label:42} skipped: {str(err).splitlines()[0][:100]}")
-                torch.cuda.empty_cache()
+            except RuntimeError as err:
+                _refused(name, cfg, err, log)
                 continue
             rows.append(_row(name, "baseline", cfg, env, status="ok", **m))
             log(_timed_line(name, cfg, m))
