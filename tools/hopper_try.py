@@ -1,7 +1,7 @@
 """Development harness for the Hopper stages (device only): build variants of a stage's pick(),
 check each against float64, time them over the sweep beside stage 08 and SDPA's backends.
 
-    python3 tools/hopper_try.py "09|D64:64,2,4;D128:128,2,3" "10|..."   [--quick]
+    python3 tools/hopper_try.py "09|D64:64,2,4;D128:128,2,3" "10|..."   [--quick] [--n=512,1024] [--d=64]
 
 At each config the variants, stage 08 and the baselines are timed together, run by run in turn
 (flashlab.bench.time_interleaved, one round). A variant is `;`-separated
@@ -9,7 +9,8 @@ At each config the variants, stage 08 and the baselines are timed together, run 
 used where no causal shape is given); an empty spec ("10|") runs the stage as it is. In place of a stage, a path to a .cu file ("scratch/11_x.cu|...") tries a kernel
 not yet in the registry, checked with the last stage's dtypes and head dims. A file named
 timing_only_*.cu is timed even when its check fails: a deliberately incomplete kernel (the
-products without the softmax, say) that bounds what the real one could reach.
+products without the softmax, say) that bounds what the real one could reach. --quick times
+N in {1k, 4k, 16k} only; --n=... and --d=... keep only the sequence lengths and head dims listed.
 """
 import dataclasses
 import math
@@ -57,6 +58,8 @@ def variant_source(st, spec, text=None):
 def main():
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     quick = "--quick" in sys.argv
+    only = {k: {int(x) for x in v.split(",")} for a in sys.argv[1:] if a.startswith(("--n=", "--d="))
+            for k, v in [a[2:].split("=")]}
     specs = args
     tmp = Path(tempfile.mkdtemp())
     print(torch.cuda.get_device_name(), torch.__version__, torch.version.cuda, flush=True)
@@ -92,6 +95,7 @@ def main():
     cfgs = fl.sweep("fp16")
     if quick:
         cfgs = [c for c in cfgs if c.N in (1024, 4096, 16384)]
+    cfgs = [c for c in cfgs if c.N in only.get("n", {c.N}) and c.D in only.get("d", {c.D})]
     names = list(attns) + list(others)
     print("D  causal     N  " + " ".join(f"{n:>7}" for n in names), flush=True)
     rows = []
@@ -112,7 +116,7 @@ def main():
         print(f"{vname}: /08 min {min(r8):.2f} max {max(r8):.2f}; /cudnn min {min(rc):.2f} max {max(rc):.2f}")
     # bf16 against fp16 at a few points
     for vname, attn in attns.items():
-        for cfg in [c for c in fl.sweep("bf16") if c.N == 4096]:
+        for cfg in [c for c in fl.sweep("bf16") if c.N == 4096 and c.D in only.get("d", {c.D})]:
             b16 = cfg.inputs()
             f16 = tuple(x.half() for x in b16)
             tm = time_interleaved({dt: (lambda x=x: attn(*x, causal=cfg.causal))
