@@ -18,8 +18,8 @@
 # - predict from FLOPs and measured rates how much of a forward pass attention is, and read the
 #   answer off a profile of the pass
 #
-# **Prerequisites:** notebooks 05–08 (the kernels this one runs); notebook 00's timing method and
-# roofline.
+# **Prerequisites:** notebooks 05–08 (the kernels this one runs on any recent GPU; on a Hopper GPU
+# it runs stages 09–12 too); notebook 00's timing method and roofline.
 #
 # **Time:** about 15 min to read, 30 min to work through.
 
@@ -34,6 +34,7 @@ from flashlab import notebook as nb
 # the last stage that reads a model's layout on any GPU from compute capability 8.0 (the Hopper
 # stages after it need one GPU family)
 LAST = [st for st in fl.stages() if st.row_strides and not st.arch_specific][-1].slug
+NEWEST = fl.stages()[-1].slug  # the last stage of all, where this GPU runs it
 nb.banner(LAST)
 
 # %% [markdown]
@@ -126,11 +127,11 @@ gpu, cc, sms, roof = nb.the_gpu()
 ceiling = roof["matmul_fp16_tflops"]
 rest_ms = (f["matmuls"] + f["lm_head"]) / (ceiling * 1e12) * 1e3
 rates = fl.tables.sweep_at(N, D, True, gpu=gpu)
-names = [s for s in ("sdpa_flash", "sdpa_cudnn", "04_wmma", LAST) if s in rates]
+names = [s for s in dict.fromkeys(("sdpa_flash", "sdpa_cudnn", "04_wmma", LAST, NEWEST)) if s in rates]
 att_ms = {s: f["attention"] / (rates[s] * 1e12) * 1e3 for s in names}
 print(f"the matrix multiplies at the {ceiling:.0f} TFLOP/s ceiling: at least {rest_ms:.2f} ms")
 for s in names:
-    print(f"  attention as {s:10} ({rates[s]:5.0f} TFLOP/s in the sweep): {att_ms[s]:.2f} ms, "
+    print(f"  attention as {s:12} ({rates[s]:5.0f} TFLOP/s in the sweep): {att_ms[s]:.2f} ms, "
           f"{att_ms[s] / (att_ms[s] + rest_ms):.1%} of the pass")
 copy_gb = 3 * 12 * 2 * B * N * H * D * 2 / 1e9  # stage 04: q, k, v copied in 12 layers, read + written
 print(f"stage 04's copies: {copy_gb:.2f} GB moved, {copy_gb / roof['copy_tbps']:.2f} ms at the "
