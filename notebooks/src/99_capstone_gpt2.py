@@ -138,10 +138,11 @@ print(f"stage 04's copies: {copy_gb:.2f} GB moved, {copy_gb / roof['copy_tbps']:
       f"{roof['copy_tbps']:.1f} TB/s copy rate")
 
 # %% [markdown]
-# **Prediction:** attention is 7 % of the forward pass's FLOPs and, with the matrix multiplies at
-# the ceiling, 14–21 % of its time for SDPA and stage 08 and 37 % for stage 04, whose copies add
-# 0.3 ms. So stage 08 should land within a few percent of SDPA and stage 04 a third slower. The
-# logits of every stage fall within twice eager's difference, about 8 times larger in bf16.
+# **Prediction:** attention is 7 % of the forward pass's FLOPs. With the matrix multiplies at the
+# ceiling it is 15–21 % of the pass's time for SDPA's two backends, 19 % for stage 08, 15 % for
+# stage 12 and 38 % for stage 04, whose copies add 0.3 ms more. So stage 08 should land within a few
+# percent of SDPA, stage 12 within one percent, and stage 04 a third slower. The logits of every
+# stage fall within twice eager's difference, about 8 times larger in bf16.
 
 # %% [markdown]
 # ## Measurement
@@ -169,28 +170,36 @@ plots.model_forward(rows)
 # model that feeds each layer's output into the next.
 #
 # **The time prediction missed, and in the good direction for the lesson.** It assumed the matrix
-# multiplies run at the 730 TFLOP/s ceiling, 2.8 ms, and found attention 14–37 % of the pass. The
-# profile says otherwise. In fp16 the GPU was busy 14.7 ms with SDPA: matrix multiplies 9.5 ms (2.0
-# TFLOP at about 210 TFLOP/s, 29 % of the ceiling: GPT-2's matrices are only 768 wide, and its
+# multiplies run at the 763 TFLOP/s ceiling, 2.65 ms, and found attention 15–38 % of the pass. The
+# profile says otherwise. In fp16 the GPU was busy 14.7 ms with SDPA: matrix multiplies 9.6 ms (2.0
+# TFLOP at about 210 TFLOP/s, 28 % of the ceiling: GPT-2's matrices are only 768 wide, and its
 # Conv1D layers add a bias in the same call), 4.5 ms of small kernels the FLOP count leaves out
-# (layer norms, GELU, residual adds, each a pass over the activations), and attention 0.57 ms:
-# 3.9 % of the GPU's time. With so little at stake:
-# - stages 07 and 08 (0.81 and 0.78 ms of attention) cost the pass 1–2 % of GPU time against SDPA,
-#   and stages 05 and 06 (1.0 ms) 3 %;
+# (layer norms, GELU, residual adds, each a pass over the activations), and attention 0.56 ms: 3.8 %
+# of the GPU's time. With so little at stake:
+# - stages 07 and 08 (0.81 and 0.78 ms of attention) cost the pass about 1 % of GPU time against
+#   SDPA, and stages 05 and 06 (1.0 ms) 2–3 %;
+# - the Hopper stages take attention from 0.72 ms (stage 09) to 0.60 ms (stage 12), and the pass
+#   from 0.5 % over SDPA's GPU time to level with it: stage 12's 14.67 ms against SDPA's 14.70
+#   (0.6 % over in bf16). Its attention is still 7 % slower than cuDNN's (0.600 against 0.562
+#   ms); the other kernels of the pass vary by as much from one pass to the next (the matrix
+#   multiplies took 9.51–9.59 ms);
 # - stage 04 costs 16 % (20 % in bf16): 2.0 ms of attention and 1.0 ms more of "other", its 36
 #   copies. The copies took three times the predicted 0.30 ms: they gather 128-byte rows 4.6 KB
 #   apart, not one stream, and reached about 0.9 TB/s of the 3.0 the copy test gets;
 # - eager's matrix multiplies and softmax cost 72–76 %: it writes all 12 × 96 score matrices.
 #
 # SDPA chose cuDNN here (its kernel is named above: `…sm90_flash_fprop_wgmma_f16`), the backend
-# that led the sweep at this point, with Hopper's `wgmma` instructions that stages 05–08 do not use.
+# that led the sweep at this point, with Hopper's `wgmma` instructions. Stages 09–12 use them too;
+# at this sweep point stage 12 reached 0.96 of cuDNN's rate (320 against 333 TFLOP/s).
 #
-# **The wall time is not the GPU's time.** The dots sit 1–4 ms to the right of the bars and move
-# between stages by more than stage 08's whole attention: stage 08's pass took 18.9 ms of wall
-# time in fp16 and 15.2 in bf16 with the same 14 ms of kernels. The difference is the GPU waiting
-# for Python to launch the next kernel, which varies from pass to pass. A kernel's effect on a
-# model is measured in its kernels' time (the profile), or after removing the launches (CUDA
-# graphs), not by timing passes of a few milliseconds.
+# **The wall time is not the GPU's time.** The dots sit 1–9 ms to the right of the bars and move
+# between stages by far more than any stage's whole attention: stage 08's pass took 23.0 ms of wall
+# time in fp16 and 15.6 in bf16 with 14.8 and 14.1 ms of kernels. The difference is the GPU waiting
+# for Python to launch the next kernel, which varies from pass to pass; the timer's notes in
+# `data/model.csv` say the GPU waited for the host in every timing, and call several of them
+# unsettled after two re-timings. A kernel's effect on a model is measured in its kernels' time (the
+# profile), or after removing the launches (CUDA graphs), not by timing passes of a few
+# milliseconds.
 
 # %% [markdown]
 # ## The profile: one attention call, alone
@@ -207,24 +216,28 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 # ### Discussion
 #
 # **Reading strided rows costs nothing measurable.** In the model's layout stage 08's kernel took
-# 65.3 µs, contiguous 64.4 µs; stages 05–07 differ by under 1.5 % either way, as does cuDNN, which
-# also reads the views directly. Each 16-byte load fetches a row segment of a K or V tile whichever
-# way the rows are spaced, and the tiles are read once per query tile from L2, so the spacing only
-# changes addresses. Stage 04 pays 60 µs per call for its three copies, 36 % on top of its 164 µs
-# kernel.
+# 65.0 µs, contiguous 65.3 µs; stages 05–12 differ by about 2 % at most, either way, as does cuDNN,
+# which also reads the views directly (the TMA of stages 10–12 takes the row stride in its tensor
+# map). Each 16-byte load fetches a row segment of a K or V tile whichever way the rows are spaced,
+# and the tiles are read once per query tile from L2, so the spacing only changes addresses. Stage
+# 04 pays 60 µs per call for its three copies, 37 % on top of its 164 µs kernel.
 #
-# **The model's shape is not the sweep's.** Stage 08 reached 198 TFLOP/s here against 251 at the
-# sweep point with the same N, D and mask; cuDNN 283 against 335. The sweep runs B·H = 512 heads
-# of 1 024 tokens, the model 96: stage 08's 768 blocks of 128 query rows fill the H100's 132 SMs
-# about three times over, so the last, unevenly long causal blocks leave SMs idle for a larger
-# share of the call. Rates measured on one shape predict another only as far as the grid fills
-# the GPU alike.
+# **The model's shape is not the sweep's.** Stage 08 reached 198 TFLOP/s here against 256 at the
+# sweep point with the same N, D and mask; cuDNN 284 against 333. The sweep runs B·H = 512 heads of
+# 1 024 tokens, the model 96: stage 08's 768 blocks of 128 query rows fill the H100's 132 SMs about
+# three times over, so the last, unevenly long causal blocks leave SMs idle for a larger share of
+# the call. Stage 12's persistent grid, 132 blocks that claim the same 768 items longest first,
+# loses less (259 against 320 TFLOP/s, 19 % against stage 08's 23 %) but more than cuDNN (15 %): the
+# last items still end unevenly, and each block pays its start once per call. Rates measured on one
+# shape predict another only as far as the grid fills the GPU alike.
 #
-# **The Python call is slower than stage 08's kernel.** Alone, a call of stage 08 took 105–110 µs
-# of wall time for 65 µs of kernel, while cuDNN's took 50 µs for 45: flashlab's adapter and input
-# checks cost roughly 100 µs of CPU per call, hidden when the kernel runs longer (stage 05's 83 µs
-# kernel shows 87 µs) and exposed when it does not. In the model those launches queue behind other
-# work, which is why the profile, not the wall time, decides between kernels.
+# **The Python call hides behind the kernel, here.** Timed call after call, stage 08 took 68 µs of
+# wall time per call for 65 µs of kernel, stage 12 54 µs for 50 and cuDNN 50 µs for 45: the Python
+# of each call (flashlab's adapter and input checks, or SDPA's dispatch) runs while the previous
+# call's kernel does, and only the 3–5 µs at the edges show. A few timings still note runs in which
+# the GPU waited for the host. A kernel shorter than its call's Python would expose it; in the model
+# the launches queue behind other work, which is why the profile, not the wall time, decides between
+# kernels.
 
 # %% [markdown]
 # ## Exercises
@@ -281,8 +294,10 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 #   nothing is copied; stages 01–04 need a copy of each input.
 # - Inside GPT-2 every stage's logits stay within twice eager's difference from SDPA's, in fp16
 #   and bf16: the check on random tensors carried over to a whole model.
-# - Attention was 7 % of this forward pass's FLOPs and 4 % of its GPU time, so attention kernels
-#   1.4–3.5× apart moved the pass by 1–20 %; GPT-2's narrow matrix multiplies, the small kernels
-#   around them and the CPU launching them decide the rest.
+# - Attention was 7 % of this forward pass's FLOPs and 4 % of its GPU time, so attention kernels up
+#   to 3.5× apart moved the pass's GPU time by 0–20 %; stage 12 left it level with SDPA's. GPT-2's
+#   narrow matrix multiplies, the small kernels around them and the CPU launching them decide the
+#   rest.
 # - Reading strided rows cost nothing measurable; a smaller grid than the sweep's cost stage 08 a
-#   fifth of its rate; copying the inputs cost stage 04 a third of its kernel time.
+#   fifth of its rate (stage 12's persistent grid 19 %, cuDNN 15 %); copying the inputs cost stage
+#   04 a third of its kernel time.
