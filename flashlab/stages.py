@@ -316,6 +316,13 @@ def stages():
     return list(_STAGES)
 
 
+def before(key):
+    """The stage a stage improves on, and its notebook measures against: the one before it in
+    order (None for the first)."""
+    i = _STAGES.index(stage(key))
+    return _STAGES[i - 1] if i > 0 else None
+
+
 def stage(key) -> Stage:
     """A stage by number (3), number string ('03', '3') or slug ('03_coarsened'); a Stage
     passes through."""

@@ -230,3 +230,42 @@ def test_the_worker_leaves_the_sweep_to_the_sweep_job(monkeypatch):
     (_, timed, untimed), = calls
     assert timed == [fl.teaching("fp16"), fl.teaching("bf16")]
     assert untimed == fl.sweep("fp16") + fl.sweep("bf16")
+
+
+def test_a_live_notebook_times_its_stage_with_the_stage_before_it(empty_data_dir, monkeypatch):
+    """Live, a notebook timed its stage alone and compared it with the stage before it as
+    recorded in another run, when the GPU's clock may have stood elsewhere. Now evaluate checks
+    the stage and times it as `flashlab run` times the sweep: with the stage before it and SDPA's
+    compared backends, run by run in turn, at the teaching configs and over the sweep."""
+    from flashlab import measure
+    from flashlab.stages import Stage
+    calls = []
+    passed = types.SimpleNamespace(passed=True, rows=lambda: [])
+    monkeypatch.setattr(tables, "live", lambda st=None: True)
+    monkeypatch.setattr(Stage, "build", lambda self, verbose=False: "built " + self.slug)
+    monkeypatch.setattr(measure, "measure_stage",
+                        lambda st, configs, log, attn, untimed: calls.append(
+                            ("stage", st.slug, configs, list(untimed))) or (passed, pd.DataFrame()))
+    monkeypatch.setattr(measure, "measure_interleaved",
+                        lambda stages, configs, log: calls.append(
+                            ("together", [s.slug for s in stages], configs)) or pd.DataFrame())
+    teach = [fl.teaching("fp16"), fl.teaching("bf16")]
+    sweep = fl.sweep("fp16") + fl.sweep("bf16")
+    standard = measure.configs_for(fl.stage(12))  # the teaching configs and sweeps, by dtype
+    assert set(standard) == set(teach + sweep) and len(standard) == len(teach + sweep)
+    nb.evaluate("12_tma_store")
+    assert calls == [("stage", "12_tma_store", [], standard),
+                     ("together", ["11_warpspec", "12_tma_store"], teach + sweep)]
+    calls.clear()
+    nb.evaluate("04_wmma")  # stage 03 is not a fast stage: 04 with the backends only
+    assert calls == [("stage", "04_wmma", [], standard), ("together", ["04_wmma"], teach + sweep)]
+    calls.clear()
+    nb.evaluate("01_naive")  # not a fast stage: its teaching configs, alone
+    assert calls == [("stage", "01_naive", None, [])]
+    calls.clear()
+    nb.evaluate("12_tma_store", configs=teach[:1])  # configs given: those, the stage alone
+    assert calls == [("stage", "12_tma_store", teach[:1], [])]
+    calls.clear()
+    passed.passed = False  # a failed check: nothing timed ("failed check" rows instead)
+    nb.evaluate("12_tma_store")
+    assert calls == [("stage", "12_tma_store", [], standard)]

@@ -10,6 +10,7 @@ import pandas as pd
 
 from .. import measure, tables
 from ..bench import teaching
+from ..stages import before
 from ..stages import stage as _stage
 from ..stages import stages
 from ..tables import at_config
@@ -65,13 +66,29 @@ class Evaluation:
 
 def evaluate(stage, configs=None) -> Evaluation:
     """Live (see flashlab.tables.live): build, check, time at the standard configs (or
-    `configs`) and record. Replay: the same information as recorded on the notebook's GPU."""
+    `configs`, the stage alone) and record. A fast stage is timed as `flashlab run` times its
+    sweep: together with the stage before it (where that runs here) and SDPA's compared
+    backends, config by config, run by run in turn (measure.measure_interleaved), at the
+    teaching configs and over the sweep, so that the ratios a notebook shows come from one run.
+    Replay: the same information as recorded on the notebook's GPU."""
     st = _stage(stage)
     if tables.live(st):
         t0 = time.perf_counter()
         attn = st.build()
         build_s = time.perf_counter() - t0
-        chk, rows = measure.measure_stage(st, configs, log=lambda msg: None, attn=attn)
+        quiet = lambda msg: None  # noqa: E731
+        together = st.fast and configs is None
+        standard = measure.configs_for(st)
+        chk, rows = measure.measure_stage(st, [] if together else configs, log=quiet, attn=attn,
+                                          untimed=standard if together else ())
+        if chk.passed and together:
+            prev = before(st)
+            timed = [prev] if prev is not None and prev.fast and tables.live(prev) else []
+            timed.append(st)
+            cfgs = [c for c in standard if c == teaching(c.dtype)]
+            cfgs += [c for c in measure.interleaved_configs(timed) if c not in cfgs]
+            rows = measure.measure_interleaved(timed, configs=cfgs, log=quiet)
+            rows = rows[rows["stage"] == st.slug] if len(rows) else rows
         # Hand back the rows as the table now holds them (with the columns that only the
         # table computes, such as % of SDPA), so live and replay give notebooks the same data.
         table = tables.recorded(st, gpu=tables.gpu_shown(st))

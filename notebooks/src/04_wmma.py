@@ -238,9 +238,11 @@ print(f"without the round trips (K and V traffic only) shared memory would allow
 #
 # ## 8 · Measure
 #
-# On a GPU: build, check against the float64 reference in fp16 and bf16 (tolerance twice
-# PyTorch's own error in that dtype), time at the teaching config and over the FlashAttention
-# sweep, record. Without a GPU: the recorded rows.
+# On a GPU this builds the stage, checks it against the float64 reference in fp16 and bf16
+# (tolerance twice PyTorch's own error in that dtype), then times it together with SDPA's flash and
+# cuDNN backends, run by run in turn at each config (the teaching configs, then the FlashAttention
+# sweep), three rounds over, as `flashlab run` does, so that their ratios come from one run, and
+# records the rows. Without a GPU: the recorded rows.
 
 # %%
 ev = nb.evaluate("04_wmma")

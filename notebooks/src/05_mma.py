@@ -367,8 +367,10 @@ print(f"the L2 must deliver {need_l2:.1f} TB/s of K and V to keep up with the bo
 # ## 9 · Measure
 #
 # On a GPU this builds the stage, checks it against a float64 reference (N = 1, 17, 1000, 4096;
-# D = 64 and 128; causal and not; fp16 and bf16), times it at the teaching config and over the
-# FlashAttention sweep, and records the rows. Without a GPU it shows the recorded rows.
+# D = 64 and 128; causal and not; fp16 and bf16), then times it together with stage 04 and
+# SDPA's flash and cuDNN backends, run by run in turn at each config (the teaching configs, then
+# the FlashAttention sweep), three rounds over, as `flashlab run` does, so that their ratios come
+# from one run, and records the rows. Without a GPU it shows the recorded rows.
 
 # %%
 ev = nb.evaluate("05_mma")

@@ -224,8 +224,11 @@ same = (0.97, 1.03)  # time(05) / time(06) that counts as "the same"
 # %% [markdown]
 # ## 5 · Measure
 #
-# On a GPU: build, check against a float64 reference, time at the teaching config (B = 4,
-# H = 16, N = 1024, D = 64) and over the sweep. Without one: the recorded rows.
+# On a GPU this builds the stage, checks it against a float64 reference, then times it together with
+# stage 05 and SDPA's flash and cuDNN backends, run by run in turn at each config (the teaching
+# configs, then the FlashAttention sweep), three rounds over, as `flashlab run` does, so that their
+# ratios come from one run (the teaching config is B = 4, H = 16, N = 1024, D = 64). Without one:
+# the recorded rows.
 
 # %%
 ev = nb.evaluate("06_swizzle")

@@ -269,8 +269,10 @@ with nb.unless_missing():
 # %% [markdown]
 # ## 9 · Measure
 #
-# On a Hopper GPU: build, check against a float64 reference, time at the teaching config and over
-# the sweep. Otherwise: the recorded rows.
+# On a Hopper GPU this builds the stage, checks it against a float64 reference, then times it
+# together with stage 08 and SDPA's flash and cuDNN backends, run by run in turn at each config (the
+# teaching configs, then the FlashAttention sweep), three rounds over, as `flashlab run` does, so
+# that their ratios come from one run. Otherwise: the recorded rows.
 
 # %%
 ev = nb.evaluate("09_wgmma")
