@@ -303,12 +303,12 @@ plots.scaling(last="09_wgmma")
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted about 1.06× at the teaching config and more at D = 128. Over the sweep it
-# held at D = 64 (1.00–1.09×, about 1.04× on average) and D = 128 gained more, as predicted:
-# 1.02–1.31×, about 1.16× on average. (These cells time stage 09 now against stage 08's recorded
-# rows; the run that recorded both, in `data/results.csv`, measured 1.02–1.11× and 1.14–1.27×. A
-# few per cent between runs is the spread to expect.) At the teaching config itself the gain all
-# but vanished, about 1.00×. Two things the model left out explain the misses.
+# **Time.** Predicted about 1.07× at the teaching config and more at D = 128. Over the sweep, with
+# both stages timed in turn in this run, D = 64 gained little (0.99–1.10×, about 1.04× on average)
+# and D = 128 gained more, as predicted: 1.06–1.26×, about 1.19× on average. (The rows in
+# `data/results.csv`, from an earlier run that timed both, give 1.02–1.11× and 1.06–1.27×: a few per
+# cent between runs is the spread to expect.) At the teaching config itself the gain all but
+# vanished, about 1.01×. Two things the model left out explain the misses.
 #
 # * **Shared memory feeds the tensor cores now.** A `wgmma` with both operands in shared memory
 #   reads A (64 × 16, 2 KiB) and B (N × 16) per instruction. At D = 64 the shape `pick()` runs is
@@ -322,7 +322,7 @@ plots.scaling(last="09_wgmma")
 #   between them is now the larger part of a tile, and at the teaching config's short launch
 #   (0.06 ms, fewer than two waves of blocks) there is little else to overlap it with.
 #
-# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.68–0.87×: the gap is what overlapping
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.63–0.88×: the gap is what overlapping
 # the softmax with the products is worth.
 
 # %% [markdown]
@@ -357,7 +357,7 @@ plots.idea_metrics(only=["09_wgmma"])
 # * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 14 % now:
 #   the 256 `mma.sync` and 80 `ldmatrix` of a D = 128 loop trip became 16 `wgmma`. Shared-memory
 #   wavefronts fell by a fifth and load bank conflicts to zero (the hardware's swizzle).
-# * **New waits:** `barrier` (2.6 → 7.4 %) and `mio_throttle` (2.8 → 8.4 %). Each tile, all 256
+# * **New waits:** `barrier` (2.6 → 7.3 %) and `mio_throttle` (2.8 → 8.3 %). Each tile, all 256
 #   threads issue their `cp.async` copies and meet at `__syncthreads`: the slower warpgroup and the
 #   copy queue now decide when the tensor cores get the next tile. That is what stage 10 removes.
 

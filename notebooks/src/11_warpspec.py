@@ -406,34 +406,34 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # ### Discussion
 #
 # **Time.** Predicted 1.05–1.15× at the teaching config, and over the sweep a gain that fades with
-# the length of an item. Measured over the sweep: 0.98–1.26× in the run recorded in `data/` and
-# 0.97–1.20× in this notebook's own, on average about 1.09× at D = 64 and 1.19× at D = 128 in the
-# recorded run.
-# Three things the prediction got wrong, and one it got right.
+# the length of an item. Measured over the sweep, with both stages timed in turn in this run:
+# 0.98–1.26×, on average about 1.09× at D = 64 and 1.18× at D = 128 (the run recorded in `data/`
+# gave the same range, and 1.09× and 1.19×). Three things the prediction got wrong, and one it got
+# right.
 #
-# * **At D = 128 the gain did not fade.** It is 1.11–1.26× at every length, 1.26× at N = 16384
-#   without the mask and 1.19× with it in the recorded run, where the model gives 1.01. An item of
-#   128 tiles pays one prologue; what is left is per tile, and the model had none because, with its
-#   copies quicker than a tile's math, stage 10's ring was never short of data. Give the model
-#   copies slightly slower than a tile's math (below) and stage 10's warpgroups wait a little before
-#   every tile while stage 11's do not: K and V on their own barriers, K released right after S, let
-#   the producer load further ahead with fewer buffers (two of K and two of V against stage 10's
-#   three pairs). Under a whole GPU's load that is plausible; these measurements alone do not
-#   separate it from the other per-tile change, the copy instructions and the wait on `empty` gone
-#   from warpgroup 0's path.
-# * **At D = 64 the gain faded, but for another reason.** From N = 8192 on it is about 1.06–1.10×,
-#   and that is where stage 10 was already closest to cuDNN (0.87–0.91× in the recorded run): all
-#   three stand near 390–470 TFLOP/s there. D = 64 has half of D = 128's math per score, so the same
-#   softmax weighs twice as much; separating copies from math does not touch it.
-# * **The one loss, D = 64 causal at N = 512 (0.98×, in every round of the recorded run),** is work,
-#   not time: stage 11 computes about 11 % more scores there (the count above), because its 128-key
-#   tiles and consumers without a skip compute masked keys on the diagonal that stage 10's 64-key
-#   tiles skipped. The excess falls to 6 % and 3 % at N = 1024 and 2048, and the gain rises with it.
-# * **Short items gained, as the model said:** 1.04–1.18× at N = 512–1024 outside that one case.
+# * **At D = 128 the gain did not fade.** It is 1.09–1.26× at every length, 1.25× at N = 16384
+#   without the mask and 1.19× with it, where the model gives 1.01. An item of 128 tiles pays one
+#   prologue; what is left is per tile, and the model had none because, with its copies quicker than
+#   a tile's math, stage 10's ring was never short of data. Give the model copies slightly slower
+#   than a tile's math (below) and stage 10's warpgroups wait a little before every tile while stage
+#   11's do not: K and V on their own barriers, K released right after S, let the producer load
+#   further ahead with fewer buffers (two of K and two of V against stage 10's three pairs). Under a
+#   whole GPU's load that is plausible; these measurements alone do not separate it from the other
+#   per-tile change, the copy instructions and the wait on `empty` gone from warpgroup 0's path.
+# * **At D = 64 the gain faded, but for another reason.** From N = 8192 on it is about 1.07–1.10×,
+#   and that is where stage 10 was already closest to cuDNN (0.87–0.90×): all three stand near
+#   380–450 TFLOP/s there. D = 64 has half of D = 128's math per score, so the same softmax weighs
+#   twice as much; separating copies from math does not touch it.
+# * **The one loss, D = 64 causal at N = 512 (0.98×, here and in every round of the recorded run),**
+#   is work, not time: stage 11 computes about 11 % more scores there (the count above), because its
+#   128-key tiles and consumers without a skip compute masked keys on the diagonal that stage 10's
+#   64-key tiles skipped. The excess falls to 6 % and 3 % at N = 1024 and 2048, and the gain rises
+#   with it.
+# * **Short items gained, as the model said:** 1.04–1.17× at N = 512–1024 outside that one case.
 #
-# **The teaching config** is one launch of about 50 µs: predicted 1.05–1.15×, measured 1.14× in fp16
-# and 1.12× in bf16 in the recorded run, 1.14× and 1.13× here, every row tight (the check above):
-# inside the band.
+# **The teaching config** is one launch of about 50 µs: predicted 1.05–1.15×, measured 1.12× in fp16
+# and in bf16 here (1.14× and 1.12× in the recorded run), every row tight (the check above): inside
+# the band.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
 # launch function spend about 0.1 ms per call on the H100's host (checks, the output and the
@@ -444,10 +444,10 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.87–1.02× in the recorded run (0.86–1.05× here): close to
-# level with it (0.95–1.02×) from N = 4096 on, both head dims and masks, and 0.87–0.90× at
-# N = 512, where an item is a few tiles and everything that is not the loop weighs most. Against
-# PyTorch's FlashAttention-2 backend (`sdpa_flash`) it is 1.3–2.1× faster.
+# **Against cuDNN** stage 11 runs at 0.86–1.02× here (0.87–1.02× in the recorded run): close to
+# level with it (0.95–1.02×) from N = 4096 on, both head dims and masks, and 0.86–0.90× at N = 512,
+# where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
+# FlashAttention-2 backend (`sdpa_flash`) it is 1.3–2.1× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -486,7 +486,7 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # * **Waiting rose, against the prediction:** `long_scoreboard` about 9 → 14 %, `barrier` 3 → 11 %,
 #   `short_scoreboard` 2 → 7 % of warp time. Count the warps before reading the shares. A stage 11
 #   block keeps nine warps alive — eight consumer warps and the producer's warp 0 (its other three
-#   warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.5 % → 13.8 % of
+#   warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.5 % → 13.9 % of
 #   64 warps). The producer's warp is a ninth of the warp time, and it spends nearly all of it
 #   waiting on `empty` barriers, as its red lane in section 5 did: by itself about 11 of these
 #   points. Its waiting is not time lost — it has nothing else to do — but a share of warp time

@@ -221,33 +221,33 @@ plots.scaling(last="12_tma_store")
 # ### Discussion
 #
 # **Time.** The prediction was a gain that shrinks as items grow: about 1.1× at N = 512, 1.05× at
-# N = 1024, little from N = 4096 on. In the run recorded in `data/`, where stages 10–12 and the
-# two baselines are timed in turn at each config, three rounds over, stage 12 runs 1.08–1.15×
-# stage 11 at N = 512 and 1.05–1.10× at N = 1024. This notebook's own timing of stage 12, against
-# stage 11's recorded rows (the table above), gives 1.07–1.15× and 1.04–1.09×. The largest gains
-# are at D = 128, where an item's O is twice as big: 1.14–1.15× at N = 512, where the model gives
-# 1.11. That is the predicted shape, and at D = 128 a little more than the model gave.
+# N = 1024, little from N = 4096 on. Measured, with stages 11 and 12 and the two baselines timed in
+# turn at each config, three rounds over: 1.07–1.15× at N = 512 and 1.05–1.10× at N = 1024 (the run
+# recorded in `data/`, timed the same way with stage 10 beside them, gave 1.08–1.15× and
+# 1.05–1.10×). The largest gains are at D = 128, where an item's O is twice as big: 1.14–1.15× at
+# N = 512, where the model gives 1.11. That is the predicted shape, and at D = 128 a little more
+# than the model gave.
 #
-# **Where it missed.** From N = 4096 on the model says 1.00–1.01×; the measured cells scatter
-# around that, 1.00–1.04× here and 1.005–1.03× in the recorded run. At long N the GPU's clock
-# moves by a few per cent from second to second, so the recorded run times the kernels together,
-# run by run in turn: at D = 128, N = 16384 the three rounds' medians moved together, 3.62, 3.41
-# and 3.48 ms for stage 12 and 3.65, 3.43 and 3.53 ms for stage 11. Timed one after the other,
-# each for its own third of a second, the same two kernels had come out the other way round there
-# (0.98×). So read the long-N cells as "no change", or a hair better, which is what the model
+# **Where it missed.** From N = 4096 on the model says 1.00–1.01×; the measured cells sit just
+# above, 1.01–1.03× here and 1.005–1.03× in the recorded run. At long N the GPU's clock moves by a
+# few per cent from second to second, which is why both runs time the kernels together, run by run
+# in turn: in the recorded run, at D = 128, N = 16384, the three rounds' medians moved together,
+# 3.62, 3.41 and 3.48 ms for stage 12 and 3.65, 3.43 and 3.53 ms for stage 11. Timed one after the
+# other, each for its own third of a second, the same two kernels had come out the other way round
+# there (0.98×). So read the long-N cells as "no change", or a hair better, which is what the model
 # said; only the short-N gains stand clearly above the noise.
 #
-# **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.07× in fp16 and 1.08× in bf16 in
-# the recorded run, 1.05× and 1.06× in this notebook's, every row tight (the check above): inside
-# the predicted band of 1.03–1.08× both times.
+# **The teaching config** (D = 64, N = 1024: 8 tiles an item): 1.07× in fp16 and in bf16 here
+# (1.07× and 1.08× in the recorded run), every row tight (the check above): inside the predicted
+# band of 1.03–1.08× both times.
 #
-# **Against cuDNN** stage 12 runs at 0.95–1.03× over the sweep in the recorded run (0.94–1.08×
-# here). At D = 128 it is level (0.995×) or ahead at every length. At D = 64 it is 2–5 % behind at
-# every length, most of all under the causal mask at N = 512 (0.95×). D = 64 has half of
-# D = 128's math per score, so the softmax weighs twice as much, and cuDNN's warpgroups take turns
-# (notebook 11's last section) where these do not. Stage 11 was 0.87–1.02×, and most of its
-# deficit was in the short sequences this stage was about. Against FlashAttention-2
-# (`sdpa_flash`) stage 12 is 1.4–2.1× faster.
+# **Against cuDNN** stage 12 runs at 0.95–1.03× over the sweep, here and in the recorded run. At
+# D = 128 it is level (0.99×) or ahead at every length. At D = 64 it is 2–5 % behind at every
+# length, most of all under the causal mask at N = 512 (0.95×). D = 64 has half of D = 128's math
+# per score, so the softmax weighs twice as much, and cuDNN's warpgroups take turns (notebook 11's
+# last section) where these do not. Stage 11 was 0.86–1.02×, and most of its deficit was in the
+# short sequences this stage was about. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.4–2.1×
+# faster.
 
 # %% [markdown]
 # ## 8 · The profile
