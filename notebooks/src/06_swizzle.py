@@ -264,13 +264,15 @@ nb.compare("fp16", names=["sdpa_efficient", "04_wmma", "05_mma", "06_swizzle", "
 # %% [markdown]
 # ### Discussion
 #
-# Predicted: stage 05's time (0.97–1.03×). Measured: 1.04× at the teaching config (169 → 175
-# TFLOP/s), just outside the band, and 0.98–1.02× over the sweep, up to 2 % slower at D = 128
-# for long sequences. It held where the launches are large. Differences this small are the size
-# of run-to-run noise: the single launch Nsight Compute profiles (section 7) has stage 06 2 %
-# shorter, the teaching timing 4 %, and earlier runs of the same two kernels had them equal. The
-# extra integer instructions in the loop (+0.8 % a trip at D = 64, +1.1 % at D = 128) are too
-# few to stand out of that noise.
+# Predicted: stage 05's time (0.97–1.03×). Measured, with both stages timed in turn: 1.03× at the
+# teaching config (170 → 174 TFLOP/s), at the edge of the band, and 0.98–1.06× over the sweep, in
+# two directions. At D = 128 stage 06 is 0.5–2 % slower at every point, about what its extra integer
+# instructions cost (+1.1 % a loop trip). At D = 64 it is faster the longer the sequence, 1.02–1.06×
+# from N = 2048 on, far more than its +0.8 % of extra instructions would take back; the model
+# counted the same wavefronts for both and does not explain that gain. Timed in separate runs, one
+# stage after the other, the two come out equal within 2 % everywhere: the GPU's clock, which drifts
+# by a few per cent between runs, hid both effects. The single launch that Nsight Compute profiles
+# (section 7) has stage 06 2 % shorter.
 
 # %% [markdown]
 # ## 7 · The profile: bank conflicts
@@ -313,9 +315,9 @@ for s in ("05_mma", "06_swizzle"):
 # %% [markdown]
 # ### Discussion
 #
-# Predicted: about zero conflicts, and stage 05's wavefronts. Measured: stage 06 has about 7 200
-# conflicts (3 000 on loads, 4 200 on stores) in 1.1·10⁷ wavefronts, 0.07 %; stage 05 about
-# 49 000, 0.44 %. Load conflicts doubled, 1 500 → 3 000, but that is 0.013 % → 0.027 % of the
+# Predicted: about zero conflicts, and stage 05's wavefronts. Measured: stage 06 has about 7 100
+# conflicts (2 700 on loads, 4 400 on stores) in 1.1·10⁷ wavefronts, 0.06 %; stage 05 about
+# 52 000, 0.46 %. Load conflicts doubled, 1 400 → 2 700, but that is 0.013 % → 0.025 % of the
 # wavefronts: noise, not a regression. A real conflict costs whole multiples (dense rows: 6.6×
 # the wavefronts). Both predictions held.
 #
@@ -404,7 +406,7 @@ labs.check("06.bank_map", answer)
 
 # %% [markdown]
 # **Instructor's answer.** *2.* At a few per cent, and only if the time moves: the residue here is
-# 0.07–0.44 %, while a real conflict costs whole multiples (dense rows: 6.6× the wavefronts). Look
+# 0.06–0.46 %, while a real conflict costs whole multiples (dense rows: 6.6× the wavefronts). Look
 # first at the source view's wavefronts beyond the ideal, per SASS instruction: it names the
 # instruction whose addresses conflict (here every `LDSM`, `STS` and `LDS` took its ideal); then
 # compute that instruction's addresses with the bank model.
@@ -430,7 +432,8 @@ labs.check("06.bank_map", answer)
 # - An XOR swizzle (`chunk ^ row % 8`) gives the 8 rows of an `ldmatrix` phase 8 different bank
 #   groups with dense rows: the padding's 4 wavefronts a request, 3 KiB less shared memory.
 # - Changing addresses alone costs integer instructions, mostly moved out of the K/V loop by the
-#   compiler: the time is unchanged within about 2 %.
+#   compiler: the time moves by a few per cent, 1–2 % slower at D = 128 and up to 6 % faster at
+#   D = 64's long sequences, where the traffic model sees no difference.
 # - Bank conflicts are read as a share of wavefronts; the per-instruction source view says
 #   whether an instruction's addresses conflict.
 # - Dense power-of-two tiles are what `cp.async` (stage 07) and TMA copy into.

@@ -307,11 +307,11 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted 1–1.45×, more at D = 128. Measured: 1.38× at the teaching config (175 → 241
-# TFLOP/s), 1.13–1.34× over the sweep, on average 1.17× at D = 64 and 1.26× at D = 128.
-# Both held, the second narrowly. The model's load is too slow, though: a launch reads about
-# 268 MB of K/V tiles in 0.07 ms, faster than DRAM can copy, while DRAM moves about 27 MB. The
-# L2 serves the rest, so the true bound is nearer 2×.
+# **Time.** Predicted 1–1.45×, more at D = 128. Measured, with both stages timed in turn: 1.36× at
+# the teaching config (173 → 235 TFLOP/s), 1.21–1.43× over the sweep, on average 1.24× at D = 64 and
+# 1.37× at D = 128. Both held, the second narrowly. The model's load is too slow, though: a launch
+# reads about 268 MB of K/V tiles in 0.07 ms, faster than DRAM can copy, while DRAM moves about 27
+# MB. The L2 serves the rest, so the true bound is nearer 2×.
 #
 # **Buffers.** Predicted: nothing from a third buffer, a few per cent at stage 08's edge shapes.
 # Measured: +2 % at D = 64, −1 % at D = 128. It held: the tiles in flight per SM covered the
@@ -348,19 +348,19 @@ plots.idea_metrics(only=["07_cp_async"])
 # %% [markdown]
 # ### Discussion
 #
-# * **long_scoreboard** fell from 22 % to 6 %, as predicted. What is left is most likely the wait
+# * **long_scoreboard** fell from 21 % to 6 %, as predicted. What is left is most likely the wait
 #   for late copies (`DEPBAR`): each block's first tile, with nothing to overlap, and late tiles.
-# * **barrier** rose from 4.1 % to 5.4 %, against the prediction. These are shares, and the
-#   kernel got 1.41× shorter at unchanged occupancy: 4.1 % of 0.096 ms and 5.4 % of 0.068 ms are
-#   about the same barrier time, about 6 % less, not half. A barrier costs the spread of arrival times,
-#   not its count: the one barrier now waits for every warp's copies (a thread's `wait_group`
-#   covers only its own) and for the slowest warp's math on the previous tile.
-# * **mio_throttle** fell from 7 % to 1.4 %, against the prediction, whose premise was wrong: the
+# * **barrier** rose from 4.7 % to 5.3 %, against the prediction. These are shares, and the kernel
+#   got 1.35× shorter at unchanged occupancy: 4.7 % of 0.096 ms and 5.3 % of 0.071 ms are about the
+#   same barrier time, about 17 % less, not half. A barrier costs the spread of arrival times, not
+#   its count: the one barrier now waits for every warp's copies (a thread's `wait_group` covers
+#   only its own) and for the slowest warp's math on the previous tile.
+# * **mio_throttle** fell from 4.3 % to 1.6 %, against the prediction, whose premise was wrong: the
 #   copies are global-memory instructions (their queue's throttle, lg_throttle, stays 0), and the
 #   tiles' `STS.128` are gone: shared-memory wavefronts fell from 11.1 M to 9.1 M, about the
 #   2.2 M those stores took.
 #
-# The tensor pipe is busier (32 → 42 %); the largest reason left, wait (22 %), is fixed-latency
+# The tensor pipe is busier (31 → 41 %); the largest reason left, wait (23 %), is fixed-latency
 # dependencies between `mma`s.
 
 # %% [markdown]
@@ -422,8 +422,8 @@ labs.check("07.pipeline_period", answer)
 #
 # 1. At a latency of 1 500 ns, how many buffers would stage 07's blocks need at D = 64? A block
 #    alone on its SM?
-# 2. Stage 07 gained 1.38× at the teaching config, 1.13–1.34× over the sweep. What differs
-#    between those launches?
+# 2. Stage 07 gained 1.36× at the teaching config (D = 64), 1.21–1.27× over the sweep at D = 64.
+#    What differs between those launches?
 # 3. Barrier stalls rose as a share but fell as time. Comparing kernels of different durations,
 #    which should you compare?
 # 4. At which head dim or tile size would a third buffer cost a block per SM, and would it pay?
@@ -439,8 +439,8 @@ labs.check("07.pipeline_period", answer)
 # **Instructor's answer.** *2.* Mostly the size of the launch. The teaching config is 1 024 blocks,
 # 2.6 waves at 3 blocks per SM; the sweep's launches have 4 to 8 times the blocks. With few waves,
 # stage 06 has fewer other blocks to compute while one waits for its copy, so more of each copy is
-# exposed and overlapping it inside the block buys more; the sweep's N = 512 points, with few tiles
-# per block, gain as much or more (1.21–1.34×).
+# exposed and overlapping it inside the block buys more; at D = 64 the sweep's N = 512 points, with
+# few tiles per block, gain the most (1.25–1.27×).
 
 # %% [markdown]
 # **Instructor's answer.** *3.* Time: share × duration, or the stall samples themselves, which
@@ -459,7 +459,7 @@ labs.check("07.pipeline_period", answer)
 # ## Summary
 #
 # - `cp.async` copies global → shared without registers or waiting; with two buffers tile `j + 1`
-#   loads while tile `j` is computed: 1.38× stage 06.
+#   loads while tile `j` is computed: 1.36× stage 06 at the teaching config.
 # - Overlap buys at most (load + compute) / max(load, compute) ≤ 2 per tile.
 # - Buffers cover latency: by Little's law the tiles in flight per SM, blocks × (S − 1), must hold
 #   bandwidth × latency plus a tile. Here two buffers did.

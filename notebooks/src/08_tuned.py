@@ -151,15 +151,14 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# The model was right about traffic and wrong about time. `WM = 2` gained 3–6 % at D = 64, not
-# 78 %, though shared-memory wavefronts fell to 0.56× stage 07's, as counted. Neither unit limits:
-# the tensor pipe is busy 42 % of the time in stage 07, 49 % in stage 08. Latency does. Two
-# row tiles need 221–255 registers, so at D = 64 an SM holds 8 warps instead of 16; achieved
-# occupancy falls from 17 % to 12 %, and with fewer warps to switch to, `stall_wait` rises from
-# 22 % to 31 % of a warp's time and long scoreboard from 6 % to 10 %. At D = 128, where stage 07's
-# shape already held only 8 warps, the same change gained 16–21 %. The other misses agree: 32-key
-# tiles lost 10 % where the model saw no change (a barrier and two shuffle reductions per tile are
-# latency), and a third stage gained 2 % at D = 64.
+# The model was right about traffic and wrong about time. `WM = 2` gained 3–6 % at D = 64, not 78 %,
+# though shared-memory wavefronts fell to 0.56× stage 07's, as counted. Neither unit limits: the
+# tensor pipe is busy 41 % of the time in stage 07, 49 % in stage 08. Latency does. Two row tiles
+# need 221–255 registers, so at D = 64 an SM holds 8 warps instead of 16; achieved occupancy falls
+# from 17 % to 12 %, and with fewer warps to switch to, `stall_wait` rises from 23 % to 31 % of a
+# warp's time. At D = 128, where stage 07's shape already held only 8 warps, the same change gained
+# 16–21 %. The other misses agree: 32-key tiles lost 10 % where the model saw no change (a barrier
+# and two shuffle reductions per tile are latency), and a third stage gained 2 % at D = 64.
 #
 # ## 3 · How the autotune decides without fooling itself
 #
@@ -304,14 +303,14 @@ plots.roofline(last="08_tuned")
 # %% [markdown]
 # ### Discussion
 #
-# Stage 08 runs 1.05–1.31× stage 07 over the sweep (geometric means 1.18–1.24×), less than
-# predicted. The log's starting point is not stage 07 itself: the same shape, compiled without
-# stage 07's register cap and timed in another session, scored about 235 TFLOP/s at D = 64 where
-# stage 07's own sweep gives about 260. Ratios within one session are fair; across sessions they are
-# not. The smallest gains are at causal N = 512, where blocks have few tiles. Against
-# FlashAttention-2 (`sdpa_flash`, also `mma.sync`) stage 08 is level at D = 128 without a mask
-# (0.99–1.06×) and ahead everywhere else (1.03–1.28×); it reaches 0.58–0.78× of cuDNN, furthest
-# behind at D = 128. Every shape here still feeds the tensor cores
+# Stage 08 runs 1.07–1.23× stage 07 over the sweep (geometric means 1.19× at D = 64 and 1.14× at
+# D = 128, both stages timed in turn), less than predicted. The log's starting point is not stage 07
+# itself: the same shape, compiled without stage 07's register cap and timed in another session,
+# scored about 235 TFLOP/s at D = 64 where stage 07's own sweep gives about 260. Ratios within one
+# session are fair; across sessions they are not. The smallest gains are at causal N = 512, where
+# blocks have few tiles. Against FlashAttention-2 (`sdpa_flash`, also `mma.sync`) stage 08 is level
+# at D = 128 without a mask (0.98–1.02×) and ahead everywhere else (1.08–1.34×); it reaches
+# 0.52–0.80× of cuDNN, furthest behind at D = 128. Every shape here still feeds the tensor cores
 # Ampere's way; the roofline's remaining gap calls for Hopper's `wgmma` and TMA, on which
 # FlashAttention-3 is built.
 
