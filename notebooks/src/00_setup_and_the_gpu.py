@@ -459,7 +459,8 @@ else:
 # Kernels that are compared over the sweep are timed **together**: `flashlab run` queues the runs
 # of the stages and of SDPA's flash and cuDNN backends in one stream, taken in turn (a, b, c, a,
 # b, c, ...), three rounds over, and each keeps its median round (`time_interleaved` in
-# `flashlab/bench.py`). At long sequences the GPU's clock moves by a few per cent from one second
+# `flashlab/bench.py`). A stage's notebook does the same when it runs live: its stage, the stage
+# before it and the two backends, in turn, at the teaching configs and over the sweep. At long sequences the GPU's clock moves by a few per cent from one second
 # to the next; two kernels timed one after the other can be ranked by that movement rather than by
 # their speed.
 #
