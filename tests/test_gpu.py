@@ -223,3 +223,25 @@ def test_the_sweep_job_times_stages_and_baselines_in_turn_and_guards_each_config
     df = measure.measure_interleaved([fake], configs=[cfg], baselines=(), rounds=1,
                                      log=lambda m: None)
     assert list(df["status"]) == ["failed check"] and df["rel_err"].iloc[0] > 0.1
+
+
+def test_a_live_notebook_times_its_stage_in_turn_with_the_one_before(data_dir, monkeypatch):
+    """nb.evaluate, live: the stage is checked, then timed with the stage before it and SDPA's
+    compared backends, run by run in turn, at the teaching config and the sweep's configs (here
+    one of each, to keep the test short); every row comes from that one run."""
+    from flashlab import measure, tables
+    from flashlab import notebook as nb
+    from flashlab.baselines import COMPARED
+    sweep_cfg = fl.Config(2, 4, 1000, 64, True, "fp16")
+    teach = fl.teaching("fp16")
+    monkeypatch.setattr(measure, "configs_for", lambda st: [teach, sweep_cfg])
+    monkeypatch.setattr(measure, "interleaved_configs", lambda stages, with_baselines=True: [sweep_cfg])
+    ev = nb.evaluate("07_cp_async")
+    assert ev.live and ev.passed
+    assert set(ev.rows["stage"]) == {"07_cp_async"} and len(ev.rows) == 2
+    run = ev.rows["time"].iloc[0]  # the rows of one measure_interleaved run share its time
+    df = tables.RESULTS.load()
+    for cfg in (teach, sweep_cfg):
+        rows = tables.at_config(df[df["time"] == run], cfg)
+        assert set(rows["stage"]) == {"06_swizzle", "07_cp_async", *COMPARED}, rows["stage"].tolist()
+        assert rows["note"].str.contains("median of 3 rounds").all()
