@@ -88,3 +88,11 @@ def test_a_stage_takes_its_own_configs_and_no_other_dtype_or_head_dim():
         if not st.any_head_dim:
             assert not st.takes(fl.Config(1, 1, 64, 96, False, st.dtypes[0]))
         assert st.takes(fl.Config(1, 1, 64, 64, True, st.dtypes[0])) == st.causal
+
+
+def test_the_stage_before():
+    """A notebook measures its stage against the one before it (stages.before)."""
+    from flashlab.stages import before
+    assert before(1) is None
+    assert before("12_tma_store") is fl.stage(11)
+    assert [before(st) for st in fl.stages()[1:]] == fl.stages()[:-1]
