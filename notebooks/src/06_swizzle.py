@@ -269,10 +269,11 @@ nb.compare("fp16", names=["sdpa_efficient", "04_wmma", "05_mma", "06_swizzle", "
 # two directions. At D = 128 stage 06 is 0.5–2 % slower at every point, about what its extra integer
 # instructions cost (+1.1 % a loop trip). At D = 64 it is faster the longer the sequence, 1.02–1.06×
 # from N = 2048 on, far more than its +0.8 % of extra instructions would take back; the model
-# counted the same wavefronts for both and does not explain that gain. Timed in separate runs, one
-# stage after the other, the two come out equal within 2 % everywhere: the GPU's clock, which drifts
-# by a few per cent between runs, hid both effects. The single launch that Nsight Compute profiles
-# (section 7) has stage 06 2 % shorter.
+# counted the same wavefronts for both and does not explain that gain, nor does occupancy (three
+# blocks an SM for both, the table in section 3). Timed in separate runs, one stage after the other,
+# the two come out equal within 2 % everywhere: the GPU's clock, which drifts by a few per cent
+# between runs, hid both effects. The single launch that Nsight Compute profiles (section 7) has
+# stage 06 2 % shorter.
 
 # %% [markdown]
 # ## 7 · The profile: bank conflicts
