@@ -17,7 +17,7 @@ import pandas as pd
 from . import paths, profile_schema, tables
 from .baselines import COMPARED
 from .bench import SWEEP, teaching
-from .stages import stage as _stage, stages
+from .stages import before as _before, stage as _stage, stages
 from .tables import RESULTS, at_config, stage_at_teaching
 
 BASELINE_STYLE = {
@@ -487,8 +487,8 @@ def idea_metrics(profile=None, gpu=None, only=None, last=None):
     title = "The metric each stage's idea targets, before and after (teaching config)"
     order = stages()
     vals = _with_shares(tables.profile_by_stage(prof))
-    pairs = [(order[i - 1].slug, st.slug, list(st.idea_metrics)) for i, st in enumerate(order)
-             if i and st.idea_metrics and {st.slug, order[i - 1].slug} & set(vals.index)
+    pairs = [(_before(st).slug, st.slug, list(st.idea_metrics)) for st in order[1:]
+             if st.idea_metrics and {st.slug, _before(st).slug} & set(vals.index)
              and (only is None or st.slug in only)]
     shown = [p for p in pairs if _stage(p[1]).number <= _last_number(last)]
     if not shown:
@@ -573,8 +573,7 @@ def stage_panel(stage, df=None, profile=None, gpu=None):
     results.csv, then the profile's metrics and top 3 stall reasons side by side, and the stall
     reasons of both as bars."""
     st = _stage(stage)
-    order = stages()
-    prev = order[[s.slug for s in order].index(st.slug) - 1] if st.slug != order[0].slug else None
+    prev = _before(st)
     pair = [s for s in (prev, st) if s is not None]
     df, gpu, ok = _shown(df, gpu)
     res = {s.slug: stage_at_teaching(ok, s) for s in pair}
