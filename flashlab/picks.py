@@ -176,6 +176,21 @@ def launched(text, D, causal, N=None):
     return _serving(segments_of(block.group(0)).get((D, bool(causal)), []), N) if block else None
 
 
+def boundary_probes(text) -> list:
+    """[(D, causal, N)]: sequence lengths on both sides of every `p->N < X` boundary in the pick()
+    of `text` (X - 1, and X + 67: ragged, so the last tile is partial), so that a check runs each
+    shape pick() launches at a length it serves. [] where pick() does not depend on N."""
+    block = _ANY_PICK.search(text)
+    if not block:
+        return []
+    out = []
+    for (D, causal), segs in sorted(segments_of(block.group(0)).items()):
+        for below, _ in segs:
+            if below is not None:
+                out += [(D, causal, below - 1), (D, causal, below + 67)]
+    return out
+
+
 def kernel_name(D, c, dtype="__half") -> str:
     """The kernel candidate c compiles to at head dim D, as sass and ptxas name it."""
     bc, warps, wm, stages, q_regs, opts = c

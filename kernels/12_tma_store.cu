@@ -33,10 +33,11 @@ struct Tiles {
   static constexpr int BARRIERS = 4 + 4 * STAGES;  // q_full[2], q_empty[2], k/v_full[], k/v_empty[]
   static constexpr int SMEM_BYTES = 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 + 1024;
   // Registers per thread after setmaxnreg: 65536 a block = 512 per thread of a warpgroup, counts
-  // in multiples of 8. The producer keeps the 40 its loop needs without spilling; the consumers
-  // share the rest (232 each for two; three would get 152, too few for m64n128 accumulators:
-  // ptxas serializes the wgmma, C7512).
-  static constexpr int PRODUCER_REGS = 40;
+  // in multiples of 8. The consumers share what the producer leaves: 232 each for two consumers
+  // (the producer keeps 40, what its loop needs at D = 128 without spilling); for three, the
+  // producer gives up all but 32 so that each consumer gets 160 (with 152 ptxas serializes the
+  // wgmma, C7512; 160 is enough at D = 64, not at D = 128).
+  static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : 40;
   static constexpr int CONSUMER_REGS = (512 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 512, "more registers than the SM has");
 };
@@ -152,7 +153,6 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
         work_tile(item, tiles, causal, BR, bh, q0);
         const int b = bh / L.H, h = bh % L.H;
         const int last_key = causal ? min(N, q0 + BR) : N, n_tiles = (last_key + BC - 1) / BC;
-        const int claimed = gridDim.x + atomicAdd(next_item, 1);  // in flight during the copies
         mbar_arrive_expect_tx(q_full + 8 * slot, Cfg::Q_BYTES);
         tma_tile<BR, D>(Qs + slot * Cfg::Q_BYTES, maps.q, q_full + 8 * slot, q0, h, b, order_q);
         // K and V in the order the consumers need them: K_0, then K_j with V_{j-1} (a consumer
@@ -170,7 +170,7 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
         }
         load(Vs, v_full, v_empty, maps.v, n_tiles - 1);
         ring += n_tiles;
-        item = claimed;
+        item = gridDim.x + atomicAdd(next_item, 1);  // claimed after the copies: one register fewer
       }
     }
     return;
@@ -433,11 +433,22 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
-// PICK: the shape per head dim (keys per tile, buffers, consumer warpgroups), measured on an
-// H100 (tools/hopper_try.py): two consumers of 64 rows, 128-key tiles, as many buffers as fit.
+// PICK: the shape per head dim, mask and sequence length (keys per tile, buffers, consumer
+// warpgroups), measured on an H100 (tools/hopper_try.py): 128-key tiles, as many buffers as fit,
+// two consumers of 64 rows; at D = 64 three consumers (192 rows an item) on long sequences, where
+// a third softmax runs while the tensor cores would wait: 1.08-1.13x two consumers without the
+// mask from N = 2048, 1.06-1.07x with it from N = 8192. On shorter sequences the 192-row items
+// waste rows at the end of each sequence and, under the mask, on the diagonal: two are faster.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
-  if (p->D == 64) return launch<T, 64, 128, 3, 2>(p, s);
+  if (p->D == 64) {
+    if (p->causal) {
+      if (p->N < 8192) return launch<T, 64, 128, 3, 2>(p, s);
+      return launch<T, 64, 128, 3, 3>(p, s);
+    }
+    if (p->N < 2048) return launch<T, 64, 128, 3, 2>(p, s);
+    return launch<T, 64, 128, 3, 3>(p, s);
+  }
   return launch<T, 128, 128, 2, 2>(p, s);
 }
 

@@ -4,6 +4,7 @@ import sys
 import torch
 
 import flashlab as fl
+from flashlab import picks
 
 st = fl.stage(sys.argv[1])
 attn = st.build()
@@ -15,5 +16,10 @@ for N, D in ((17, 64), (70, 128), (1, 64), (300, 64), (300, 128)):
     for causal in (False, True):
         q, k, v = (torch.randn(1, 2, N, D, device="cuda", dtype=dtype) for _ in range(3))
         attn(q, k, v, causal=causal)
+# every other shape pick() launches, at a ragged length past each boundary (one head: the tools
+# slow each access down)
+for D, causal, N in picks.boundary_probes(st.source.read_text())[1::2]:
+    q, k, v = (torch.randn(1, 1, N, D, device="cuda", dtype=dtype) for _ in range(3))
+    attn(q, k, v, causal=causal)
 torch.cuda.synchronize()
 print("done")

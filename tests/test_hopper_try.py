@@ -21,3 +21,17 @@ def test_a_variant_launches_the_shapes_it_names(slug):
 
 def _outside_pick(text):
     return text[:text.index("// PICK")] + text[text.index('extern "C"'):]
+
+
+def test_boundary_probes_fall_on_both_sides_of_every_n_boundary_of_a_pick():
+    """The GPU check runs a stage at these lengths, so that every shape pick() launches is checked
+    at a length it serves, ragged past the boundary."""
+    text = hopper_try.variant_source(fl.stage("12"), "D64:128,3,2;D128:128,2,2")
+    assert picks.boundary_probes(text) == []  # one shape per head dim and mask: nothing to add
+    causal = "    if (p->causal) return launch<T, 64, 128,3,2>(p, s);\n"
+    assert causal in text
+    text = text.replace(causal, "    if (p->causal) {\n      if (p->N < 4096) return launch<T, 64, 128, 3, "
+                        "2>(p, s);\n      return launch<T, 64, 128, 3, 3>(p, s);\n    }\n")
+    assert picks.boundary_probes(text) == [(64, True, 4095), (64, True, 4163)]
+    assert picks.launched(text, 64, True, 4095) == ("128", "3", "2")
+    assert picks.launched(text, 64, True, 4163) == ("128", "3", "3")
