@@ -187,7 +187,8 @@ hp.register_figure(consumer_options=(2, 3))
 # compiles such a kernel: *"Potential Performance Loss: wgmma.mma_async instructions are
 # serialized due to insufficient register resources"* (its notes C7511 and C7512). It does so at
 # D = 64 as well, where the accumulators (128) would fit in 152: a `wgmma` pipeline needs room
-# beyond them. So stage 11 runs two consumers at both head dims.
+# beyond them. So stage 11 runs two consumers at both head dims. (A producer squeezed to 32
+# registers leaves 160 for each of three, enough at D = 64: notebook 12 takes that step.)
 #
 # ## 4 · A persistent grid and a work counter
 #
@@ -408,7 +409,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # **Time.** Predicted 1.05–1.15× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
 # 0.98–1.26×, on average about 1.09× at D = 64 and 1.18× at D = 128 (the run recorded in `data/`
-# gave the same range, and 1.09× and 1.19×). Three things the prediction got wrong, and one it got
+# gave the same range, and 1.09× and 1.18×). Three things the prediction got wrong, and one it got
 # right.
 #
 # * **At D = 128 the gain did not fade.** It is 1.09–1.26× at every length, 1.25× at N = 16384
@@ -424,7 +425,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 #   and that is where stage 10 was already closest to cuDNN (0.87–0.90×): all three stand near
 #   380–450 TFLOP/s there. D = 64 has half of D = 128's math per score, so the same softmax weighs
 #   twice as much; separating copies from math does not touch it.
-# * **The one loss, D = 64 causal at N = 512 (0.98×, here and in every round of the recorded run),**
+# * **The one loss, D = 64 causal at N = 512 (0.98×, here and in the recorded run),**
 #   is work, not time: stage 11 computes about 11 % more scores there (the count above), because its
 #   128-key tiles and consumers without a skip compute masked keys on the diagonal that stage 10's
 #   64-key tiles skipped. The excess falls to 6 % and 3 % at N = 1024 and 2048, and the gain rises
@@ -432,7 +433,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # * **Short items gained, as the model said:** 1.04–1.17× at N = 512–1024 outside that one case.
 #
 # **The teaching config** is one launch of about 50 µs: predicted 1.05–1.15×, measured 1.12× in fp16
-# and in bf16 here (1.14× and 1.12× in the recorded run), every row tight (the check above): inside
+# and in bf16 here (1.13× and 1.14× in the recorded run), every row tight (the check above): inside
 # the band.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
@@ -444,7 +445,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.86–1.02× here (0.87–1.02× in the recorded run): close to
+# **Against cuDNN** stage 11 runs at 0.86–1.02× here and in the recorded run: close to
 # level with it (0.95–1.02×) from N = 4096 on, both head dims and masks, and 0.86–0.90× at N = 512,
 # where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
 # FlashAttention-2 backend (`sdpa_flash`) it is 1.3–2.1× faster.
@@ -654,7 +655,7 @@ labs.check("11.registers", answer)
 #   warpgroups wait only for data.
 # - `setmaxnreg` moves registers between warpgroups at run time: 40 for the producer, 232 for each
 #   of two consumers, where the launch cap gave everyone 168; three consumers would get 152 and
-#   ptxas would serialize their `wgmma`.
+#   ptxas would serialize their `wgmma` (with a 32-register producer, 160: notebook 12).
 # - A persistent grid of one block per SM claims work items from a counter, longest causal items
 #   first, and copies the next item's Q during the current one: a block's start is paid once.
 # - K and V on their own barriers let K go back to the producer as soon as S has read it.

@@ -19,6 +19,8 @@
 #   it, and when the producer may refill it;
 # - predict where the change pays (short work items) and check it in the machine code, the
 #   timings over the sweep and the profile;
+# - split the registers for a third consumer warpgroup at D = 64 (32 for the producer, 160 each)
+#   and say on which sequences its 192-row items pay;
 # - say what FlashAttention-3's two other overlaps, consumers taking turns and the softmax under
 #   the next product, measured on this GPU.
 #
@@ -125,7 +127,52 @@ hp.o_store_figure(D=64, d=0)
 nb.show_diff("11_warpspec", "12_tma_store", context=1)
 
 # %% [markdown]
-# ## 5 · Prediction, before measuring
+# The diff also holds a change of shape, at the bottom: `pick()` and the register split. At D = 64,
+# on long sequences, stage 12 runs a third consumer warpgroup. The next section says why there
+# and only there.
+#
+# ## 5 · A third consumer at D = 64, on long sequences
+#
+# At D = 64 a score costs half the multiply-adds it costs at D = 128 and the same softmax. Read from
+# the SM's clock as notebook 11 does at D = 128 (`data/runs/hopper-trace-20261125T0949Z.log`), a
+# stage 11 consumer at D = 64, N = 4096 spends
+# about 1 450 cycles a tile on its softmax beside the other consumer, and a tile's two products
+# take about 512 cycles of the SM's tensor cores. With two consumers the tensor cores are idle
+# more than half the time. A third consumer brings a third softmax to run while they would wait.
+#
+# Notebook 11 ruled three consumers out on registers: 512 threads start at 128 registers each, and
+# with the producer keeping 40 each consumer gets (512 − 40) / 3 → 152, where ptxas serializes the
+# `wgmma`. The consumer needs 128 for its accumulators at D = 64 (O 32, S 64, P 32) and some room
+# beyond them; 152 is not enough room, 160 is. So the producer gives up more: 32 registers. Its
+# loop fits in 32 once it claims its next work item after issuing the copies rather than before
+# (one value fewer held across them). 32 + 3 × 160 = 512, the whole register file:
+
+# %%
+hp.register_figure(consumer_options=(3,), producer_regs=32, D=64)
+
+# %%
+nb.show_lines("12_tma_store", r"// Registers per thread after setmaxnreg", r"static_assert")
+nb.show_source("12_tma_store", "pick")
+
+# %% [markdown]
+# A work item is then 192 query rows, and that costs something in two places.
+#
+# * **The end of a sequence.** N = 512 is 2⅔ items of 192 rows; the last item's third consumer
+#   computes 64 rows past the end, which the TMA store then drops. That is an eighth of the work
+#   at N = 512 and 1 024, and a few per cent from N = 2048 on.
+# * **The diagonal under the causal mask.** Every consumer of an item runs all of the item's key
+#   tiles, up to the item's last row, and masks what lies past its own. Of three consumers the
+#   first computes 128 or 192 keys past its rows, the second 64 or 128 (the item's first row is a
+#   multiple of 192, not of the tile's 128). Of two, the first computes 64 and the second none.
+#
+# The choice in `pick()` was measured, both shapes of stage 12 timed in turn over the sweep
+# (fp16, H100, `data/runs/hopper-try-20261125T1752Z-d64-three-consumers.log`). Three consumers
+# over two, without the mask: 1.01, 1.00, 1.08, 1.08, 1.13, 1.13 at N = 512 … 16384; with it:
+# 0.88, 0.86, 0.98, 1.00, 1.06, 1.07. So three from N = 2048 without the mask, from N = 8192
+# with it, and two everywhere else and at D = 128, where a consumer's accumulators (O 64, S 64,
+# P 32) take all of 160.
+#
+# ## 6 · Prediction, before measuring
 #
 # Only the end of an item changes, so the gain depends on how often an item ends: once per
 # N / 128 key tiles (128 query rows an item, 128 keys a tile, at both head dims). Notebook 11's
@@ -144,6 +191,8 @@ predicted.round(3).to_frame().T
 # %% [markdown]
 # * **Time.** About 1.1× at N = 512 (4 tiles an item), 1.05× at N = 1024, fading below 1.02× from
 #   N = 4096 on. At the teaching config (D = 64, N = 1024: 8 tiles an item) expect 1.03–1.08×.
+#   Where the third consumer runs (D = 64 from N = 2048, from 8192 under the mask), add its
+#   1.06–1.13× from section 5: about 1.1× there, where the store alone would give little.
 # * **Machine code:** no `STG` left; `STS` for O, a `BAR.SYNC` on a named barrier, `UTMASTG` (the
 #   TMA store, D / 64 of them) and `UTMACMDFLUSH` (the commit).
 # * **Profile:** the global stores gone from the SM's load/store path, so *sectors per store
@@ -153,7 +202,7 @@ predicted.round(3).to_frame().T
 gain_band = (1.03, 1.08)
 
 # %% [markdown]
-# ## 6 · The machine code
+# ## 7 · The machine code
 
 # %%
 with nb.unless_missing():
@@ -174,7 +223,7 @@ with nb.unless_missing():
 # count — the same 4-byte pieces, to shared memory instead.
 
 # %% [markdown]
-# ## 7 · Measure
+# ## 8 · Measure
 #
 # On a Hopper GPU this builds the stage, checks it against a float64 reference, then times it
 # together with stage 11 and SDPA's flash and cuDNN backends, run by run in turn at each config (the
@@ -250,7 +299,7 @@ plots.scaling(last="12_tma_store")
 # faster.
 
 # %% [markdown]
-# ## 8 · The profile
+# ## 9 · The profile
 
 # %%
 idea = list(fl.stage("12_tma_store").idea_metrics)
@@ -292,7 +341,7 @@ plots.idea_metrics(only=["12_tma_store"])
 #   matter for the time.
 
 # %% [markdown]
-# ## 9 · The overlaps that did not pay
+# ## 10 · The overlaps that did not pay
 #
 # FlashAttention-3 adds two more overlaps to a kernel of stage 11's shape. The two consumers take
 # turns at the tensor cores (*ping-pong*, ordered by named barriers), so that one's softmax runs
@@ -371,6 +420,8 @@ labs.check("12.store_sectors", answer)
 #    them to store O instead of the consumers?
 # 4. Stage 12's gain fades as N grows. Which other costs of a work item are paid once per item,
 #    and which of them are still paid while the tensor cores wait?
+# 5. `pick()` runs three consumers at D = 64 from N = 2048 without the mask, but only from
+#    N = 8192 with it. Why does the mask move the crossover so far?
 
 # %% [markdown]
 # **Instructor's answer.** *1.* Without the swizzle a warp's instruction would write 8 rows at the
@@ -400,6 +451,14 @@ labs.check("12.store_sectors", answer)
 # shortened the store; the start and the end of an item are still paid with idle tensor cores.
 
 # %% [markdown]
+# **Instructor's answer.** *5.* Under the mask every consumer of an item runs all of the item's key
+# tiles up to the item's last row, masking what lies past its own rows (section 5): 192-row items
+# compute 192 or 384 masked keys × 64 rows each, 128-row items 64. Items are also shorter under the
+# mask (the first item of a sequence is one or two key tiles), so that excess is a large share of
+# the scores at N = 512 or 2048; only on long sequences is it small enough for the third softmax
+# to win.
+
+# %% [markdown]
 # ## Summary
 #
 # - Stage 11 ends every work item with D / 4 four-byte stores per thread from registers; each warp
@@ -413,6 +472,10 @@ labs.check("12.store_sectors", answer)
 #   item's first tile.
 # - The gain is largest where items are short, about 1.1× at N = 512, and fades as N grows, as
 #   the model of a block predicted; against cuDNN the stage runs at 0.95–1.03× over the sweep.
+# - At D = 64 on long sequences a third consumer pays, 1.06–1.13× two: the producer keeps 32
+#   registers so that each consumer gets the 160 its `wgmma` pipeline needs, and a third softmax
+#   runs while the tensor cores would wait. On short sequences and under the mask, 192-row items
+#   waste more than that gains.
 # - FlashAttention-3's ping-pong and in-warpgroup overlap tie with stage 11 on this GPU: a
 #   consumer's softmax is longer than the other consumer's products that would hide it.
 
