@@ -433,23 +433,29 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
-// PICK: the shape per head dim, mask and sequence length (keys per tile, buffers, consumer
-// warpgroups), measured on an H100 (tools/hopper_try.py): 128-key tiles, as many buffers as fit,
-// two consumers of 64 rows; at D = 64 three consumers (192 rows an item) on long sequences, where
-// a third softmax runs while the tensor cores would wait: 1.08-1.13x two consumers without the
-// mask from N = 2048, 1.06-1.07x with it from N = 8192. On shorter sequences the 192-row items
-// waste rows at the end of each sequence and, under the mask, on the diagonal: two are faster.
+// PICK: the shape per head dim, mask and sequence length (keys per tile, K/V buffers, consumer
+// warpgroups), measured on an H100 (tools/hopper_try.py). Two consumers of 64 rows and 128-key
+// tiles, as many buffers as fit, except on long sequences:
+// - at D = 64, three consumers (192 rows an item) with four buffers, from N = 2048 without the
+//   mask and from N = 8192 with it: a third softmax runs while the tensor cores would wait. On
+//   shorter sequences the 192-row items waste rows at the end of each sequence and, under the
+//   mask, on the diagonal;
+// - at D = 128 without the mask, 160-key tiles from N = 4096 (two buffers still fit: 225 KB):
+//   each tile's fixed costs are spread over more keys. On shorter sequences the last tile's
+//   padding costs more than that.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
     if (p->causal) {
       if (p->N < 8192) return launch<T, 64, 128, 3, 2>(p, s);
-      return launch<T, 64, 128, 3, 3>(p, s);
+      return launch<T, 64, 128, 4, 3>(p, s);
     }
     if (p->N < 2048) return launch<T, 64, 128, 3, 2>(p, s);
-    return launch<T, 64, 128, 3, 3>(p, s);
+    return launch<T, 64, 128, 4, 3>(p, s);
   }
-  return launch<T, 128, 128, 2, 2>(p, s);
+  if (p->causal) return launch<T, 128, 128, 2, 2>(p, s);
+  if (p->N < 4096) return launch<T, 128, 128, 2, 2>(p, s);
+  return launch<T, 128, 160, 2, 2>(p, s);
 }
 
 extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {

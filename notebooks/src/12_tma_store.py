@@ -19,10 +19,9 @@
 #   it, and when the producer may refill it;
 # - predict where the change pays (short work items) and check it in the machine code, the
 #   timings over the sweep and the profile;
-# - split the registers for a third consumer warpgroup at D = 64 (32 for the producer, 160 each)
-#   and say on which sequences its 192-row items pay;
-# - say what FlashAttention-3's two other overlaps, consumers taking turns and the softmax under
-#   the next product, measured on this GPU.
+# - split the registers for a third consumer warpgroup at D = 64 (32 for the producer, 160 each),
+#   say on which sequences its 192-row items pay, and what FlashAttention-3's two other overlaps
+#   measured on this GPU.
 #
 # **Prerequisites:** notebook 11 (producer, consumers, the persistent grid) and notebook 10 (TMA,
 # tensor maps, mbarriers); notebook 09's 128-byte swizzle. The kernel needs a Hopper GPU (H100,
