@@ -169,7 +169,15 @@ nb.show_source("12_tma_store", "pick")
 # over two, without the mask: 1.01, 1.00, 1.08, 1.08, 1.13, 1.13 at N = 512 … 16384; with it:
 # 0.88, 0.86, 0.98, 1.00, 1.06, 1.07. So three from N = 2048 without the mask, from N = 8192
 # with it, and two everywhere else and at D = 128, where a consumer's accumulators (O 64, S 64,
-# P 32) take all of 160.
+# P 32) take all of 160. Two smaller choices ride on long sequences too. Three consumers' Q
+# buffers leave room for four K/V buffers instead of three (176 KB), so the producer runs further
+# ahead: 1.01–1.02× where three consumers run. At D = 128 without the mask, 160-key tiles instead of 128 fit
+# in two buffers (225 KB) and spread each tile's waits and issue over more keys: 1.01–1.03× from
+# N = 4096, slower below, where the last tile's padding weighs more
+# (`data/runs/hopper-try-20261125T1819Z-four-buffers-160-keys.log`). Stage 12 as it is against
+# stage 12 with two consumers and 128-key tiles everywhere, in one run
+# (`data/runs/hopper-try-20261125T1822Z-stage12-against-two-consumers.log`): 1.09–1.14× at D = 64
+# from N = 2048, 1.08–1.09× under the mask from N = 8192, 1.00–1.02× at D = 128 from N = 4096.
 #
 # ## 6 · Prediction, before measuring
 #
