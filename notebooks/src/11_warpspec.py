@@ -433,7 +433,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # * **Short items gained, as the model said:** 1.04–1.17× at N = 512–1024 outside that one case.
 #
 # **The teaching config** is one launch of about 50 µs: predicted 1.05–1.15×, measured 1.12× in fp16
-# and in bf16 here (1.13× and 1.14× in the recorded run), every row tight (the check above): inside
+# and in bf16 here (1.13× in both in the recorded run), every row tight (the check above): inside
 # the band.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
@@ -445,7 +445,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.86–1.02× here and in the recorded run: close to
+# **Against cuDNN** stage 11 runs at 0.86–1.02× here (0.86–1.01× in the recorded run): close to
 # level with it (0.95–1.02×) from N = 4096 on, both head dims and masks, and 0.86–0.90× at N = 512,
 # where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
 # FlashAttention-2 backend (`sdpa_flash`) it is 1.3–2.1× faster.

@@ -279,37 +279,40 @@ plots.scaling(last="12_tma_store")
 # **Time.** The prediction was a gain that shrinks as items grow, about 1.1× at N = 512 and 1.05×
 # at N = 1024, plus about 1.1× wherever the third consumer runs. Measured, with stages 11 and 12
 # and the two baselines timed in turn at each config, three rounds over: 1.08–1.16× at N = 512 and
-# 1.05–1.12× at N = 1024 (the run recorded in `data/`, timed the same way with stages 08–10
-# beside them: 1.08–1.16× and 1.05–1.13×). The largest gains are at D = 128, where an item's O is
+# 1.05–1.13× at N = 1024 (the run recorded in `data/`, timed the same way with stages 08–10
+# beside them: 1.08–1.16× and 1.05–1.12×). The largest gains are at D = 128, where an item's O is
 # twice as big: 1.15–1.16× at N = 512, where the model gives 1.11. Where the third consumer runs
-# (D = 64 from N = 2048, from N = 8192 under the mask) the gain is 1.08–1.14×, here and in the
-# recorded run, as section 5's timing of the two shapes said. That is the predicted shape, and at
-# D = 128 a little more than the model gave.
+# (D = 64 from N = 2048, from N = 8192 under the mask) the gain is 1.10–1.16×, here and in the
+# recorded run: section 5's 1.08–1.14× for the shape, and the store's own small gain on top. That
+# is the predicted shape, and at D = 128 a little more than the model gave.
 #
-# **Where it missed.** Where only the store changes and items are long (D = 128 from N = 4096 on),
-# the model says 1.00–1.01×. Without the mask the measured cells agree, 1.00–1.02× here and in the
-# recorded run. Under the mask they do not: 1.05–1.08× at D = 128 from N = 4096 on, in both runs.
-# A causal item is on average half as long as a non-causal one, so the model's gain there is
-# that of N / 2 (1.01–1.03×), not 1.05–1.08. Two things differ under the mask that the model leaves
-# out: each head's items come longest first, so a block's last items are its shortest, and the
-# last tile of every item is a diagonal tile, which both consumers spend partly on masked keys;
-# neither has been measured on its own here. Read those cells as a real gain whose cause is not
-# pinned down. At long N the GPU's clock moves by a few per cent from second to second, which is
-# why both runs time the kernels together, run by run in turn: timed one after the other, each
-# for its own third of a second, the same two kernels can come out in either order at one cell.
+# **Where it missed.** Where only the store changes and items are long, the model says
+# 1.01–1.03×. Without the mask the measured cells agree: 1.04× at D = 128, N = 2048 (16 tiles an
+# item; the model 1.03×), and 1.02–1.04× from N = 4096 on, where 160-key tiles add their 1.00–1.02×
+# (section 5). Under the mask they do not: 1.05–1.07× at D = 128 from N = 4096 on, and 1.05× at
+# D = 64, N = 4096, in both runs. A causal item is on average half as long as a non-causal one,
+# so the model's gain there is that of N / 2 (1.01–1.03×). Two things differ under the mask that
+# the model leaves out: each head's items come longest first, so a block's last items are its
+# shortest, and the last tile of every item is a diagonal tile, which both consumers spend partly
+# on masked keys; neither has been measured on its own here. Read those cells as a real gain
+# whose cause is not pinned down. At long N the GPU's clock moves by a few per cent from second
+# to second, which is why both runs time the kernels together, run by run in turn: timed one
+# after the other, each for its own third of a second, the same two kernels can come out in
+# either order at one cell.
 #
 # **The teaching config** (D = 64, N = 1024: 8 tiles an item, two consumers): 1.07× in fp16 and in
-# bf16 here (1.08× and 1.06× in the recorded run), every row tight (the check above): inside the
-# predicted band of 1.03–1.08× both times.
+# bf16, here and in the recorded run, every row tight (the check above): inside the predicted band
+# of 1.03–1.08× both times.
 #
-# **Against cuDNN** stage 12 runs at 0.97–1.10× over the sweep here, 0.96–1.09× in the recorded
-# run. With three consumers, at D = 64 from N = 2048 without the mask and from N = 8192 with it, it
-# is ahead: 1.04–1.09×. At D = 128 it is level without the mask (0.98–1.00×) and ahead with it
-# (1.01–1.10×). It is still 1–4 % behind at D = 64 on the short sequences, N = 512 and 1024
-# (0.96–0.98×), and under the mask up to N = 4096 (0.96–0.99×). There an item is a few tiles,
-# both consumers start and end it together, and the softmax, twice as heavy per score as at
-# D = 128, sets the pace; cuDNN's warpgroups take turns (section 10) where these do not. Stage 11
-# was 0.86–1.02×. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.4–2.2× faster.
+# **Against cuDNN** stage 12 runs at 0.96–1.11× over the sweep, here and in the recorded run.
+# With three consumers, at D = 64 from N = 2048 without the mask and from N = 8192 with it, it is
+# ahead: 1.05–1.11×. At D = 128 it is ahead under the mask (1.01–1.09×) and without it from
+# N = 4096 (1.005–1.04×), and 1 % behind without it on shorter sequences (0.99×). It is 1–4 %
+# behind at D = 64 on the short sequences, N = 512 and 1024 (0.96–0.98×), and under the mask up to
+# N = 4096 (0.96–0.99×). There an item is a few tiles, both consumers start and end it together,
+# and the softmax, twice as heavy per score as at D = 128, sets the pace; cuDNN's warpgroups take
+# turns (section 10) where these do not. Stage 11 was 0.86–1.01×. Against FlashAttention-2
+# (`sdpa_flash`) stage 12 is 1.4–2.2× faster.
 
 # %% [markdown]
 # ## 9 · The profile
@@ -494,9 +497,9 @@ labs.check("12.store_sectors", answer)
 # - The buffer goes back to the producer only after `cp.async.bulk.wait_group.read`, at the next
 #   item's first tile.
 # - The gain is largest where items are short, about 1.1× at N = 512, and fades as N grows, as
-#   the model of a block predicted; against cuDNN the stage runs at 0.96–1.10× over the sweep,
-#   ahead wherever three consumers run and at D = 128 under the mask, 1–4 % behind at D = 64 on
-#   short sequences.
+#   the model of a block predicted; against cuDNN the stage runs at 0.96–1.11× over the sweep:
+#   ahead wherever three consumers run, at D = 128 under the mask and from N = 4096 without it;
+#   1–4 % behind at D = 64 on short sequences and under the mask up to N = 4096.
 # - At D = 64 on long sequences a third consumer pays, 1.06–1.13× two: the producer keeps 32
 #   registers so that each consumer gets the 160 its `wgmma` pipeline needs, and a third softmax
 #   runs while the tensor cores would wait. On short sequences and under the mask, 192-row items
