@@ -433,7 +433,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # * **Short items gained, as the model said:** 1.04–1.17× at N = 512–1024 outside that one case.
 #
 # **The teaching config** is one launch of about 50 µs: predicted 1.05–1.15×, measured 1.12× in fp16
-# and in bf16 here (1.13× in both in the recorded run), every row tight (the check above): inside
+# and in bf16 here (1.13× for both in the recorded run), every row tight (the check above): inside
 # the band.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and

@@ -134,10 +134,10 @@ nb.show_diff("11_warpspec", "12_tma_store", context=1)
 #
 # At D = 64 a score costs half the multiply-adds it costs at D = 128 and the same softmax. Read from
 # the SM's clock as notebook 11 does at D = 128 (`data/runs/hopper-trace-20261125T0949Z.log`), a
-# stage 11 consumer at D = 64, N = 4096 spends
-# about 1 450 cycles a tile on its softmax beside the other consumer, and a tile's two products
-# take about 512 cycles of the SM's tensor cores. With two consumers the tensor cores are idle
-# more than half the time. A third consumer brings a third softmax to run while they would wait.
+# stage 11 consumer at D = 64, N = 4096 spends about 1 450 cycles a tile on its softmax beside the
+# other consumer, and a tile's two products take about 512 cycles of the SM's tensor cores. With two
+# consumers the tensor cores are idle more than half the time. A third consumer brings a third
+# softmax to run while they would wait.
 #
 # Notebook 11 ruled three consumers out on registers: 512 threads start at 128 registers each, and
 # with the producer keeping 40 each consumer gets (512 − 40) / 3 → 152, where ptxas serializes the
@@ -157,37 +157,37 @@ nb.show_source("12_tma_store", "pick")
 # A work item is then 192 query rows, and that costs something in two places.
 #
 # * **The end of a sequence.** N = 512 is 2⅔ items of 192 rows; the last item's third consumer
-#   computes 64 rows past the end, which the TMA store then drops. That is an eighth of the work
+#   computes 64 rows past the end, which the TMA store then drops. That is an eighth more work
 #   at N = 512 and 1 024, and a few per cent from N = 2048 on.
 # * **The diagonal under the causal mask.** Every consumer of an item runs all of the item's key
 #   tiles, up to the item's last row, and masks what lies past its own. Of three consumers the
 #   first computes 128 or 192 keys past its rows, the second 64 or 128 (the item's first row is a
 #   multiple of 192, not of the tile's 128). Of two, the first computes 64 and the second none.
 #
-# The choice in `pick()` was measured, both shapes of stage 12 timed in turn over the sweep
-# (fp16, H100, `data/runs/hopper-try-20261125T1752Z-d64-three-consumers.log`). Three consumers
-# over two, without the mask: 1.01, 1.00, 1.08, 1.08, 1.13, 1.13 at N = 512 … 16384; with it:
-# 0.88, 0.86, 0.98, 1.00, 1.06, 1.07. So three from N = 2048 without the mask, from N = 8192
-# with it, and two everywhere else and at D = 128, where a consumer's accumulators (O 64, S 64,
-# P 32) take all of 160. Two smaller choices ride on long sequences too. Three consumers' Q
-# buffers leave room for four K/V buffers instead of three (176 KB), so the producer runs further
-# ahead: 1.01–1.02× where three consumers run. At D = 128 without the mask, 160-key tiles instead of 128 fit
-# in two buffers (225 KB) and spread each tile's waits and issue over more keys: 1.01–1.03× from
-# N = 4096, slower below, where the last tile's padding weighs more
-# (`data/runs/hopper-try-20261125T1819Z-four-buffers-160-keys.log`). Stage 12 as it is against
-# stage 12 with two consumers and 128-key tiles everywhere, in one run
+# The choice in `pick()` was measured, both shapes of stage 12 timed in turn over the sweep (fp16,
+# H100, `data/runs/hopper-try-20261125T1752Z-d64-three-consumers.log`). Three consumers over two,
+# without the mask: 1.01, 1.00, 1.08, 1.08, 1.13, 1.13 at N = 512 … 16384; with it: 0.88, 0.86,
+# 0.98, 1.00, 1.06, 1.07. So three from N = 2048 without the mask, from N = 8192 with it, and two
+# everywhere else and at D = 128, where a consumer's accumulators (O 64, S 64, P 32) take all of
+# 160. Two smaller choices ride on long sequences too. Three consumers' Q buffers leave room for
+# four K/V buffers instead of three (176 KB), so the producer runs further ahead: 1.01–1.02× where
+# three consumers run. At D = 128 without the mask, 160-key tiles instead of 128 fit in two buffers
+# (225 KB) and spread each tile's waits and issue over more keys: 1.01–1.03× from N = 4096, slower
+# below, where the last tile's padding weighs more
+# (`data/runs/hopper-try-20261125T1819Z-four-buffers-160-keys.log`). Stage 12 as it is against stage
+# 12 with two consumers and 128-key tiles everywhere, in one run
 # (`data/runs/hopper-try-20261125T1822Z-stage12-against-two-consumers.log`): 1.09–1.14× at D = 64
 # from N = 2048, 1.08–1.09× under the mask from N = 8192, 1.00–1.02× at D = 128 from N = 4096.
 #
 # ## 6 · Prediction, before measuring
 #
-# Only the end of an item changes, so the gain depends on how often an item ends: once per
-# N / 128 key tiles (128 query rows an item, 128 keys a tile, at both head dims). Notebook 11's
-# model of a block, with a tile's products and softmax taking 2 units (about 3 300 cycles at
-# D = 128), prices the end of an item. Stage 11's stores: 8 consumer warps × D / 4 instructions ×
-# 8 sectors is 2 048 sector writes per SM at D = 128 and 1 024 at D = 64, leaving the SM at a few
-# a cycle at best: several hundred to a thousand cycles before the consumers can begin the next
-# item. Call it 1 unit. Stage 12's: the same number of `st.shared` at one wavefront each, a
+# Apart from section 5's shapes, only the end of an item changes, so the gain depends on how often
+# an item ends: once per N / 128 key tiles (128 query rows an item, 128 keys a tile, at both head
+# dims). Notebook 11's model of a block, with a tile's products and softmax taking 2 units (about
+# 3 300 cycles at D = 128), prices the end of an item. Stage 11's stores: 8 consumer warps × D / 4
+# instructions × 8 sectors is 2 048 sector writes per SM at D = 128 and 1 024 at D = 64, leaving the
+# SM at a few a cycle at best: several hundred to a thousand cycles before the consumers can begin
+# the next item. Call it 1 unit. Stage 12's: the same number of `st.shared` at one wavefront each, a
 # barrier and one instruction: about 0.1.
 
 # %%
@@ -199,7 +199,7 @@ predicted.round(3).to_frame().T
 # * **Time.** About 1.1× at N = 512 (4 tiles an item), 1.05× at N = 1024, fading below 1.02× from
 #   N = 4096 on. At the teaching config (D = 64, N = 1024: 8 tiles an item) expect 1.03–1.08×.
 #   Where the third consumer runs (D = 64 from N = 2048, from 8192 under the mask), add its
-#   1.06–1.13× from section 5: about 1.1× there, where the store alone would give little.
+#   1.08–1.14× from section 5: about 1.1× there, where the store alone would give little.
 # * **Machine code:** no `STG` left; `STS` for O, a `BAR.SYNC` on a named barrier, `UTMASTG` (the
 #   TMA store, D / 64 of them) and `UTMACMDFLUSH` (the commit).
 # * **Profile:** the global stores gone from the SM's load/store path, so *sectors per store
