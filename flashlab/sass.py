@@ -52,6 +52,8 @@ CATEGORIES = {
     "FFMA": "fp32 fused multiply-add, any rounding mode",
     "SHFL": "warp shuffles (reductions across lanes)",
     "BAR": "block-wide barriers (__syncthreads)",
+    "R2UR": "a move into a uniform register (one value for the whole warp), which wgmma's "
+            "descriptors and TMA's coordinates are read from",
 }
 TOTAL = "total"  # every instruction of the kernel, padding NOPs included
 

@@ -68,7 +68,12 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
   const uint32_t Ks = Qs + Cfg::Q_BYTES;              // STAGES K tiles
   const uint32_t Vs = Ks + STAGES * Cfg::KV_BYTES;    // STAGES V tiles
 
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  // The warpgroup index as lane 0 reads it. wgmma takes its descriptors from uniform registers,
+  // which hold one value for the whole warp. From threadIdx.x alone, ptxas cannot prove the index
+  // is the same across the warp, builds the descriptors of this warpgroup's Q rows in ordinary
+  // registers and moves them over (R2UR) before every wgmma; read from lane 0, it is uniform.
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   // Block b: query tile b % tiles of (batch, head) b / tiles; causal blocks, which have the most
   // key tiles at the end of the sequence, start first.

@@ -75,7 +75,8 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
   const uint32_t q_full = Vs + STAGES * Cfg::KV_BYTES;  // mbarriers, 8 bytes each
   const uint32_t full = q_full + 8, empty = full + 8 * STAGES;
 
-  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);  // uniform: see stage 09
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int tiles = (N + BR - 1) / BR, bh = blockIdx.x / tiles, qt = blockIdx.x % tiles;
   const int q0 = (causal ? tiles - 1 - qt : qt) * BR;

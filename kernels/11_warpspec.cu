@@ -167,7 +167,8 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
 
   // ---- the consumers: stage 10's math on 64 rows each, item after item
   setmaxnreg_inc<Cfg::CONSUMER_REGS>();
-  const int cw = wg - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;  // uniform: see stage 09
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
 
   // The work item being computed: its Q buffer (slot), batch x head, first row, K/V tiles, and

@@ -14,7 +14,10 @@
 //  * the consumers go straight on to the next item; the copy runs under its first S. That Q
 //    buffer goes back to the producer (q_empty, one arrival per consumer) once
 //    cp.async.bulk.wait_group.read says the TMA has read it: at the next item's first tile.
-// The rest is stage 11's: a producer warpgroup, two consumers, a persistent grid.
+// The rest is stage 11's: a producer warpgroup, consumers, a persistent grid. The shape is then
+// tuned as stage 08's was (pick() below): three consumers at D = 64, where a third softmax keeps
+// the tensor cores busy, and under the causal mask each consumer runs only the key tiles its own
+// 64 rows need.
 #include <algorithm>
 #include <cmath>
 #include <cuda.h>           // CUtensorMap (a type only: the driver function is fetched at run time)
@@ -178,12 +181,13 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
 
   // ---- the consumers: stage 10's math on 64 rows each, item after item
   setmaxnreg_inc<Cfg::CONSUMER_REGS>();
-  const int cw = wg - 1, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;  // uniform: see stage 09
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
 
   // The work item being computed: its Q buffer (slot), batch x head, first row, K/V tiles, and
   // this thread's rows r0 and r0 + 8. begin_item waits for the next one's Q, and its index.
-  int it = 0, slot = 0, bh = 0, q0 = 0, n_tiles = 0, r0 = 0, wg_row0 = 0;
+  int it = 0, slot = 0, bh = 0, q0 = 0, n_tiles = 0, n_mine = 0, r0 = 0, wg_row0 = 0;
   uint32_t Qw = 0;
   auto begin_item = [&]() -> bool {
     slot = it & 1;
@@ -195,6 +199,10 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
     n_tiles = (last_key + BC - 1) / BC;
     r0 = q0 + cw * 64 + warp * 16 + g;
     wg_row0 = q0 + cw * 64;
+    // Under the mask this warpgroup's 64 rows need only the keys up to its own last row: with
+    // 192-row items, the first consumers' rows end one 128-key tile before the item's do.
+    // (The trip count differs between warpgroups but not within one: cw is uniform.)
+    n_mine = causal ? min(n_tiles, (min(N, wg_row0 + 64) + BC - 1) / BC) : n_tiles;
     Qw = Qs + slot * Cfg::Q_BYTES + cw * 64 * 128;
     it++;
     return true;
@@ -310,7 +318,8 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.f;
-    for (int j = 0; j < n_tiles; j++, ring++) {
+    int j = 0;
+    for (; j < n_mine; j++, ring++) {
       const int buf = ring % STAGES;
       float s[BC / 2];
       mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);
@@ -345,6 +354,18 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
     if (lane == 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
     store(bh, q0, l);
     prev_slot = slot;
+    // The item's tiles past this warpgroup's rows go back unread. Each waits for its data first:
+    // the producer refilled that buffer only once every consumer had released its previous use,
+    // so this arrival counts toward this use, not the one before.
+    for (; j < n_tiles; j++, ring++) {
+      const int buf = ring % STAGES;
+      mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);
+      mbar_wait(v_full + 8 * buf, (ring / STAGES) & 1);
+      if (lane == 0) {
+        mbar_arrive(k_empty + 8 * buf);
+        mbar_arrive(v_empty + 8 * buf);
+      }
+    }
   }
   if (threadIdx.x % 128 == 0) bulk_wait_read();  // shared memory stays until O has been read
 }
@@ -435,22 +456,18 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 
 // PICK: the shape per head dim, mask and sequence length (keys per tile, K/V buffers, consumer
 // warpgroups), measured on an H100 (tools/hopper_try.py). Two consumers of 64 rows and 128-key
-// tiles, as many buffers as fit, except on long sequences:
-// - at D = 64, three consumers (192 rows an item) with four buffers, from N = 2048 without the
-//   mask and from N = 8192 with it: a third softmax runs while the tensor cores would wait. On
-//   shorter sequences the 192-row items waste rows at the end of each sequence and, under the
-//   mask, on the diagonal;
+// tiles, as many buffers as fit, except:
+// - at D = 64, three consumers (192 rows an item) with four buffers, except under the mask below
+//   N = 2048: a third softmax runs while the tensor cores would wait. On short sequences under
+//   the mask, where the diagonal is a large share of an item's tiles, the third consumer's rows
+//   cost more than that;
 // - at D = 128 without the mask, 160-key tiles from N = 4096 (two buffers still fit: 225 KB):
 //   each tile's fixed costs are spread over more keys. On shorter sequences the last tile's
 //   padding costs more than that.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
-    if (p->causal) {
-      if (p->N < 8192) return launch<T, 64, 128, 3, 2>(p, s);
-      return launch<T, 64, 128, 4, 3>(p, s);
-    }
-    if (p->N < 2048) return launch<T, 64, 128, 3, 2>(p, s);
+    if (p->causal && p->N < 2048) return launch<T, 64, 128, 3, 2>(p, s);
     return launch<T, 64, 128, 4, 3>(p, s);
   }
   if (p->causal) return launch<T, 128, 128, 2, 2>(p, s);

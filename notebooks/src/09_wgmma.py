@@ -176,6 +176,19 @@ for kk in range(D // 16):
 pd.DataFrame(steps).set_index(["k_step", "operand"]).head(10)
 
 # %% [markdown]
+# **Where the descriptors live.** `HGMMA` reads a descriptor from *uniform registers* (`UR`): one
+# 64-bit value for the whole warp, not one per thread. Q's descriptors depend on which warpgroup
+# the thread is in (its 64 rows of the tile), and computed as `threadIdx.x / 128` that index is,
+# as far as the compiler can prove, different in every thread. ptxas then keeps the loop's
+# descriptors (K's and V's as well) in ordinary registers and copies each into uniform registers
+# (`R2UR`) before its `wgmma`, tile after tile: 48 moves a tile at D = 128. Read from lane 0 with a shuffle, the index is one value
+# for the warp by construction, and the descriptors are built in uniform registers once, before
+# the loop:
+
+# %%
+nb.show_lines("09_wgmma", r"// The warpgroup index as lane 0 reads it", r"const int warp =")
+
+# %% [markdown]
 # ## 5 · The loop: fence, commit, wait — and P·V left running
 #
 # Loads are stage 08's `cp.async`, now writing the 128-byte swizzle (`load_tile_async`), so that
@@ -265,6 +278,18 @@ with nb.unless_missing():
 # %%
 with nb.unless_missing():
     display(nb.loop_bodies(["08_tuned", "09_wgmma"], kernel=r"__half, 128,"))
+
+# %% [markdown]
+# No `R2UR` in the loop (the column would show it): the few this kernel has move the block's
+# indices into uniform registers before the loop starts.
+
+# %%
+with nb.unless_missing():
+    moves = nb.sass_lines("09_wgmma", r"^R2UR", kernel=r"__half, 128,")
+    body = nb.loop_bodies(["09_wgmma"], kernel=r"__half, 128,")
+    print(f"R2UR in the K/V loop: {int(body.get('R2UR', pd.Series([0])).iloc[0])}; "
+          f"in the whole kernel: {len(moves)}")
+    print("\n".join(moves))
 
 # %% [markdown]
 # ## 9 · Measure
@@ -419,6 +444,9 @@ labs.check("09.descriptor", answer)
 # 3. S is waited for at once, P·V is not. Why can the kernel not leave S running too, as it does
 #    P·V, without another change?
 # 4. Which part of a tile's time did this stage leave untouched, and how would you hide it?
+# 5. Replace the shuffle that reads the warpgroup index from lane 0 by `threadIdx.x / 128` and
+#    rebuild. How many `R2UR` does the loop get, and why would those moves cost more than their
+#    count suggests?
 
 # %% [markdown]
 # **Instructor's answer.** *1.* The instruction is warpgroup-wide: the 64 rows of A and D are split
@@ -449,6 +477,13 @@ labs.check("09.descriptor", answer)
 # inside the warpgroup as in question 3.
 
 # %% [markdown]
+# **Instructor's answer.** *5.* 48 a tile at D = 128, 24 at D = 64 with 64-key tiles: one per
+# 32-bit half of every descriptor the loop uses, Q's, K's and V's. Each `HGMMA` waits for the moves that
+# produce its descriptor, and the moves sit among the products that should be issued back to
+# back; the loop also grows by a tenth (945 instead of 865 instructions at D = 128). Measured on
+# the H100, the uniform index made stage 09 1.03–1.10× faster over the sweep.
+
+# %% [markdown]
 # ## Summary
 #
 # - `wgmma.mma_async` multiplies 64 × N × 16 for a whole warpgroup in one asynchronous instruction,
@@ -458,6 +493,8 @@ labs.check("09.descriptor", answer)
 #   blocks on 1024-byte boundaries.
 # - `fence` / `commit_group` / `wait_group` order the asynchronous products; leaving P·V running
 #   across the next tile's start costs a buffer.
+# - Descriptors live in uniform registers: the warpgroup index they depend on must be visibly the
+#   same across the warp (read from lane 0), or every tile pays for moving them there.
 
 # %%
 nb.reached("09_wgmma")
