@@ -328,12 +328,11 @@ plots.scaling(last="09_wgmma")
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted about 1.07× at the teaching config and more at D = 128. Over the sweep, with
-# both stages timed in turn in this run, D = 64 gained little (0.99–1.10×, about 1.04× on average)
-# and D = 128 gained more, as predicted: 1.06–1.26×, about 1.19× on average. (The rows in
-# `data/results.csv`, from an earlier run that timed both, give 1.02–1.11× and 1.06–1.27×: a few per
-# cent between runs is the spread to expect.) At the teaching config itself the gain all but
-# vanished, about 1.01×. Two things the model left out explain the misses.
+# **Time.** Predicted about 1.06× at the teaching config and more at D = 128. Measured, with both
+# stages timed in turn in this run: 1.09× at the teaching config; over the sweep 1.08–1.17× at
+# D = 64 (1.13× on average) and 1.09–1.35× at D = 128 (1.26×), more on long sequences than on short
+# ones. The model got the direction and roughly the size. Where the gain is smallest shows what it
+# left out.
 #
 # * **Shared memory feeds the tensor cores now.** A `wgmma` with both operands in shared memory
 #   reads A (64 × 16, 2 KiB) and B (N × 16) per instruction. At D = 64 the shape `pick()` runs is
@@ -344,10 +343,15 @@ plots.scaling(last="09_wgmma")
 # * **The rest did not stay the same.** The model kept everything but the products fixed. The two
 #   warpgroups of a block run in step: both issue S, both wait, both exponentiate, and while they
 #   do, the tensor cores have nothing to do. The instruction made the products faster; the softmax
-#   between them is now the larger part of a tile, and at the teaching config's short launch
-#   (0.06 ms, fewer than two waves of blocks) there is little else to overlap it with.
+#   between them is now the larger part of a tile. On short sequences, and under the causal mask
+#   where a block has few tiles (D = 128 causal at N = 512: 1.09×), the fixed cost of each block —
+#   its first loads, the wait for the first S, the write-back — weighs more as well.
+# * **How the operands reach the instruction counts.** The descriptors come from uniform
+#   registers (section 4). Built from `threadIdx.x`, they were moved there 48 times a tile at
+#   D = 128; timed in turn on the H100, that kernel was 1.03–1.10× slower over the sweep than this
+#   one — at D = 64, most of what this stage gains over stage 08.
 #
-# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.63–0.88×: the gap is what overlapping
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.69–0.93×: the gap is what overlapping
 # the softmax with the products is worth.
 
 # %% [markdown]
@@ -374,15 +378,16 @@ plots.idea_metrics(only=["09_wgmma"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is *less* busy — 49 % → 33 % — in the same time.** The counter measures the
-#   cycles the pipe is working, not the work it does in them. The kernels do the same FLOPs in the
-#   same time, so each busy cycle of `wgmma` does about 49 / 33 ≈ 1.5 times the work of one of
-#   `mma.sync`: the two-thirds-of-peak ceiling of `mma.sync`, seen from the other side. A metric
-#   that counts activity, not throughput, can fall when a kernel gets better.
+# * **The tensor pipe is *less* busy — 49 % → 36 % — in less time (0.058 → 0.053 ms).** The
+#   counter measures the cycles the pipe is working, not the work it does in them. The kernels do
+#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (36 × 0.053) ≈ 1.5
+#   times the work of one of `mma.sync`: the two-thirds-of-peak ceiling of `mma.sync`, seen from
+#   the other side. A metric that counts activity, not throughput, can fall when a kernel gets
+#   better.
 # * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 14 % now:
 #   the 256 `mma.sync` and 80 `ldmatrix` of a D = 128 loop trip became 16 `wgmma`. Shared-memory
 #   wavefronts fell by a fifth and load bank conflicts to zero (the hardware's swizzle).
-# * **New waits:** `barrier` (2.6 → 7.3 %) and `mio_throttle` (2.8 → 8.3 %). Each tile, all 256
+# * **New waits:** `barrier` (2.6 → 11.7 %) and `mio_throttle` (2.8 → 9.8 %). Each tile, all 256
 #   threads issue their `cp.async` copies and meet at `__syncthreads`: the slower warpgroup and the
 #   copy queue now decide when the tensor cores get the next tile. That is what stage 10 removes.
 

@@ -260,20 +260,21 @@ with nb.unless_missing():
 # ### Discussion
 #
 # **Time.** Predicted 1.05–1.15×, more where tiles are short. Measured, with both stages timed in
-# turn in this run: 1.04× at the teaching config, just under the band, and 1.03–1.28× over the
-# sweep, 1.12× on average at D = 64 and 1.20× at D = 128 (the rows in `data/results.csv`, where
-# stage 09's come from an earlier run than stage 10's: 1.03–1.23×). Roughly as predicted, with one
-# correction: the largest gains are at the longest sequences (1.16–1.28× from N = 8192 on), not at
+# turn in this run: 1.07× at the teaching config, inside the band, and 1.05–1.45× over the sweep,
+# 1.16× on average at D = 64 and 1.26× at D = 128. Roughly as predicted at the short end, with one
+# correction: the largest gains are at the longest sequences (1.20–1.45× from N = 8192 on), not at
 # the shortest tiles. A long sequence is many tiles per block, and every one of them paid stage 09's
 # barrier; a short one is mostly prologue (loading Q and the first tile) and epilogue, which TMA
 # shortens little.
 #
-# **bf16** runs as fast as fp16 (the time ratio above: 1.001): the same instruction, another
+# **bf16** runs as fast as fp16 (the time ratio above: 0.999): the same instruction, another
 # element type.
 #
-# **Against cuDNN**, PyTorch's fastest attention: 0.74–0.91×; at D = 128 from N = 2048 on,
-# 0.79–0.87× (0.78–0.86× in the recorded run). What is left is the scheduling: the tensor cores
-# still wait while both warpgroups exponentiate.
+# **Against cuDNN**, PyTorch's fastest attention: 0.74–1.06×. At D = 128 from N = 2048 on,
+# 0.90–0.97× without the mask and 0.92–1.04× with it (0.90–0.95× and 0.93–1.05× in the recorded
+# run), and at D = 64 on the longest sequences stage 10 is already level or ahead. What is left is
+# the scheduling: the tensor cores still wait while both warpgroups exponentiate, which costs most
+# on short sequences.
 
 # %% [markdown]
 # ## 10 · Stall reasons
@@ -297,16 +298,16 @@ plots.stalls(only=["08_tuned", "09_wgmma", "10_tma"])
 # %% [markdown]
 # ### Discussion
 #
-# * **barrier** fell from 7.4 % to 3.0 % of warp time, as predicted, but not to zero: the loop has
-#   no `BAR.SYNC`, and what remains is the start (the barriers must exist before anyone waits) and
-#   the warps of a warpgroup waiting for each other at each `wgmma`, which all four must issue
+# * **barrier** fell from 11.7 % to 3.6 % of warp time, as predicted, but not to zero: the loop
+#   has no `BAR.SYNC`, and what remains is the start (the barriers must exist before anyone waits)
+#   and the warps of a warpgroup waiting for each other at each `wgmma`, which all four must issue
 #   together (`.sync.aligned`).
-# * **long_scoreboard** rose from 5.3 % to 8.8 %: a warp polling an mbarrier with `try_wait`
+# * **long_scoreboard** rose from 6.0 % to 9.8 %: a warp polling an mbarrier with `try_wait`
 #   (`SYNCS.PHASECHK`) waits on a memory operation, and is counted there. The wait moved from the
 #   barrier to the data itself — which is where it belongs.
-# * **mio_throttle** halved (8.4 → 4.1 %): the 16-byte copies no longer crowd the memory
+# * **mio_throttle** fell by a third (9.8 → 6.2 %): the 16-byte copies no longer crowd the memory
 #   instruction queue.
-# * The **tensor pipe** is busy 35 % of the time (33 % in stage 09). Two thirds of the time the
+# * The **tensor pipe** is busy 40 % of the time (36 % in stage 09). More than half the time the
 #   tensor cores of an SM have nothing to do, because every warp of the block does everything:
 #   load, multiply, exponentiate, in that order.
 
