@@ -408,33 +408,35 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 #
 # **Time.** Predicted 1.05–1.15× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
-# 0.98–1.26×, on average about 1.09× at D = 64 and 1.18× at D = 128 (the run recorded in `data/`
-# gave the same range, and 1.09× and 1.18×). Three things the prediction got wrong, and one it got
-# right.
+# 0.91–1.19×, on average 0.97× at D = 64 and 1.09× at D = 128 (the run recorded in `data/` gave
+# the same table to within 0.02). The prediction holds at D = 128 and fails at D = 64.
 #
-# * **At D = 128 the gain did not fade.** It is 1.09–1.26× at every length, 1.25× at N = 16384
-#   without the mask and 1.19× with it, where the model gives 1.01. An item of 128 tiles pays one
-#   prologue; what is left is per tile, and the model had none because, with its copies quicker than
-#   a tile's math, stage 10's ring was never short of data. Give the model copies slightly slower
-#   than a tile's math (below) and stage 10's warpgroups wait a little before every tile while stage
-#   11's do not: K and V on their own barriers, K released right after S, let the producer load
-#   further ahead with fewer buffers (two of K and two of V against stage 10's three pairs). Under a
-#   whole GPU's load that is plausible; these measurements alone do not separate it from the other
-#   per-tile change, the copy instructions and the wait on `empty` gone from warpgroup 0's path.
-# * **At D = 64 the gain faded, but for another reason.** From N = 8192 on it is about 1.07–1.10×,
-#   and that is where stage 10 was already closest to cuDNN (0.87–0.90×): all three stand near
-#   380–450 TFLOP/s there. D = 64 has half of D = 128's math per score, so the same softmax weighs
-#   twice as much; separating copies from math does not touch it.
-# * **The one loss, D = 64 causal at N = 512 (0.98×, here and in the recorded run),**
-#   is work, not time: stage 11 computes about 11 % more scores there (the count above), because its
-#   128-key tiles and consumers without a skip compute masked keys on the diagonal that stage 10's
-#   64-key tiles skipped. The excess falls to 6 % and 3 % at N = 1024 and 2048, and the gain rises
-#   with it.
-# * **Short items gained, as the model said:** 1.04–1.17× at N = 512–1024 outside that one case.
+# * **At D = 128 the gain fades, but less than the model says.** It is 1.19× at N = 512 and still
+#   1.07–1.08× from N = 4096 on without the mask (1.10× falling to 1.01× with it), where the model
+#   gives 1.01 for long items. An item of 128 tiles pays one prologue; what is left is per tile,
+#   and the model had none because, with its copies quicker than a tile's math, stage 10's ring was
+#   never short of data. Give the model copies slightly slower than a tile's math (below) and stage
+#   10's warpgroups wait a little before every tile while stage 11's do not: K and V on their own
+#   barriers, K released right after S, let the producer load further ahead with fewer buffers
+#   (two of K and two of V against stage 10's three pairs). Under a whole GPU's load that is
+#   plausible; these measurements alone do not separate it from the other per-tile change, the
+#   copy instructions and the wait on `empty` gone from warpgroup 0's path.
+# * **At D = 64 on long sequences stage 11 is slower: 0.91–0.97× from N = 8192 on.** There stage
+#   10 runs *three* warpgroups of 64 rows a block (`pick()`: 192-row tiles), and stage 11 two
+#   consumers: a third does not fit its register split (section 3). D = 64 has half of D = 128's
+#   math per score, so the softmax weighs twice as much against the products, and what keeps the
+#   tensor cores busy is how many softmaxes are in flight beside them, not who issues the copies.
+#   Three computing warpgroups beat two specialised ones. Notebook 12 squeezes the producer so
+#   that three consumers fit.
+# * **D = 64 under the mask on short sequences is work, not time:** 0.91×, 0.95× and 0.99× at
+#   N = 512, 1024 and 2048, close to the inverse of the extra scores stage 11 computes there (the
+#   count above: 1/1.111 = 0.90, 1/1.059 = 0.94, 1/1.030 = 0.97). Its 128-key tiles and consumers
+#   without a skip compute masked keys on the diagonal that stage 10's 64-key tiles skipped.
+# * **Short items gained, as the model said, at D = 128:** 1.10–1.19× at N = 512–1024.
 #
-# **The teaching config** is one launch of about 50 µs: predicted 1.05–1.15×, measured 1.12× in fp16
-# and in bf16 here (1.13× for both in the recorded run), every row tight (the check above): inside
-# the band.
+# **The teaching config** is one launch of about 50 µs at D = 64: predicted 1.05–1.15×, measured
+# 1.01× (1.01× in fp16 and bf16 in the recorded run), every row tight (the check above): below the
+# band, for the reasons of the D = 64 row of the sweep, which reads 0.98–1.04× up to N = 4096.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
 # launch function spend about 0.1 ms per call on the H100's host (checks, the output and the
@@ -445,10 +447,10 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.86–1.02× here (0.86–1.01× in the recorded run): close to
-# level with it (0.95–1.02×) from N = 4096 on, both head dims and masks, and 0.86–0.90× at N = 512,
-# where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
-# FlashAttention-2 backend (`sdpa_flash`) it is 1.3–2.1× faster.
+# **Against cuDNN** stage 11 runs at 0.87–1.05× here (0.87–1.05× in the recorded run): level with
+# it or ahead at D = 128 from N = 4096 on (1.00–1.05×), 0.96–0.98× at D = 64 there, and 0.87–0.91×
+# at N = 512, where an item is a few tiles and everything that is not the loop weighs most. Against
+# PyTorch's FlashAttention-2 backend (`sdpa_flash`) it is 1.3–2.1× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -482,12 +484,12 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is busier**, 35 % → 40 % of the time, as predicted: the same products in
-#   less time.
-# * **Waiting rose, against the prediction:** `long_scoreboard` about 9 → 14 %, `barrier` 3 → 11 %,
-#   `short_scoreboard` 2 → 7 % of warp time. Count the warps before reading the shares. A stage 11
+# * **The tensor pipe is about as busy**, 40.0 % → 40.5 % of the time, in about the same time
+#   (0.0487 → 0.0481 ms under Nsight Compute), at this D = 64 shape where the two stages tie.
+# * **Waiting rose, against the prediction:** `long_scoreboard` about 10 → 14 %, `barrier` 4 → 12 %,
+#   `short_scoreboard` 5 → 7 % of warp time. Count the warps before reading the shares. A stage 11
 #   block keeps nine warps alive — eight consumer warps and the producer's warp 0 (its other three
-#   warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.5 % → 13.9 % of
+#   warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.6 % → 13.8 % of
 #   64 warps). The producer's warp is a ninth of the warp time, and it spends nearly all of it
 #   waiting on `empty` barriers, as its red lane in section 5 did: by itself about 11 of these
 #   points. Its waiting is not time lost — it has nothing else to do — but a share of warp time
@@ -496,8 +498,8 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 #   warpgroup-wide `wgmma`) have fewer other warps' instructions to hide behind. Nsight Compute's
 #   source view, which splits the stall samples by instruction, would say which waits belong to
 #   which role.
-# * With fewer warps, fewer compete to issue: `not_selected` halved (about 15 % → 7 %) and
-#   `math_pipe_throttle` fell from about 7 % to 2 %.
+# * With fewer warps, fewer compete to issue: `not_selected` more than halved (about 15 % → 6 %)
+#   and `math_pipe_throttle` fell from about 3 % to 1 %.
 #
 # The prediction's mistake is the lesson of a specialized kernel: its warps have different jobs,
 # and a waiting producer is doing its job. Read stall shares by role, not for the block.
@@ -632,8 +634,8 @@ labs.check("11.registers", answer)
 # round trip the persistent grid exists to hide.
 
 # %% [markdown]
-# **Instructor's answer.** *4.* At D = 64, causal, N = 512: stage 11 ran slightly slower than stage
-# 10 (0.98×), computing about 11 % more scores; the gap closes as N grows. A consumer that
+# **Instructor's answer.** *4.* At D = 64, causal, N = 512: stage 11 ran slower than stage 10
+# (0.91×), computing about 11 % more scores; the gap closes as N grows. A consumer that
 # skips a tile must still wait for it to land and arrive on its `empty` barriers (K's and V's), or
 # the producer would wait forever for a release that never comes; and it must not skip the waits
 # that keep its ring position and phase parities in step with the producer's.

@@ -126,11 +126,11 @@ hp.o_store_figure(D=64, d=0)
 nb.show_diff("11_warpspec", "12_tma_store", context=1)
 
 # %% [markdown]
-# The diff also holds a change of shape, at the bottom: `pick()` and the register split. At D = 64,
-# on long sequences, stage 12 runs a third consumer warpgroup. The next section says why there
-# and only there.
+# The diff also holds a change of shape: `pick()`, the register split and each consumer's own
+# count of key tiles. At D = 64 stage 12 runs a third consumer warpgroup, except on short
+# sequences under the causal mask. The next section says why, and why not there.
 #
-# ## 5 · A third consumer at D = 64, on long sequences
+# ## 5 · A third consumer at D = 64
 #
 # At D = 64 a score costs half the multiply-adds it costs at D = 128 and the same softmax. Read from
 # the SM's clock as notebook 11 does at D = 128 (`data/runs/hopper-trace-20261125T0949Z.log`), a
@@ -159,25 +159,27 @@ nb.show_source("12_tma_store", "pick")
 # * **The end of a sequence.** N = 512 is 2⅔ items of 192 rows; the last item's third consumer
 #   computes 64 rows past the end, which the TMA store then drops. That is an eighth more work
 #   at N = 512 and 1 024, and a few per cent from N = 2048 on.
-# * **The diagonal under the causal mask.** Every consumer of an item runs all of the item's key
-#   tiles, up to the item's last row, and masks what lies past its own. Of three consumers the
-#   first computes 128 or 192 keys past its rows, the second 64 or 128 (the item's first row is a
-#   multiple of 192, not of the tile's 128). Of two, the first computes 64 and the second none.
+# * **The diagonal under the causal mask.** An item's last key tile reaches its last row, but its
+#   first consumers' rows end earlier: the first consumer's 64 rows end 128 rows before the item's,
+#   often a whole 128-key tile before (the item's first row is a multiple of 192, not of the tile's
+#   128). Run to the item's end, the first consumers would compute tiles that are masked out
+#   entirely. So each consumer counts its own tiles, `n_mine`, up to its own last row, and hands
+#   the item's later tiles back to the producer unread: it still waits for each to land and
+#   arrives on its `empty` barriers, or the producer's count of releases would go wrong (the loop
+#   after `prev_slot = slot;` in the consumer). Of two consumers with 128-key tiles, both need
+#   every tile.
 #
-# The choice in `pick()` was measured, both shapes of stage 12 timed in turn over the sweep (fp16,
-# H100, `data/runs/hopper-try-20261125T1752Z-d64-three-consumers.log`). Three consumers over two,
-# without the mask: 1.01, 1.00, 1.08, 1.08, 1.13, 1.13 at N = 512 … 16384; with it: 0.88, 0.86,
-# 0.98, 1.00, 1.06, 1.07. So three from N = 2048 without the mask, from N = 8192 with it, and two
-# everywhere else and at D = 128, where a consumer's accumulators (O 64, S 64, P 32) take all of
-# 160. Two smaller choices ride on long sequences too. Three consumers' Q buffers leave room for
-# four K/V buffers instead of three (176 KB), so the producer runs further ahead: 1.01–1.02× where
-# three consumers run. At D = 128 without the mask, 160-key tiles instead of 128 fit in two buffers
-# (225 KB) and spread each tile's waits and issue over more keys: 1.01–1.03× from N = 4096, slower
-# below, where the last tile's padding weighs more
-# (`data/runs/hopper-try-20261125T1819Z-four-buffers-160-keys.log`). Stage 12 as it is against stage
-# 12 with two consumers and 128-key tiles everywhere, in one run
-# (`data/runs/hopper-try-20261125T1822Z-stage12-against-two-consumers.log`): 1.09–1.14× at D = 64
-# from N = 2048, 1.08–1.09× under the mask from N = 8192, 1.00–1.02× at D = 128 from N = 4096.
+# The choice in `pick()` was measured, stage 12 with three consumers and with two timed in turn at
+# D = 64 (fp16, H100, `data/runs/hopper-try-20261126T2347Z-stage12-d64-consumers.log`). Three over
+# two, without the mask: 1.02, 1.01, 1.09, 1.08, 1.13, 1.14 at N = 512 … 16384; with it: 0.98,
+# 0.93, 1.03, 1.03, 1.08, 1.07. So three consumers at D = 64 except under the mask below N = 2048,
+# where the diagonal is a large share of an item's tiles; two at D = 128, where a consumer's
+# accumulators (O 64, S 64, P 32) take all of 160. Two smaller choices ride along. Three
+# consumers' Q buffers leave room for four K/V buffers instead of three (176 KB), so the producer
+# runs further ahead: 1.01–1.02× where three consumers run. At D = 128 without the mask, 160-key
+# tiles instead of 128 fit in two buffers (225 KB) and spread each tile's waits and issue over
+# more keys: 1.01–1.03× from N = 4096, slower below, where the last tile's padding weighs more
+# (`data/runs/hopper-try-20261125T1819Z-four-buffers-160-keys.log`).
 #
 # ## 6 · Prediction, before measuring
 #
@@ -198,8 +200,8 @@ predicted.round(3).to_frame().T
 # %% [markdown]
 # * **Time.** About 1.1× at N = 512 (4 tiles an item), 1.05× at N = 1024, fading below 1.02× from
 #   N = 4096 on. At the teaching config (D = 64, N = 1024: 8 tiles an item) expect 1.03–1.08×.
-#   Where the third consumer runs (D = 64 from N = 2048, from 8192 under the mask), add its
-#   1.08–1.14× from section 5: about 1.1× there, where the store alone would give little.
+#   Where the third consumer runs (D = 64, from N = 2048 under the mask), add section 5's gain:
+#   1.03–1.14× from N = 2048, where the store alone would give little.
 # * **Machine code:** no `STG` left; `STS` for O, a `BAR.SYNC` on a named barrier, `UTMASTG` (the
 #   TMA store, D / 64 of them) and `UTMACMDFLUSH` (the commit).
 # * **Profile:** the global stores gone from the SM's load/store path, so *sectors per store
@@ -277,42 +279,40 @@ plots.scaling(last="12_tma_store")
 # ### Discussion
 #
 # **Time.** The prediction was a gain that shrinks as items grow, about 1.1× at N = 512 and 1.05×
-# at N = 1024, plus about 1.1× wherever the third consumer runs. Measured, with stages 11 and 12
-# and the two baselines timed in turn at each config, three rounds over: 1.08–1.16× at N = 512 and
-# 1.05–1.13× at N = 1024 (the run recorded in `data/`, timed the same way with stages 08–10
-# beside them: 1.08–1.16× and 1.05–1.12×). The largest gains are at D = 128, where an item's O is
-# twice as big: 1.15–1.16× at N = 512, where the model gives 1.11. Where the third consumer runs
-# (D = 64 from N = 2048, from N = 8192 under the mask) the gain is 1.10–1.16×, here and in the
-# recorded run: section 5's 1.08–1.14× for the shape, and the store's own small gain on top. That
-# is the predicted shape, and at D = 128 a little more than the model gave.
+# at N = 1024, plus section 5's gain wherever the third consumer runs. Measured, with stages 11 and
+# 12 and the two baselines timed in turn at each config (the run recorded in `data/`, stages 08–10
+# beside them; the teaching config was timed again live here): 1.10–1.17× at N = 512 and
+# 1.07–1.12× at N = 1024. The largest gains at short N are at D = 128, where an item's O is twice
+# as big: 1.16–1.17× at N = 512, where the model gives 1.11. At D = 64 from N = 2048, where the
+# third consumer runs with or without the mask, the gain is 1.08–1.16×: section 5's 1.03–1.14× for
+# the shape, and the store's own small gain on top. That is the predicted shape, and at D = 128 a
+# little more than the model gave.
 #
 # **Where it missed.** Where only the store changes and items are long, the model says
-# 1.01–1.03×. Without the mask the measured cells agree: 1.04× at D = 128, N = 2048 (16 tiles an
+# 1.01–1.03×. Without the mask the measured cells agree: 1.05× at D = 128, N = 2048 (16 tiles an
 # item; the model 1.03×), and 1.02–1.04× from N = 4096 on, where 160-key tiles add their 1.00–1.02×
-# (section 5). Under the mask they do not: 1.05–1.07× at D = 128 from N = 4096 on, and 1.05× at
-# D = 64, N = 4096, in both runs. A causal item is on average half as long as a non-causal one,
-# so the model's gain there is that of N / 2 (1.01–1.03×). Two things differ under the mask that
-# the model leaves out: each head's items come longest first, so a block's last items are its
-# shortest, and the last tile of every item is a diagonal tile, which both consumers spend partly
-# on masked keys; neither has been measured on its own here. Read those cells as a real gain
-# whose cause is not pinned down. At long N the GPU's clock moves by a few per cent from second
-# to second, which is why both runs time the kernels together, run by run in turn: timed one
-# after the other, each for its own third of a second, the same two kernels can come out in
-# either order at one cell.
+# (section 5). Under the mask they do not: 1.05–1.08× at D = 128 from N = 4096 on. A causal item
+# is on average half as long as a non-causal one, so the model's gain there is that of N / 2
+# (1.01–1.03×). Two things differ under the mask that the model leaves out: each head's items come
+# longest first, so a block's last items are its shortest, and the last tile of every item is a
+# diagonal tile, which both consumers spend partly on masked keys; neither has been measured on
+# its own here. Read those cells as a real gain whose cause is not pinned down. At long N the
+# GPU's clock moves by a few per cent from second to second, which is why the run times the
+# kernels together, run by run in turn: timed one after the other, each for its own third of a
+# second, the same two kernels can come out in either order at one cell.
 #
-# **The teaching config** (D = 64, N = 1024: 8 tiles an item, two consumers): 1.07× in fp16 and in
-# bf16, here and in the recorded run, every row tight (the check above): inside the predicted band
-# of 1.03–1.08× both times.
+# **The teaching config** (D = 64, N = 1024: 8 tiles an item, three consumers): 1.07× in fp16
+# here, and 1.07× in fp16 and bf16 in the recorded run, every row tight (the check above): inside
+# the predicted band of 1.03–1.08×. Three consumers add almost nothing at this length (1.01×,
+# section 5): the gain is the store's.
 #
-# **Against cuDNN** stage 12 runs at 0.96–1.11× over the sweep, here and in the recorded run.
-# With three consumers, at D = 64 from N = 2048 without the mask and from N = 8192 with it, it is
-# ahead: 1.05–1.11×. At D = 128 it is ahead under the mask (1.01–1.09×) and without it from
-# N = 4096 (1.005–1.04×), and 1 % behind without it on shorter sequences (0.99×). It is 1–4 %
-# behind at D = 64 on the short sequences, N = 512 and 1024 (0.96–0.98×), and under the mask up to
-# N = 4096 (0.96–0.99×). There an item is a few tiles, both consumers start and end it together,
-# and the softmax, twice as heavy per score as at D = 128, sets the pace; cuDNN's warpgroups take
-# turns (section 10) where these do not. Stage 11 was 0.86–1.01×. Against FlashAttention-2
-# (`sdpa_flash`) stage 12 is 1.4–2.2× faster.
+# **Against cuDNN** stage 12 runs at 0.98–1.15× here (0.98–1.14× in the recorded run). It is ahead
+# at D = 128 everywhere (1.01–1.15×), and at D = 64 from N = 2048 (1.03–1.13×). It is level at
+# D = 64 without the mask on short sequences (1.00–1.01×) and 1–2 % behind under the mask there
+# (0.98× at N = 512, 0.99× at N = 1024). There an item is a few tiles, the consumers start and end
+# it together, and the softmax, twice as heavy per score as at D = 128, sets the pace; cuDNN's
+# warpgroups take turns (section 10) where these do not. Stage 11 was 0.87–1.05×. Against
+# FlashAttention-2 (`sdpa_flash`) stage 12 is 1.5–2.3× faster.
 
 # %% [markdown]
 # ## 9 · The profile
@@ -342,12 +342,14 @@ plots.idea_metrics(only=["12_tma_store"])
 # * **The stores are gone from the load/store path**, as predicted: stage 11's 8 sectors per store
 #   request (the half-filled sectors of section 1) become no request at all. The only global
 #   stores left are the TMA's, which Nsight Compute does not count as the SM's requests.
-# * **The tensor pipe is busier,** about 40 % → 43 % of the time at the teaching config, and the
-#   kernel is about 1.07× faster under the profiler: the same products in less time.
+# * **The tensor pipe is busier,** about 41 % → 49 % of the time at the teaching config, and the
+#   kernel is 1.08× faster under the profiler: the same products in less time. (This config runs
+#   three consumers in stage 12 and two in stage 11; section 5's shape, not only the store, fills
+#   the pipe.)
 # * **Fewer short waits:** `short_scoreboard` (waiting for shared memory and other variable-latency
-#   units) about 7 % → 4 %, and `lg_throttle` (a full queue of global memory instructions) goes to
+#   units) about 7 % → 3 %, and `lg_throttle` (a full queue of global memory instructions) goes to
 #   zero.
-# * **A surprise: bank conflicts on shared-memory stores,** about 2 thousand against stage 11's
+# * **A surprise: bank conflicts on shared-memory stores,** about 1.7 thousand against stage 11's
 #   handful, where section 2's bank map promises none. They are few: the kernel issues about 65 thousand
 #   warp-wide `st.shared` for O at this config, so they add under 3 % to those stores' wavefronts,
 #   and O's stores are a small part of all shared-memory traffic (`smem_wavefronts`). The
@@ -376,14 +378,13 @@ plots.idea_metrics(only=["12_tma_store"])
 # both consumers stop at once.
 #
 # FlashAttention-3's own shape at D = 64 is three consumers with the in-warpgroup overlap. Built
-# on the overlap kernel above with a 24-register producer, it times like section 5's third
-# consumer on long sequences (0.99–1.02×), 1.02–1.04× stage 12 under the mask at N = 2048 and
-# 4096, and 0.94–0.96× stage 12 at N = 512 and, under the mask, 1024
+# on the overlap kernel above with a 24-register producer, it timed no better than three consumers
+# without the overlap: 0.94–1.04× over the D = 64 sweep
 # (`data/runs/hopper-try-20261125T1752Z-d64-three-consumers.log`).
 #
-# What is left against cuDNN is D = 64 on short sequences, and under the mask up to N = 4096. A
+# What is left against cuDNN is D = 64 on short sequences under the mask, N = 512 and 1024. A
 # score there costs half the multiply-adds of D = 128 and the same softmax, so the softmax's
-# length sets the pace even more, and a short item gives a third consumer too little to do.
+# length sets the pace even more, and a short causal item gives a third consumer too little to do.
 # Every exponential is already the special-function unit's single instruction. The remaining
 # levers are the instructions around it: the row maximum, the row sum and the rescale of O.
 # Fewer of them is not enough by itself: row sums taken as packed fp16 pairs (in the kernel's
@@ -446,8 +447,9 @@ labs.check("12.store_sectors", answer)
 #    them to store O instead of the consumers?
 # 4. Stage 12's gain fades as N grows. Which other costs of a work item are paid once per item,
 #    and which of them are still paid while the tensor cores wait?
-# 5. `pick()` runs three consumers at D = 64 from N = 2048 without the mask, but only from
-#    N = 8192 with it. Why does the mask move the crossover so far?
+# 5. `pick()` runs three consumers at D = 64 at every length without the mask, but only from
+#    N = 2048 with it, although each consumer stops at its own last row. Why does the mask still
+#    move the crossover?
 
 # %% [markdown]
 # **Instructor's answer.** *1.* Without the swizzle a warp's instruction would write 8 rows at the
@@ -477,12 +479,13 @@ labs.check("12.store_sectors", answer)
 # shortened the store; the start and the end of an item are still paid with idle tensor cores.
 
 # %% [markdown]
-# **Instructor's answer.** *5.* Under the mask every consumer of an item runs all of the item's key
-# tiles up to the item's last row, masking what lies past its own rows (section 5): 192-row items
-# compute 192 or 384 masked keys × 64 rows each, 128-row items 64. Items are also shorter under the
-# mask (the first item of a sequence is one or two key tiles), so that excess is a large share of
-# the scores at N = 512 or 2048; only on long sequences is it small enough for the third softmax
-# to win.
+# **Instructor's answer.** *5.* A consumer skips only the tiles entirely past its own rows. The
+# tile that holds its diagonal it computes in full and masks, and with 192-row items the diagonal
+# falls inside a 128-key tile at a different place for each consumer: on average more masked keys
+# per row than with two consumers of 64 rows, whose diagonals both end on a tile's edge. Items are
+# also short under the mask (the first item of a sequence is one or two key tiles), so that excess,
+# and the end of the sequence's extra rows (section 5), are a large share of the scores at
+# N = 512 and 1024; from N = 2048 the third softmax wins (1.03× and more, section 5).
 
 # %% [markdown]
 # ## Summary
@@ -497,13 +500,14 @@ labs.check("12.store_sectors", answer)
 # - The buffer goes back to the producer only after `cp.async.bulk.wait_group.read`, at the next
 #   item's first tile.
 # - The gain is largest where items are short, about 1.1× at N = 512, and fades as N grows, as
-#   the model of a block predicted; against cuDNN the stage runs at 0.96–1.11× over the sweep:
-#   ahead wherever three consumers run, at D = 128 under the mask and from N = 4096 without it;
-#   1–4 % behind at D = 64 on short sequences and under the mask up to N = 4096.
-# - At D = 64 on long sequences a third consumer pays, 1.06–1.13× two: the producer keeps 32
-#   registers so that each consumer gets the 160 its `wgmma` pipeline needs, and a third softmax
-#   runs while the tensor cores would wait. On short sequences and under the mask, 192-row items
-#   waste more than that gains.
+#   the model of a block predicted; against cuDNN the stage runs at 0.98–1.15× over the sweep:
+#   ahead at D = 128 and at D = 64 from N = 2048, level at D = 64 on short sequences without the
+#   mask, 1–2 % behind with it.
+# - At D = 64 a third consumer pays, 1.01–1.14× two without the mask and from N = 2048 with it:
+#   the producer keeps 32 registers so that each consumer gets the 160 its `wgmma` pipeline
+#   needs, and a third softmax runs while the tensor cores would wait. Under the mask each
+#   consumer runs only the key tiles its own rows need; below N = 2048 there, 192-row items still
+#   waste more than they gain.
 # - FlashAttention-3's ping-pong and in-warpgroup overlap tie with stage 11 on this GPU: a
 #   consumer's softmax is longer than the other consumer's products that would hide it.
 
