@@ -156,9 +156,12 @@ nb.show_source("12_tma_store", "pick")
 # %% [markdown]
 # A work item is then 192 query rows, and that costs something in two places.
 #
-# * **The end of a sequence.** N = 512 is 2⅔ items of 192 rows; the last item's third consumer
-#   computes 64 rows past the end, which the TMA store then drops. That is an eighth more work
-#   at N = 512 and 1 024, and a few per cent from N = 2048 on.
+# * **The end of a sequence.** N = 512 is 2⅔ items of 192 rows and N = 1024 is 5⅓: the last
+#   item's last one or two consumers compute rows past the end, which the TMA store then drops.
+#   That is an eighth more rows at N = 512 and 1 024, and a few per cent from N = 2048 on. Under
+#   the mask it costs more: such a consumer's last row lies past N, so it runs every key tile of
+#   the sequence, and in tiles of 64 rows × 128 keys three consumers compute 24 where two compute
+#   20 at N = 512, 88 against 72 at N = 1024.
 # * **The diagonal under the causal mask.** An item's last key tile reaches its last row, but its
 #   first consumers' rows end earlier: the first consumer's 64 rows end 128 rows before the item's,
 #   often a whole 128-key tile before (the item's first row is a multiple of 192, not of the tile's
@@ -479,13 +482,16 @@ labs.check("12.store_sectors", answer)
 # shortened the store; the start and the end of an item are still paid with idle tensor cores.
 
 # %% [markdown]
-# **Instructor's answer.** *5.* A consumer skips only the tiles entirely past its own rows. The
-# tile that holds its diagonal it computes in full and masks, and with 192-row items the diagonal
-# falls inside a 128-key tile at a different place for each consumer: on average more masked keys
-# per row than with two consumers of 64 rows, whose diagonals both end on a tile's edge. Items are
-# also short under the mask (the first item of a sequence is one or two key tiles), so that excess,
-# and the end of the sequence's extra rows (section 5), are a large share of the scores at
-# N = 512 and 1024; from N = 2048 the third softmax wins (1.03× and more, section 5).
+# **Instructor's answer.** *5.* Not the diagonal. A consumer skips the tiles entirely past its own
+# rows and computes the one that holds its diagonal in full; with two consumers or three, that
+# tile ends mid-way for half of them, and the masked keys per row come out the same on average
+# (about 64). It is the end of the sequence (section 5): under the mask a consumer whose rows lie
+# past N still runs every key tile of the sequence, the longest work of all, for rows that are
+# dropped. Counted in tiles of 64 rows × 128 keys: 24 against two consumers' 20 at N = 512, 88
+# against 72 at N = 1024, 288 against 272 at N = 2048. Without the mask the same rows cost an
+# eighth more work, which the third softmax pays for; under it, a fifth, which it does not until
+# the excess falls to a few per cent at N = 2048 (1.03× and more, section 5). A consumer that knew
+# its rows lie past N could skip all of its tiles.
 
 # %% [markdown]
 # ## Summary
