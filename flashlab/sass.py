@@ -254,6 +254,15 @@ def loops(source, arch="sm_90", kernel=None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["kernel", "first", "last", "instructions", *CATEGORIES])
 
 
+def kv_loops(found: pd.DataFrame) -> pd.DataFrame:
+    """The K/V loop of each kernel among `loops()` rows: the loop with the most tensor-core
+    instructions (HMMA + HGMMA) and, of those, the fewest instructions -- a loop around it (the
+    work items, say) holds the same products and more. A row per kernel, indexed by kernel."""
+    mma = found.assign(mma=found["HMMA"] + found["HGMMA"])
+    mma = mma[mma["mma"] > 0].sort_values(["mma", "instructions"], ascending=[False, True])
+    return mma.drop_duplicates("kernel").drop(columns="mma").set_index("kernel")
+
+
 def evidence(stage, arch="sm_90") -> pd.DataFrame:
     """Which categories appear in the code of each of the stage's kernels: a bool table, one row
     per kernel, one column per category. `.all()` = in every kernel, `.any()` = in some."""

@@ -227,13 +227,11 @@ def test_the_kv_loop_of_stages_05_to_07():
 def test_wgmma_descriptors_are_built_once_not_moved_every_tile(slug):
     """HGMMA reads its shared-memory descriptors from uniform registers. The warpgroup index they
     depend on is read from lane 0, so ptxas knows it is warp-uniform and builds them there, once.
-    In each kernel's K/V loop (the loop with the most HGMMA, the shortest of those) R2UR, a move
-    from an ordinary register, is left only where stage 10 issues TMA copies from the loop: their
-    tile coordinate, at most one per copy. With the index computed from threadIdx.x alone, stage
+    In each kernel's K/V loop (sass.kv_loops) R2UR, a move from an ordinary register, is left
+    only where stage 10 issues TMA copies from the loop: their tile coordinate, at most one per
+    copy. With the index computed from threadIdx.x alone, stage
     09's loop at D = 128 had 48 R2UR and stage 10's 68 beside its 4 copies."""
-    found = sass.loops(fl.stage(slug).source, "sm_90a")
-    for kernel, loops in found[found["HGMMA"] > 0].groupby("kernel"):
-        kv = loops.sort_values(["HGMMA", "instructions"], ascending=[False, True]).iloc[0]
+    for kernel, kv in sass.kv_loops(sass.loops(fl.stage(slug).source, "sm_90a")).iterrows():
         assert kv["R2UR"] <= kv["UTMALDG"], \
             f"{slug}: {kernel}'s K/V loop moves {kv['R2UR']} values with R2UR ({kv['UTMALDG']} copies)"
 
