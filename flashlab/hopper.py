@@ -72,12 +72,13 @@ SOURCE = {
     "release": ("10_tma.cu", "if (j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % "
                              "STAGES));"),
     "ahead": ("10_tma.cu", "constexpr int AHEAD = STAGES - 2;"),
-    "producer_regs": ("11_warpspec.cu", "static constexpr int PRODUCER_REGS = 40;"),
+    "producer_regs": ("11_warpspec.cu", "static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : "
+                                        "40;"),
     "consumer_regs": ("11_warpspec.cu", "static constexpr int CONSUMER_REGS = (512 - "
                                         "PRODUCER_REGS) / CONSUMERS / 8 * 8;"),
     "work_tile": ("11_warpspec.cu", "q0 = (causal ? tiles - 1 - qt : qt) * BR;"),
     "first_item": ("11_warpspec.cu", "int ring = 0, item = blockIdx.x;"),
-    "claim": ("11_warpspec.cu", "const int claimed = gridDim.x + atomicAdd(next_item, 1);"),
+    "claim": ("11_warpspec.cu", "item = gridDim.x + atomicAdd(next_item, 1);"),
     "q_slot": ("11_warpspec.cu", "if (it >= 2) mbar_wait(q_empty + 8 * slot, ((it >> 1) - 1) & "
                                  "1);"),
     "k_with_v": ("11_warpspec.cu", "if (j > 0) load(Vs, v_full, v_empty, maps.v, j - 1);"),
@@ -802,7 +803,16 @@ def entry_registers(threads, regs_per_sm=REGS_PER_SM) -> int:
     return min(MAX_REGS_THREAD, regs_per_sm // threads // REG_UNIT * REG_UNIT)
 
 
-def consumer_registers(consumers, producer_regs=40, regs_per_sm=REGS_PER_SM) -> int:
+def producer_registers(consumers) -> int:
+    """11_warpspec.cu's `static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : 40;`: what
+    its producer keeps after setmaxnreg.dec. 40 is what its loop needs at D = 128 without
+    spilling; with three consumers it gives up all but 32, so that each consumer gets 160."""
+    if consumers < 1:
+        raise ValueError("at least one consumer warpgroup")
+    return 32 if consumers == 3 else 40
+
+
+def consumer_registers(consumers, producer_regs=None, regs_per_sm=REGS_PER_SM) -> int:
     """11_warpspec.cu's split: `static constexpr int CONSUMER_REGS = (512 - PRODUCER_REGS) /
     CONSUMERS / 8 * 8;` -- a block's 65 536 registers are 512 for each of the 128 thread
     positions of a warpgroup; the producer keeps PRODUCER_REGS and the consumers share the
@@ -810,6 +820,7 @@ def consumer_registers(consumers, producer_regs=40, regs_per_sm=REGS_PER_SM) -> 
     per_position = regs_per_sm // WARPGROUP
     if consumers < 1:
         raise ValueError("at least one consumer warpgroup")
+    producer_regs = producer_registers(consumers) if producer_regs is None else producer_regs
     lo, hi = SETMAXNREG_RANGE
     if producer_regs % REG_UNIT or not lo <= producer_regs <= hi:
         raise ValueError(f"setmaxnreg takes a multiple of 8 from {lo} to {hi}, not {producer_regs}")
@@ -825,13 +836,14 @@ def accumulator_registers(D=128, BC=128) -> dict:
     return {"O": D // 2, "S": BC // 2, "P": BC // 16 * 4}
 
 
-def register_budget(consumers=2, producer_regs=40, regs_per_sm=REGS_PER_SM) -> pd.DataFrame:
+def register_budget(consumers=2, producer_regs=None, regs_per_sm=REGS_PER_SM) -> pd.DataFrame:
     """One row per warpgroup of 11_warpspec.cu's block (warpgroup 0 the producer, 1.. the
     consumers): threads, registers a thread at entry (entry_registers of the whole block), after
     setmaxnreg (producer_regs, or consumer_registers), and the registers the warpgroup holds
     before and after. The `free` row is what is left of the register file after setmaxnreg."""
     threads = WARPGROUP * (1 + consumers)
     at_entry = entry_registers(threads, regs_per_sm)
+    producer_regs = producer_registers(consumers) if producer_regs is None else producer_regs
     cons = consumer_registers(consumers, producer_regs, regs_per_sm)
     rows = [dict(warpgroup=0, role="producer", threads=WARPGROUP, entry=at_entry,
                  after=producer_regs)]
@@ -847,20 +859,22 @@ def register_budget(consumers=2, producer_regs=40, regs_per_sm=REGS_PER_SM) -> p
 ROLE_COLORS = {"producer": "#fdae6b", "consumer": ("#6baed6", "#4292c6", "#2171b5", "#08519c")}
 
 
-def register_figure(consumer_options=(2, 3), producer_regs=40, D=128, BC=128):
+def register_figure(consumer_options=(2, 3), producer_regs=None, D=128, BC=128):
     """The SM's 65 536 registers as a bar, split by warpgroup (128 threads each), for each number
     of consumers in `consumer_options`: at entry (every warpgroup at the launch bound's cap) and
-    after setmaxnreg (the producer down to `producer_regs`, the consumers up). Inside each
+    after setmaxnreg (the producer down to `producer_regs`, default producer_registers: 40 for two
+    consumers, 32 for three; the consumers up). Inside each
     consumer's share, hatched: the accumulators of stage 10's math at (D, BC) --
     accumulator_registers -- which must fit a thread's registers with room to spare."""
     need = sum(accumulator_registers(D, BC).values())
     bars = []
     for c in consumer_options:
         b = register_budget(c, producer_regs)
+        kept = int(b.after.iloc[0])
         threads = WARPGROUP * (1 + c)
         bars.append((f"{c} consumers, at launch\n{threads} threads: "
                      f"{int(b.entry.iloc[0])} each", b, "entry"))
-        bars.append((f"{c} consumers, after\nsetmaxnreg: {producer_regs} | "
+        bars.append((f"{c} consumers, after\nsetmaxnreg: {kept} | "
                      f"{int(b.after.iloc[1])}", b, "after"))
     fig = Figure(figsize=(16, 1.5 + 1.45 * len(bars)), layout="constrained")
     ax = fig.subplots()
@@ -939,16 +953,18 @@ def item_tiles(item, tiles, causal, longest_first=True) -> int:
 
 
 def claim_schedule(heads=4, tiles=8, blocks=8, causal=True, policy="counter", longest_first=True,
-                   per_item=0.0) -> pd.DataFrame:
+                   per_item=0.0, ahead=2) -> pd.DataFrame:
     """Which block (SM) computes which work item, and when, for `heads` (batch x head) of `tiles`
     query tiles each, an item taking item_tiles() time units (+ `per_item`). Policies:
 
     * "static": a persistent grid without a counter, block b taking items b, b + G, b + 2G, ...
       (G = the grid's blocks);
     * "counter": 11_warpspec.cu. Block b's first item is its own (`int ring = 0, item =
-      blockIdx.x;`); its producer claims the next one as it starts an item (`const int claimed =
-      gridDim.x + atomicAdd(next_item, 1);`, while that item's copies are in flight), so a block
-      holds one claimed item ahead; claims are served in the order they are made;
+      blockIdx.x;`); its producer claims the next one once it has issued the current item's
+      copies (`item = gridDim.x + atomicAdd(next_item, 1);`). It issues the last of them when a
+      buffer of the K/V ring frees up, `ahead` key tiles before the item ends (the ring's depth),
+      so the claim comes at max(start, end - ahead) and the claimed item starts when the current
+      one ends; claims are served in the order they are made;
     * "hardware": one block per item as in stage 10, the block scheduler starting block i on the
       first SM to free up (items in order).
 
@@ -956,8 +972,8 @@ def claim_schedule(heads=4, tiles=8, blocks=8, causal=True, policy="counter", lo
     start, end."""
     if policy not in CLAIM_POLICIES:
         raise ValueError(f"policy is one of {CLAIM_POLICIES}, not {policy!r}")
-    if heads < 1 or tiles < 1 or blocks < 1 or per_item < 0:
-        raise ValueError("heads, tiles and blocks are at least 1; per_item >= 0")
+    if heads < 1 or tiles < 1 or blocks < 1 or per_item < 0 or ahead < 0:
+        raise ValueError("heads, tiles and blocks are at least 1; per_item and ahead >= 0")
     items = heads * tiles
     cost = [item_tiles(i, tiles, causal, longest_first) + per_item for i in range(items)]
     grid = min(blocks, items)
@@ -977,24 +993,18 @@ def claim_schedule(heads=4, tiles=8, blocks=8, causal=True, policy="counter", lo
             heapq.heappush(free, (end[i], b))
     else:
         counter = grid
-        events = []                         # (when the block's current item ends, block, next)
+        events = []                         # (when the block claims, block): served in that order
         for b in range(grid):
             start[b], end[b], block[b] = 0.0, cost[b], b
-            nxt = counter if counter < items else None
-            if nxt is not None:
-                claimed[nxt] = 0.0
-            counter += 1
-            heapq.heappush(events, (end[b], b, -1 if nxt is None else nxt))
+            heapq.heappush(events, (max(0.0, end[b] - ahead), b, b))
         while events:
-            t, b, i = heapq.heappop(events)
-            if i < 0:
+            t, b, cur = heapq.heappop(events)
+            if counter >= items:
                 continue                    # the block read -1: no items left, it stops
-            start[i], end[i], block[i] = t, t + cost[i], b
-            nxt = counter if counter < items else -1
-            if nxt >= 0:
-                claimed[nxt] = t
-            counter += 1
-            heapq.heappush(events, (end[i], b, nxt))
+            i, counter = counter, counter + 1
+            claimed[i] = t
+            start[i], end[i], block[i] = end[cur], end[cur] + cost[i], b
+            heapq.heappush(events, (max(start[i], end[i] - ahead), b, i))
     qt = [(tiles - 1 - i % tiles if causal and longest_first else i % tiles) for i in range(items)]
     return pd.DataFrame(dict(item=range(items), head=[i // tiles for i in range(items)], qt=qt,
                              cost=cost, block=block, claimed=claimed, start=start,

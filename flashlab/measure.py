@@ -134,53 +134,70 @@ def interleaved_configs(stages, with_baselines=True):
     return sorted(out, key=lambda c: (c.dtype != "fp16", c.dtype, c.D, c.causal, c.N))
 
 
+def by_shape(configs):
+    """configs grouped by shape (B, H, N, D, mask), a group's dtypes in the order given, the groups
+    in the order of their first config: what measure_interleaved times together."""
+    groups = {}
+    for c in configs:
+        groups.setdefault((c.B, c.H, c.N, c.D, c.causal), []).append(c)
+    return list(groups.values())
+
+
 def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rounds=ROUNDS,
                         record=True, log=print):
-    """Time the (already checked) stages and the baselines config by config, in turn, `rounds`
+    """Time the (already checked) stages and the baselines shape by shape, in turn, `rounds`
     times over (bench.time_interleaved), on one set of inputs and one float64 reference per
-    config, so that their ratios hold within one run. A stage is timed at the configs it takes,
-    a baseline at the fp16 ones; each config's rows are recorded as soon as it is done. configs:
-    default interleaved_configs(stages, bool(baselines)): the stages' sweeps and the fp16 sweep."""
+    config, so that their ratios hold within one run. The dtypes of one shape (fp16 and bf16) are
+    timed together too, so a stage's bf16 against its fp16 is a ratio of the same run. A stage is
+    timed at the configs it takes, a baseline at the fp16 ones (fp16 against fp16); each shape's
+    rows are recorded as soon as it is done. configs: default interleaved_configs(stages,
+    bool(baselines)): the stages' sweeps and the fp16 sweep."""
     env = environment()
     built = [(st, st.build(), _ptxas_at(st, env, log)) for st in stages]
     frames = []
-    for cfg in configs if configs is not None else interleaved_configs(stages, bool(baselines)):
-        inputs = cfg.inputs()
-        ref = reference(*inputs, causal=cfg.causal)
-        q, k, v = inputs
-        fns, rows, kinds = {}, [], {}
-        for st, attn, res_at in built:
-            if not st.takes(cfg) or cfg.dtype in st.unavailable_dtypes():
-                continue
-            try:
-                err = error_at(attn, cfg, inputs, ref)
-            except ValueError as e:
-                log(f"{st.slug}: {cfg.label}: {e}")
-                continue
-            if not err <= timed_tolerance(cfg):
-                rows.append(_row(st.slug, "stage", cfg, env, status="failed check", rel_err=err,
-                                 **res_at(cfg), note=f"not timed: rel err {err:.2e} here"))
-                log(f"{st.slug:16} {cfg.label:42} FAILED: rel err {err:.2e}")
-                continue
-            fns[st.slug], kinds[st.slug] = attn, ("stage", err, res_at(cfg))
-        for name in baselines if cfg.dtype == "fp16" else ():  # fp16 against fp16
-            if not _times_at(name, cfg):
-                continue
-            b = _baselines.Baseline(name)
-            try:
-                err = error_at(b, cfg, inputs, ref)
-            except RuntimeError as e:
-                _refused(name, cfg, e, log)
-                continue
-            fns[name], kinds[name] = b, ("baseline", err, {})
-        timings = time_interleaved({n: (lambda f=f: f(q, k, v, causal=cfg.causal))
-                                    for n, f in fns.items()}, rounds)
-        for name, t in timings.items():
-            kind, err, res = kinds[name]
+    chosen = configs if configs is not None else interleaved_configs(stages, bool(baselines))
+    for group in by_shape(chosen):
+        fns, rows, kinds, held = {}, [], {}, []
+        for cfg in group:
+            inputs = cfg.inputs()
+            ref = reference(*inputs, causal=cfg.causal)
+            held.append((inputs, ref))
+            here = []
+            for st, attn, res_at in built:
+                if not st.takes(cfg) or cfg.dtype in st.unavailable_dtypes():
+                    continue
+                try:
+                    err = error_at(attn, cfg, inputs, ref)
+                except ValueError as e:
+                    log(f"{st.slug}: {cfg.label}: {e}")
+                    continue
+                if not err <= timed_tolerance(cfg):
+                    rows.append(_row(st.slug, "stage", cfg, env, status="failed check", rel_err=err,
+                                     **res_at(cfg), note=f"not timed: rel err {err:.2e} here"))
+                    log(f"{st.slug:16} {cfg.label:42} FAILED: rel err {err:.2e}")
+                    continue
+                here.append((st.slug, attn, ("stage", err, res_at(cfg))))
+            for name in baselines if cfg.dtype == "fp16" else ():  # fp16 against fp16
+                if not _times_at(name, cfg):
+                    continue
+                b = _baselines.Baseline(name)
+                try:
+                    err = error_at(b, cfg, inputs, ref)
+                except RuntimeError as e:
+                    _refused(name, cfg, e, log)
+                    continue
+                here.append((name, b, ("baseline", err, {})))
+            q, k, v = inputs
+            for name, f, kind in here:
+                fns[(name, cfg)] = lambda f=f, q=q, k=k, v=v, c=cfg.causal: f(q, k, v, causal=c)
+                kinds[(name, cfg)] = kind
+        timings = time_interleaved(fns, rounds)
+        for (name, cfg), t in timings.items():
+            kind, err, res = kinds[(name, cfg)]
             m = dict(rel_err=err, **timing_row(cfg, t))
             rows.append(_row(name, kind, cfg, env, status="ok", **m, **res))
             log(_timed_line(name, cfg, m))
-        del inputs, ref, q, k, v
+        del held, fns
         torch.cuda.empty_cache()
         _keep(rows, record, frames)
     return _joined(frames)

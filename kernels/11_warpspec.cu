@@ -36,10 +36,11 @@ struct Tiles {
   static constexpr int BARRIERS = 4 + 4 * STAGES;  // q_full[2], q_empty[2], k/v_full[], k/v_empty[]
   static constexpr int SMEM_BYTES = 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 + 1024;
   // Registers per thread after setmaxnreg: 65536 a block = 512 per thread of a warpgroup, counts
-  // in multiples of 8. The producer keeps the 40 its loop needs without spilling; the consumers
-  // share the rest (232 each for two; three would get 152, too few for m64n128 accumulators:
-  // ptxas serializes the wgmma, C7512).
-  static constexpr int PRODUCER_REGS = 40;
+  // in multiples of 8. The consumers share what the producer leaves: 232 each for two consumers
+  // (the producer keeps 40, what its loop needs at D = 128 without spilling); for three, the
+  // producer gives up all but 32 so that each consumer gets 160 (with 152 ptxas serializes the
+  // wgmma, C7512; 160 is enough at D = 64, not at D = 128).
+  static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : 40;
   static constexpr int CONSUMER_REGS = (512 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
   static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 512, "more registers than the SM has");
 };
@@ -141,7 +142,6 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
         work_tile(item, tiles, causal, BR, bh, q0);
         const int b = bh / L.H, h = bh % L.H;
         const int last_key = causal ? min(N, q0 + BR) : N, n_tiles = (last_key + BC - 1) / BC;
-        const int claimed = gridDim.x + atomicAdd(next_item, 1);  // in flight during the copies
         mbar_arrive_expect_tx(q_full + 8 * slot, Cfg::Q_BYTES);
         tma_tile<BR, D>(Qs + slot * Cfg::Q_BYTES, maps.q, q_full + 8 * slot, q0, h, b, order_q);
         // K and V in the order the consumers need them: K_0, then K_j with V_{j-1} (a consumer
@@ -159,7 +159,7 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
         }
         load(Vs, v_full, v_empty, maps.v, n_tiles - 1);
         ring += n_tiles;
-        item = claimed;
+        item = gridDim.x + atomicAdd(next_item, 1);  // claimed after the copies: one register fewer
       }
     }
     return;
@@ -401,11 +401,19 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
-// PICK: the shape per head dim (keys per tile, buffers, consumer warpgroups), measured on an
-// H100 (tools/hopper_try.py): two consumers of 64 rows, 128-key tiles, as many buffers as fit.
+// PICK: the shape per head dim, mask and sequence length (keys per tile, K/V buffers, consumer
+// warpgroups), measured on an H100 (tools/hopper_try.py). Two consumers of 64 rows and 128-key
+// tiles, as many buffers as fit, except at D = 64 outside short causal sequences: three
+// consumers (192 rows an item, stage 10's three warpgroups) with four buffers, so a third softmax
+// runs while the tensor cores would wait. Under the mask below N = 2048 two: every consumer runs
+// all of an item's key tiles, and the last item's third consumer, whose rows lie past the end of
+// the sequence, costs more there than the third softmax gains.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
-  if (p->D == 64) return launch<T, 64, 128, 3, 2>(p, s);
+  if (p->D == 64) {
+    if (p->causal && p->N < 2048) return launch<T, 64, 128, 3, 2>(p, s);
+    return launch<T, 64, 128, 4, 3>(p, s);
+  }
   return launch<T, 128, 128, 2, 2>(p, s);
 }
 

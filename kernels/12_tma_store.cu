@@ -203,6 +203,9 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
     // 192-row items, the first consumers' rows end one 128-key tile before the item's do.
     // (The trip count differs between warpgroups but not within one: cw is uniform.)
     n_mine = causal ? min(n_tiles, (min(N, wg_row0 + 64) + BC - 1) / BC) : n_tiles;
+    // A warpgroup whose rows all lie past the end of the sequence (the last item's third consumer
+    // when 192 does not divide N) has nothing to compute: it only hands the tiles back.
+    if (wg_row0 >= N) n_mine = 0;
     Qw = Qs + slot * Cfg::Q_BYTES + cw * 64 * 128;
     it++;
     return true;
@@ -351,8 +354,13 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
       wgmma_commit();  // no wait: P V runs on while the warps go on to the next tile
     }
     wgmma_wait<0>();
-    if (lane == 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
-    store(bh, q0, l);
+    if (n_mine > 0) {
+      if (lane == 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
+    } else if (prev_slot >= 0 && threadIdx.x % 128 == 0) {
+      bulk_wait_read();  // no first tile to release the previous item's Q buffer at: do it here
+      mbar_arrive(q_empty + 8 * prev_slot);
+    }
+    if (n_mine > 0) store(bh, q0, l);  // rows past N: the TMA would drop them anyway
     prev_slot = slot;
     // The item's tiles past this warpgroup's rows go back unread. Each waits for its data first:
     // the producer refilled that buffer only once every consumer had released its previous use,
@@ -457,19 +465,15 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 // PICK: the shape per head dim, mask and sequence length (keys per tile, K/V buffers, consumer
 // warpgroups), measured on an H100 (tools/hopper_try.py). Two consumers of 64 rows and 128-key
 // tiles, as many buffers as fit, except:
-// - at D = 64, three consumers (192 rows an item) with four buffers, except under the mask below
-//   N = 2048: a third softmax runs while the tensor cores would wait. On short sequences under
-//   the mask, where the diagonal is a large share of an item's tiles, the third consumer's rows
-//   cost more than that;
+// - at D = 64, three consumers (192 rows an item) with four buffers: a third softmax runs while
+//   the tensor cores would wait. Under the mask too, since a consumer runs only the key tiles its
+//   own rows need and one whose rows lie past the end of the sequence runs none;
 // - at D = 128 without the mask, 160-key tiles from N = 4096 (two buffers still fit: 225 KB):
 //   each tile's fixed costs are spread over more keys. On shorter sequences the last tile's
 //   padding costs more than that.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
-  if (p->D == 64) {
-    if (p->causal && p->N < 2048) return launch<T, 64, 128, 3, 2>(p, s);
-    return launch<T, 64, 128, 4, 3>(p, s);
-  }
+  if (p->D == 64) return launch<T, 64, 128, 4, 3>(p, s);
   if (p->causal) return launch<T, 128, 128, 2, 2>(p, s);
   if (p->N < 4096) return launch<T, 128, 128, 2, 2>(p, s);
   return launch<T, 128, 160, 2, 2>(p, s);

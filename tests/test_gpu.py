@@ -240,6 +240,18 @@ def test_the_sweep_job_times_stages_and_baselines_in_turn_and_guards_each_config
     assert list(df["status"]) == ["failed check"] and df["rel_err"].iloc[0] > 0.1
 
 
+def test_the_sweep_job_times_a_shapes_dtypes_in_turn(data_dir):
+    """fp16 and bf16 of one shape are timed in one turn (a stage's bf16 ÷ fp16 is a ratio of one
+    run): a row for the stage in each dtype, the baseline in fp16 only."""
+    from flashlab import measure
+    cfgs = [fl.Config(2, 4, 1000, 64, False, dt) for dt in ("fp16", "bf16")]
+    df = measure.measure_interleaved([fl.stage("07")], configs=cfgs, baselines=("sdpa_flash",),
+                                     rounds=2, log=lambda m: None)
+    assert sorted(zip(df["stage"], df["dtype"])) == [("07_cp_async", "bf16"), ("07_cp_async", "fp16"),
+                                                     ("sdpa_flash", "fp16")]
+    assert (df["status"] == "ok").all() and (df["rel_err"] < 1e-2).all()
+
+
 def test_a_live_notebook_times_its_stage_in_turn_with_the_one_before(data_dir, monkeypatch):
     """nb.evaluate, live: the stage is checked, then timed with the stage before it and SDPA's
     compared backends, run by run in turn, at the teaching config and the sweep's configs (here

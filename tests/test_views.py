@@ -269,3 +269,14 @@ def test_a_live_notebook_times_its_stage_with_the_stage_before_it(empty_data_dir
     passed.passed = False  # a failed check: nothing timed ("failed check" rows instead)
     nb.evaluate("12_tma_store")
     assert calls == [("stage", "12_tma_store", [], standard)]
+
+
+def test_the_sweep_job_groups_a_shapes_dtypes():
+    """measure.by_shape: fp16 and bf16 of a shape are timed together, shapes in the sweep's order."""
+    from flashlab import measure
+    cfgs = measure.interleaved_configs([fl.stage("12"), fl.stage("11")])
+    groups = measure.by_shape(cfgs)
+    assert sum(map(len, groups)) == len(cfgs)
+    assert all([c.dtype for c in g] == ["fp16", "bf16"] for g in groups)
+    assert all(len({(c.B, c.H, c.N, c.D, c.causal) for c in g}) == 1 for g in groups)
+    assert [g[0] for g in groups] == [c for c in cfgs if c.dtype == "fp16"]

@@ -137,17 +137,18 @@ def sass_lines(stage, pattern, kernel=r"__half, 64,", arch=None) -> list:
 
 def loop_bodies(stages, kernel=r"__half, 64,", arch=None) -> pd.DataFrame:
     """The K/V loop of each stage's kernel (the first matching the regex `kernel`), read off its
-    machine code (flashlab.sass.loops: the loop with the most HMMA or HGMMA): instructions in one trip
-    and the categories among them, a row per stage; categories that are 0 everywhere left out."""
+    machine code (flashlab.sass.kv_loops: the loop with the most HMMA or HGMMA, the shortest of
+    those): instructions in one trip and the categories among them, a row per stage; categories
+    that are 0 everywhere left out."""
     from .. import sass
     rows = {}
     with _disassembling():
         for name in stages:
             st = _stage(name)
             found = sass.loops(st.source, _arch(st, arch))
-            mine = found[found["kernel"] == _matching(found["kernel"], kernel, st.slug)]
-            mma = mine.assign(mma=mine["HMMA"] + mine["HGMMA"]).sort_values("mma")
-            rows[st.slug] = mma.iloc[-1].drop("mma")
+            name = _matching(found["kernel"], kernel, st.slug)
+            rows[st.slug] = sass.kv_loops(found).loc[name].rename(None)
+            rows[st.slug]["kernel"] = name
     table = pd.DataFrame(rows).T.drop(columns=["first", "last"])
     kernel_col = table.pop("kernel")
     table = table.astype(int)
