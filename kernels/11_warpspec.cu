@@ -1,4 +1,4 @@
-// Stage 11 — warp specialization: one warpgroup only copies, two only compute.
+// Stage 11 — warp specialization: one warpgroup only copies, the others only compute.
 //
 // In stage 10 one thread of the first computing warpgroup also issues the copies: it stops its
 // own softmax to wait for a free buffer, and every warp is sized for the math (up to 168
@@ -8,7 +8,8 @@
 //    Q of a work item, then its K and V tiles into the ring, waiting on `empty` barriers; the
 //    other 127 threads have nothing to do. It gives registers back with setmaxnreg.dec;
 //  * warpgroups 1 .. CONSUMERS only compute (64 query rows each), waiting on `full` barriers,
-//    and take the producer's registers with setmaxnreg.inc: a thread may hold 232 at D = 128.
+//    and take the producer's registers with setmaxnreg.inc: a thread may hold 232 with two
+//    consumers (D = 128), 160 with three (D = 64, stage 10's three warpgroups).
 //    setmaxnreg only acts when the kernel has a register cap at entry: __launch_bounds__(.., 1).
 // The producer runs ahead of the math as far as the buffers allow, across work items too: Q has
 // two buffers, so the next item's Q lands while this one is computed, and K and V have their

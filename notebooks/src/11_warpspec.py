@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Stage 11 — warp specialization: one warpgroup copies, two compute, and the grid stays resident
+# # Stage 11 — warp specialization: one warpgroup copies, the others compute, and the grid stays resident
 #
 # In stage 10 one thread does two jobs: it is a computing thread of warpgroup 0, and it issues every
 # copy of its block. Between its own `S = Q Kᵀ` and its softmax it may have to wait for a buffer to
@@ -13,8 +13,8 @@
 # ## Objectives
 # After this notebook you can:
 # - say what stage 10's elected thread costs, and which waits a producer warpgroup takes over;
-# - split a block's 65 536 registers between roles with `setmaxnreg`, and say why two consumers
-#   and not three;
+# - split a block's 65 536 registers between roles with `setmaxnreg`, and say why three consumers
+#   fit at D = 64 and not at D = 128;
 # - follow a persistent grid's work counter, and say why a head's longest causal items go first;
 # - read a producer/consumer schedule: K and V on their own barriers, Q double-buffered across work
 #   items;
@@ -79,7 +79,7 @@ pd.DataFrame({
         "Q buffers": "1",
         "K and V": "one buffer and one barrier pair for both",
     },
-    "stage 11": {
+    "stage 11 (D = 128)": {
         "threads a block": 384,
         "warpgroups that compute": 2,
         "who issues the copies": "thread 0 of the producer warpgroup, which does nothing else",
@@ -94,10 +94,11 @@ pd.DataFrame({
 # %% [markdown]
 # ## 2 · The roles
 #
-# The block is three warpgroups. After the barriers are initialised and `__syncthreads`, the roles
-# split on the warpgroup index. **Warpgroup 0, the producer**, hands back registers and elects one
-# thread; the other 127 have nothing to do and exit. The elected thread walks the work items: for
-# each it publishes the item's index, claims the next item (section 4) and issues Q:
+# The block is three warpgroups at D = 128, four at D = 64 (section 3). After the barriers are
+# initialised and `__syncthreads`, the roles split on the warpgroup index. **Warpgroup 0, the
+# producer**, hands back registers and elects one thread; the other 127 have nothing to do and
+# exit. The elected thread walks the work items: for each it publishes the item's index and issues
+# Q:
 
 # %%
 nb.show_lines("11_warpspec", r"if \(wg == 0\) \{  // ---- the producer", r"tma_tile<BR, D>\(Qs")
@@ -105,13 +106,15 @@ nb.show_lines("11_warpspec", r"if \(wg == 0\) \{  // ---- the producer", r"tma_t
 # %% [markdown]
 # then the item's K and V tiles, in the order the consumers use them: `K_0`, then `K_j` with
 # `V_{j−1}` (a consumer multiplies P·V of tile j − 1 right after it has S of tile j), then the last
-# V. Each copy first waits until its buffer has been released:
+# V, and then it claims its next item (section 4). Each copy first waits until its buffer has been
+# released:
 
 # %%
-nb.show_lines("11_warpspec", r"// K and V in the order the consumers need them", r"item = claimed;")
+nb.show_lines("11_warpspec", r"// K and V in the order the consumers need them",
+              r"item = gridDim.x \+ atomicAdd")
 
 # %% [markdown]
-# **Warpgroups 1 and 2, the consumers**, take registers and then loop: `begin_item` waits for the
+# **Warpgroups 1 and up, the consumers**, take registers and then loop: `begin_item` waits for the
 # next item's Q (and with it the item's index, `-1` when there is none), and the K/V loop is stage
 # 10's math on 64 rows each, waiting on `full` barriers and arriving on `empty` ones:
 
@@ -150,7 +153,8 @@ pd.DataFrame([
 #
 # An SM has 65 536 registers. A kernel launched with `__launch_bounds__(384, 1)` — one block of
 # three warpgroups per SM — lets every thread hold at most 65 536 / 384 ≈ 170, rounded down to a
-# multiple of 8: **168**. ptxas compiles the kernel for that cap and reports it:
+# multiple of 8: **168** (with four warpgroups, 512 threads: 128). ptxas compiles each kernel for
+# its cap and reports it:
 
 # %%
 with nb.unless_missing():
@@ -175,24 +179,44 @@ hp.register_budget(consumers=2)
 # A consumer thread's accumulators alone take 160 registers at D = 128 — O (64 floats), S
 # (64) and P (32 packed pairs) — so at the launch cap of 168 it would have 8 left for everything
 # else; after `setmaxnreg` it has 72.
+#
+# **Three consumers** make 192 query rows a block, as stage 10 runs at D = 64 on long sequences.
+# A block of 512 threads starts at 128 registers a thread. With the producer at 40, a consumer gets
+# (512 − 40) / 3 → 152, and ptxas cannot keep a `wgmma`'s accumulators in flight while the next
+# one is issued. It says so when it compiles such a kernel: *"Potential Performance Loss:
+# wgmma.mma_async instructions are serialized due to insufficient register resources"* (its notes
+# C7511 and C7512). It does so at D = 64 as well, where the accumulators (128) would fit in 152: a
+# `wgmma` pipeline needs room beyond them. So the producer gives up more. Its loop fits in **32**
+# registers once it claims its next work item after issuing the copies rather than before (one
+# value fewer held across them), and each consumer then gets **160**: 32 + 3 × 160 = 512, the whole
+# register file. At D = 128 that is exactly the accumulators, with no room left; at D = 64 it
+# leaves 32:
 
 # %%
 hp.register_figure(consumer_options=(2, 3))
 
+# %%
+hp.register_figure(consumer_options=(3,), D=64)
+
 # %% [markdown]
-# **Why not three consumers** (192 query rows a block, as stage 10 runs at D = 64 on long
-# sequences)? A block of 512 threads starts at 128 registers a thread, and after `setmaxnreg`
-# a consumer gets (512 − 40) / 3 → **152**: fewer than its accumulators at D = 128. ptxas then
-# cannot keep a `wgmma`'s accumulators in flight while the next one is issued, and says so when it
-# compiles such a kernel: *"Potential Performance Loss: wgmma.mma_async instructions are
-# serialized due to insufficient register resources"* (its notes C7511 and C7512). It does so at
-# D = 64 as well, where the accumulators (128) would fit in 152: a `wgmma` pipeline needs room
-# beyond them. So stage 11 runs two consumers at both head dims. (A producer squeezed to 32
-# registers leaves 160 for each of three, enough at D = 64: notebook 12 takes that step.)
+# So stage 11 runs two consumers at D = 128 and three at D = 64, the warpgroups stage 10 computes
+# with there, each now without the copies. `pick()` says where:
+
+# %%
+nb.show_source("11_warpspec", "pick")
+
+# %% [markdown]
+# Under the causal mask on short sequences it keeps two at D = 64. Every consumer runs all of its
+# item's key tiles, and a 192-row item's first consumer's rows end 128 rows before the item's, often
+# a whole 128-key tile earlier: the masked tiles cost more with three. So does the end of the
+# sequence: N = 512 is 2⅔ items of 192 rows, and the last item's third consumer computes rows past
+# N that are never stored. Without the mask these costs are smaller than a third softmax's gain
+# from N = 1024 on, and about even at N = 512.
 #
 # ## 4 · A persistent grid and a work counter
 #
-# A **work item** is one query tile of one (batch, head): 128 query rows, 64 per consumer. Stage
+# A **work item** is one query tile of one (batch, head): 64 query rows per consumer, 128 or 192
+# in all. Stage
 # 10 launched one block per item; stage 11 launches one block per SM (or fewer, if there are fewer
 # items) and zeroes a counter in global memory first:
 
@@ -200,9 +224,9 @@ hp.register_figure(consumer_options=(2, 3))
 nb.show_lines("11_warpspec", r"FLASHLAB_TRY\(cudaMemsetAsync", r"dim3 grid")
 
 # %% [markdown]
-# Block b starts with item b. Each time its producer starts an item it claims the next with
-# `atomicAdd` (`gridDim.x +` the counter's old value) and, one item later, hands the index to the
-# consumers: it stores it in shared memory (`work[slot]`) before the arrive on Q's barrier, so a
+# Block b starts with item b. Once its producer has issued an item's copies it claims the next with
+# `atomicAdd` (`gridDim.x +` the counter's old value), and with that item's Q it hands the index to
+# the consumers: it stores it in shared memory (`work[slot]`) before the arrive on Q's barrier, so a
 # consumer that sees Q's phase complete reads the right index. An index past the last item is
 # published as `-1` with an arrive that carries no bytes, and the consumers stop. Which query tile
 # an item is decides the order the work comes in:
@@ -226,12 +250,14 @@ nb.show_source("11_warpspec", "work_tile")
 hp.claim_figure(heads=4, tiles=8, blocks=8)
 
 # %% [markdown]
-# The counter balances the blocks, and handing out long items first balances them further. It does
-# not quite reach the last panel, stage 10's grid of one block per item, where the hardware's block
-# scheduler starts each block on the first SM that frees up: stage 11's producer claims its next
-# item one item early (so that the item's copies can start during the current one), and a block
-# that claimed a long item late holds it. On the sweep's causal shapes, with this GPU's SMs (work
-# in key tiles; `… over even`: how much later than all the work spread evenly):
+# The counter balances the blocks, and handing out long items first balances them further. It comes
+# close to the last panel, stage 10's grid of one block per item, where the hardware's block
+# scheduler starts each block on the first SM that frees up. Stage 11's producer claims its next
+# item once it has issued the current item's last copies: that waits for a free buffer, so it
+# comes about a ring's depth of key tiles (two here) before the item ends, early enough for the next
+# item's Q and first K to land in time, late enough that a block rarely holds a long item that
+# another block would have finished sooner. On the sweep's causal shapes, with this GPU's SMs (work
+# in key tiles of 128-row items; `… over even`: how much later than all the work spread evenly):
 
 # %%
 causal_shapes = {(D, N): (16384 // N * (2048 // D), N // 128) for D in (64, 128)
@@ -243,9 +269,9 @@ spans[["items", "even_split", "static over even", "counter over even",
 
 # %% [markdown]
 # A static split loses anything from 5 to 65 %, depending on how a head's tiles line up with the
-# number of SMs. The counter stays within about 4–11 % of an even split whatever the shape, a few
-# per cent behind the hardware's scheduling of separate blocks. What the persistent block buys for
-# those few per cent is in the next figure.
+# number of SMs. The counter stays within about 1–7 % of an even split whatever the shape, as the
+# hardware's scheduling of separate blocks does. What the persistent block buys on top is in the
+# next figure.
 #
 # ## 5 · The schedule in time
 #
@@ -265,7 +291,8 @@ hp.warpspec_timeline(tiles=(3, 3, 3))
 # * **Stage 11 pays it once.** Item 1's Q and first K land while item 0 is still computed, so
 #   the consumers go from one item's store straight to the next item's S.
 # * **The producer spends almost all its time waiting** (its red lane): that is its job, and it
-#   waits instead of a computing warp. Its thread holds 40 registers to do it.
+#   waits instead of a computing warp. Its thread holds 40 registers to do it (32 beside three
+#   consumers).
 # * Inside an item both kernels run the same math at the same pace here: with a copy quicker than
 #   a tile's math, stage 10's ring (one tile of lookahead) was already never short of data.
 # * The two consumers run in step: both wait for the same tiles, multiply together and
@@ -299,7 +326,9 @@ predicted.round(3).to_frame().T
 #   cost stage 10: by the model about 1.2× for the shortest items, fading to nothing at 128 tiles,
 #   where one prologue is spread over a long item. At the teaching config (D = 64, N = 1024: 8
 #   tiles an item; stage 10 runs two blocks an SM there, which hides part of a block's start)
-#   expect 5–15 %.
+#   that is 5–15 %, less the rows past the end: three consumers make N = 1024 5⅓ items of 192
+#   rows, and the last item's second and third consumers compute 128 rows that are never stored,
+#   a ninth more work. Expect 1.05/1.11 to 1.15/1.11: **0.95–1.04×**.
 # * **Machine code:** `USETMAXREG` twice (the producer's `dec`, the consumers' `inc`), an atomic
 #   add on the counter, the copies (`UTMALDG`) only in the producer's branch, one `BAR.SYNC` (at
 #   the start, once per block, not per item).
@@ -308,7 +337,7 @@ predicted.round(3).to_frame().T
 #   and the tensor pipe should be busier.
 
 # %%
-gain_band = (1.05, 1.15)
+gain_band = (0.95, 1.04)
 
 # %% [markdown]
 # ## 8 · The machine code
@@ -326,7 +355,8 @@ with nb.unless_missing():
 # %% [markdown]
 # `USETMAXREG.TRY_ALLOC.CTAPOOL 0xe8` is the consumers' `setmaxnreg.inc.u32 232` (0xe8): try to
 # take registers from the block's pool, and retry until the producer has returned them;
-# `USETMAXREG.DEALLOC.CTAPOOL 0x28` is the producer's `dec` to 40. `ATOMG.E.ADD` is the claim,
+# `USETMAXREG.DEALLOC.CTAPOOL 0x28` is the producer's `dec` to 40 (in the D = 64 kernel with three
+# consumers, `0xa0` and `0x20`: 160 and 32). `ATOMG.E.ADD` is the claim,
 # `UTMACCTL.PF` the tensor maps' prefetch, now in the producer's branch, `BAR.SYNC` the one
 # `__syncthreads` before the roles split, and the `EXIT`s are the roles ending: the producer's
 # idle threads at once, its elected thread and the consumers after the last item. In the counts
@@ -597,9 +627,9 @@ labs.check("11.registers", answer)
 #    each thread hold, and what would the producer warp cost in registers?
 # 2. Why does Q need two buffers for the producer to run ahead across items? What would one buffer
 #    cost, and what would three buy?
-# 3. The producer claims its next item while the current item's copies are in flight, one item
-#    early. What does that cost at the end of a launch, and what would claiming at the last moment
-#    cost instead?
+# 3. The producer claims its next item once it has issued the current item's copies, a couple of
+#    key tiles before the item ends. What would claiming as it starts an item (before its copies)
+#    cost at the end of a launch, and what would claiming only once the consumers are done cost?
 # 4. Stage 11 gave up stage 10's per-warpgroup skip of fully masked causal tiles. Where did that
 #    show in the measurements, and what must a consumer still do for a tile it skips?
 # 5. Section 11's trace gives a consumer 1 400–1 500 cycles of softmax a tile and the other
@@ -626,12 +656,15 @@ labs.check("11.registers", answer)
 # costs 32 KiB of shared memory at D = 128 (2 × 32 + 4 × 32 = 192 KiB now; a third Q makes 224).
 
 # %% [markdown]
-# **Instructor's answer.** *3.* A block that claimed a long item just before the others ran out of
-# work still has to compute it: up to one item of imbalance at the end, which section 4's table
-# shows as the counter's few per cent above the hardware's scheduling of separate blocks; handing
-# out long items first keeps the late ones short. Claiming only when the consumers are ready would
-# balance better but leave the next item's Q and first K to be copied after the last one ended: the
-# round trip the persistent grid exists to hide.
+# **Instructor's answer.** *3.* Claimed as an item starts, a block holds its next item for a whole
+# item's time: a block that claimed a long item just before the others ran out of work still has to
+# compute it, up to one item of imbalance at the end. On section 4's toy GPU that ends at 22 units
+# instead of 19 (`hp.claim_schedule(4, 8, 8, ahead=100)`; handing out long items first keeps the
+# late ones short). It also holds one more value in the producer's registers across the copies,
+# which with three consumers does not fit in 32. Claiming only once the consumers are done would
+# balance as well as the hardware (18 there) but leave the next item's Q and first K to be copied
+# after the last one ended: the round trip the persistent grid exists to hide. A ring's depth
+# ahead is both: the copies of the next item start while the current one finishes.
 
 # %% [markdown]
 # **Instructor's answer.** *4.* At D = 64, causal, N = 512: stage 11 ran slower than stage 10
@@ -655,9 +688,10 @@ labs.check("11.registers", answer)
 #
 # - A producer warpgroup issues every copy and waits for every free buffer, so the computing
 #   warpgroups wait only for data.
-# - `setmaxnreg` moves registers between warpgroups at run time: 40 for the producer, 232 for each
-#   of two consumers, where the launch cap gave everyone 168; three consumers would get 152 and
-#   ptxas would serialize their `wgmma` (with a 32-register producer, 160: notebook 12).
+# - `setmaxnreg` moves registers between warpgroups at run time: 40 for the producer and 232 for
+#   each of two consumers at D = 128, where the launch cap gave everyone 168; 32 and 160 for each
+#   of three at D = 64. With the producer at 40, three would get 152 and ptxas would serialize
+#   their `wgmma`.
 # - A persistent grid of one block per SM claims work items from a counter, longest causal items
 #   first, and copies the next item's Q during the current one: a block's start is paid once.
 # - K and V on their own barriers let K go back to the producer as soon as S has read it.

@@ -19,9 +19,9 @@
 #   it, and when the producer may refill it;
 # - predict where the change pays (short work items) and check it in the machine code, the
 #   timings over the sweep and the profile;
-# - split the registers for a third consumer warpgroup at D = 64 (32 for the producer, 160 each),
-#   say on which sequences its 192-row items pay, and what FlashAttention-3's two other overlaps
-#   measured on this GPU.
+# - give each consumer of a 192-row item only the key tiles its own rows need, so that three
+#   consumers pay at D = 64 on short causal sequences too, and say what FlashAttention-3's two
+#   other overlaps measured on this GPU.
 #
 # **Prerequisites:** notebook 11 (producer, consumers, the persistent grid) and notebook 10 (TMA,
 # tensor maps, mbarriers); notebook 09's 128-byte swizzle. The kernel needs a Hopper GPU (H100,
@@ -126,69 +126,72 @@ hp.o_store_figure(D=64, d=0)
 nb.show_diff("11_warpspec", "12_tma_store", context=1)
 
 # %% [markdown]
-# The diff also holds a change of shape: `pick()`, the register split and each consumer's own
-# count of key tiles. At D = 64 stage 12 runs a third consumer warpgroup, except on short
-# sequences under the causal mask. The next section says why, and why not there.
+# The diff also holds a change of shape: each consumer's own count of key tiles, none for a
+# consumer whose rows lie past the end of the sequence, and `pick()`. The next section says why.
 #
-# ## 5 · A third consumer at D = 64
+# ## 5 · Three consumers, each with its own tiles
 #
-# At D = 64 a score costs half the multiply-adds it costs at D = 128 and the same softmax. Read from
-# the SM's clock as notebook 11 does at D = 128 (`data/runs/hopper-trace-20261125T0949Z.log`), a
-# stage 11 consumer at D = 64, N = 4096 spends about 1 450 cycles a tile on its softmax beside the
-# other consumer, and a tile's two products take about 512 cycles of the SM's tensor cores. With two
-# consumers the tensor cores are idle more than half the time. A third consumer brings a third
-# softmax to run while they would wait.
+# Stage 11 runs three consumers at D = 64 (192 query rows an item), except under the causal mask
+# below N = 2048, where two were faster. Two costs of a 192-row item weigh most there.
 #
-# Notebook 11 ruled three consumers out on registers: 512 threads start at 128 registers each, and
-# with the producer keeping 40 each consumer gets (512 − 40) / 3 → 152, where ptxas serializes the
-# `wgmma`. The consumer needs 128 for its accumulators at D = 64 (O 32, S 64, P 32) and some room
-# beyond them; 152 is not enough room, 160 is. So the producer gives up more: 32 registers. Its
-# loop fits in 32 once it claims its next work item after issuing the copies rather than before
-# (one value fewer held across them). 32 + 3 × 160 = 512, the whole register file:
+# * **The diagonal.** An item's last key tile reaches its last row, but its first consumers' rows
+#   end earlier: the first consumer's 64 rows end 128 rows before the item's, often a whole
+#   128-key tile before (the item's first row is a multiple of 192, not of the tile's 128). Run to
+#   the item's end, as in stage 11, the first consumers compute tiles that are masked out
+#   entirely. (Of two consumers with 128-key tiles, both need every tile.)
+# * **The end of the sequence.** N = 512 is 2⅔ items of 192 rows and N = 1024 is 5⅓: the last
+#   item's last one or two consumers compute rows past the end, which are never stored. Without the
+#   mask that is an eighth more rows at N = 512 and 1 024 and a few per cent from N = 2048 on.
+#   Under the mask it costs more: such a consumer's item reaches N, so it runs every key tile of
+#   the sequence. In tiles of 64 rows × 128 keys, three consumers compute 24 where two compute 20
+#   at N = 512, and 88 against 72 at N = 1024.
+#
+# Stage 12 removes both. Each consumer counts its own tiles, `n_mine`, up to its own last row; a
+# consumer whose rows all lie past N gets none:
 
 # %%
-hp.register_figure(consumer_options=(3,), producer_regs=32, D=64)
+nb.show_lines("12_tma_store", r"// Under the mask this warpgroup", r"if \(wg_row0 >= N\) n_mine = 0;")
+
+# %% [markdown]
+# The tiles after its own go back to the producer unread. The consumer still waits for each to
+# land and arrives on its `empty` barriers, or the producer's count of releases would go wrong. A
+# consumer with no tiles at all also releases the previous item's Q buffer itself (it has no first
+# tile to do it at) and stores nothing:
 
 # %%
-nb.show_lines("12_tma_store", r"// Registers per thread after setmaxnreg", r"static_assert")
+nb.show_lines("12_tma_store", r"if \(n_mine > 0\) \{", r"prev_slot = slot;")
+
+# %% [markdown]
+# With both, three consumers win under the mask on short sequences too, and `pick()` runs them at
+# D = 64 everywhere:
+
+# %%
 nb.show_source("12_tma_store", "pick")
 
 # %% [markdown]
-# A work item is then 192 query rows, and that costs something in two places.
+# Measured at D = 64 under the mask, each kernel timed in turn with the others (fp16, H100,
+# `data/runs/hopper-try-20261127T0123Z-d64-consumers-past-end.log`), TFLOP/s at N = 512 … 16384:
 #
-# * **The end of a sequence.** N = 512 is 2⅔ items of 192 rows and N = 1024 is 5⅓: the last
-#   item's last one or two consumers compute rows past the end, which the TMA store then drops.
-#   That is an eighth more rows at N = 512 and 1 024, and a few per cent from N = 2048 on. Under
-#   the mask it costs more: such a consumer's last row lies past N, so it runs every key tile of
-#   the sequence, and in tiles of 64 rows × 128 keys three consumers compute 24 where two compute
-#   20 at N = 512, 88 against 72 at N = 1024.
-# * **The diagonal under the causal mask.** An item's last key tile reaches its last row, but its
-#   first consumers' rows end earlier: the first consumer's 64 rows end 128 rows before the item's,
-#   often a whole 128-key tile before (the item's first row is a multiple of 192, not of the tile's
-#   128). Run to the item's end, the first consumers would compute tiles that are masked out
-#   entirely. So each consumer counts its own tiles, `n_mine`, up to its own last row, and hands
-#   the item's later tiles back to the producer unread: it still waits for each to land and
-#   arrives on its `empty` barriers, or the producer's count of releases would go wrong (the loop
-#   after `prev_slot = slot;` in the consumer). Of two consumers with 128-key tiles, both need
-#   every tile.
+# | | 512 | 1024 | 2048 | 4096 | 8192 | 16384 |
+# |---|---|---|---|---|---|---|
+# | stage 11 (two consumers below N = 2048) | 228 | 307 | 375 | 420 | 460 | 483 |
+# | stage 12 with stage 11's pick | 247 | 326 | 423 | 458 | 479 | 498 |
+# | stage 12, three consumers everywhere | 267 | 343 | 423 | 457 | 479 | 498 |
 #
-# The choice in `pick()` was measured, stage 12 with three consumers and with two timed in turn at
-# D = 64 (fp16, H100, `data/runs/hopper-try-20261126T2347Z-stage12-d64-consumers.log`). Three over
-# two, without the mask: 1.02, 1.01, 1.09, 1.08, 1.13, 1.14 at N = 512 … 16384; with it: 0.98,
-# 0.93, 1.03, 1.03, 1.08, 1.07. So three consumers at D = 64 except under the mask below N = 2048,
-# where the diagonal is a large share of an item's tiles; two at D = 128, where a consumer's
-# accumulators (O 64, S 64, P 32) take all of 160. Two smaller choices ride along. Three
-# consumers' Q buffers leave room for four K/V buffers instead of three (176 KB), so the producer
-# runs further ahead: 1.01–1.02× where three consumers run. At D = 128 without the mask, 160-key
-# tiles instead of 128 fit in two buffers (225 KB) and spread each tile's waits and issue over
-# more keys: 1.01–1.03× from N = 4096, slower below, where the last tile's padding weighs more
+# Without the mask only the rows past the end change: 1.07× at N = 512 and 1024 and about 1.01×
+# from N = 8192 on, measured on its own before the store was in the comparison
+# (`data/runs/hopper-try-20261126T2350Z-past-end.log`). Two at D = 128, where a consumer's
+# accumulators take all of 160 registers. Two smaller choices ride along. Three consumers' Q
+# buffers leave room for four K/V buffers instead of three (176 KB), so the producer runs further
+# ahead: 1.01–1.02× where three consumers run. At D = 128 without the mask, 160-key tiles instead
+# of 128 fit in two buffers (225 KB) and spread each tile's waits and issue over more keys:
+# 1.01–1.03× from N = 4096, slower below, where the last tile's padding weighs more
 # (`data/runs/hopper-try-20261125T1819Z-four-buffers-160-keys.log`).
 #
 # ## 6 · Prediction, before measuring
 #
-# Apart from section 5's shapes, only the end of an item changes, so the gain depends on how often
-# an item ends: once per N / 128 key tiles (128 query rows an item, 128 keys a tile, at both head
-# dims). Notebook 11's model of a block, with a tile's products and softmax taking 2 units (about
+# Apart from section 5's tiles, only the end of an item changes, so the gain depends on how often
+# an item ends: once per N / 128 key tiles (128 keys a tile, at both head dims). Notebook 11's model of a block, with a tile's products and softmax taking 2 units (about
 # 3 300 cycles at D = 128), prices the end of an item. Stage 11's stores: 8 consumer warps × D / 4
 # instructions × 8 sectors is 2 048 sector writes per SM at D = 128 and 1 024 at D = 64, leaving the
 # SM at a few a cycle at best: several hundred to a thousand cycles before the consumers can begin
@@ -202,16 +205,18 @@ predicted.round(3).to_frame().T
 
 # %% [markdown]
 # * **Time.** About 1.1× at N = 512 (4 tiles an item), 1.05× at N = 1024, fading below 1.02× from
-#   N = 4096 on. At the teaching config (D = 64, N = 1024: 8 tiles an item) expect 1.03–1.08×.
-#   Where the third consumer runs (D = 64, from N = 2048 under the mask), add section 5's gain:
-#   1.03–1.14× from N = 2048, where the store alone would give little.
+#   N = 4096 on. At D = 64, add section 5's: the rows past the end (without the mask up to a ninth
+#   fewer at N = 512 and 1024, so up to 1.11× more), and under the mask the tiles the first
+#   consumers no longer run, and three consumers in place of two below N = 2048. At the teaching
+#   config (D = 64, N = 1024: 8 tiles an item, three consumers in both stages) expect the store's
+#   1.03–1.08×, times 1.02–1.07 for the rows past the end: **1.05–1.15×**.
 # * **Machine code:** no `STG` left; `STS` for O, a `BAR.SYNC` on a named barrier, `UTMASTG` (the
 #   TMA store, D / 64 of them) and `UTMACMDFLUSH` (the commit).
 # * **Profile:** the global stores gone from the SM's load/store path, so *sectors per store
 #   request* falls from 8 to nothing, and the tensor pipe is busier by the time saved.
 
 # %%
-gain_band = (1.03, 1.08)
+gain_band = (1.05, 1.15)
 
 # %% [markdown]
 # ## 7 · The machine code
