@@ -210,7 +210,9 @@ with nb.unless_missing():
 # %% [markdown]
 # `UTMALDG.4D` is the bulk tensor copy (two per K/V tile at D = 128, plus Q), `UTMACCTL.PF` the
 # tensor-map prefetch, `SYNCS.ARRIVE.TRANS64` an arrival (with `A1T0`: an arrival that expects
-# bytes), `SYNCS.PHASECHK.TRANS64.TRYWAIT` the parity wait. The loop bodies of the two stages:
+# bytes), `SYNCS.PHASECHK.TRANS64.TRYWAIT` the parity wait. The loop bodies of the two stages (one
+# trip of the K/V loop at D = 128): stage 10's is 50 instructions shorter, with four `UTMALDG`
+# and four `SYNCS` where stage 09 had 16 `LDGSTS`, 7 `LDS` and a block barrier:
 
 # %%
 with nb.unless_missing():
@@ -261,17 +263,17 @@ with nb.unless_missing():
 #
 # **Time.** Predicted 1.05–1.15×, more where tiles are short. Measured, with both stages timed in
 # turn in this run: 1.07× at the teaching config, inside the band, and 1.05–1.45× over the sweep,
-# 1.16× on average at D = 64 and 1.26× at D = 128. Roughly as predicted at the short end, with one
+# 1.16× on average at D = 64 and 1.27× at D = 128. Roughly as predicted at the short end, with one
 # correction: the largest gains are at the longest sequences (1.20–1.45× from N = 8192 on), not at
 # the shortest tiles. A long sequence is many tiles per block, and every one of them paid stage 09's
 # barrier; a short one is mostly prologue (loading Q and the first tile) and epilogue, which TMA
 # shortens little.
 #
-# **bf16** runs as fast as fp16 (the time ratio above: 0.999): the same instruction, another
+# **bf16** runs as fast as fp16 (the time ratio above: 0.996): the same instruction, another
 # element type.
 #
-# **Against cuDNN**, PyTorch's fastest attention: 0.74–1.06×. At D = 128 from N = 2048 on,
-# 0.90–0.97× without the mask and 0.92–1.04× with it (0.90–0.95× and 0.93–1.05× in the recorded
+# **Against cuDNN**, PyTorch's fastest attention: 0.75–1.05×. At D = 128 from N = 2048 on,
+# 0.90–0.97× without the mask and 0.93–1.05× with it (0.88–0.96× and 0.92–1.04× in the recorded
 # run), and at D = 64 on the longest sequences stage 10 is already level or ahead. What is left is
 # the scheduling: the tensor cores still wait while both warpgroups exponentiate, which costs most
 # on short sequences.

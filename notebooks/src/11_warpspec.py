@@ -436,37 +436,38 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted 1.05–1.15× at the teaching config, and over the sweep a gain that fades with
+# **Time.** Predicted 0.95–1.04× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
-# 0.91–1.19×, on average 0.97× at D = 64 and 1.09× at D = 128 (the run recorded in `data/` gave
-# the same table to within 0.02). The prediction holds at D = 128 and fails at D = 64.
+# 0.91–1.16×, on average 1.04× at D = 64 and 1.09× at D = 128 (the run recorded in `data/` gave
+# the same table to within 0.03). The prediction holds at D = 128. At D = 64 the gain does not
+# fade with N, and under the mask on short sequences stage 11 is slower.
 #
-# * **At D = 128 the gain fades, but less than the model says.** It is 1.19× at N = 512 and still
-#   1.07–1.08× from N = 4096 on without the mask (1.10× falling to 1.01× with it), where the model
-#   gives 1.01 for long items. An item of 128 tiles pays one prologue; what is left is per tile,
-#   and the model had none because, with its copies quicker than a tile's math, stage 10's ring was
-#   never short of data. Give the model copies slightly slower than a tile's math (below) and stage
-#   10's warpgroups wait a little before every tile while stage 11's do not: K and V on their own
+# * **At D = 128 the gain fades, but less than the model says.** It is 1.16× at N = 512 and still
+#   1.07–1.09× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
+#   items. An item of 128 tiles pays one prologue; what is left is per tile, and the model had
+#   none because, with its copies quicker than a tile's math, stage 10's ring was never short of
+#   data. Give the model copies slightly slower than a tile's math (below) and stage 10's
+#   warpgroups wait a little before every tile while stage 11's do not: K and V on their own
 #   barriers, K released right after S, let the producer load further ahead with fewer buffers
 #   (two of K and two of V against stage 10's three pairs). Under a whole GPU's load that is
 #   plausible; these measurements alone do not separate it from the other per-tile change, the
 #   copy instructions and the wait on `empty` gone from warpgroup 0's path.
-# * **At D = 64 on long sequences stage 11 is slower: 0.91–0.97× from N = 8192 on.** There stage
-#   10 runs *three* warpgroups of 64 rows a block (`pick()`: 192-row tiles), and stage 11 two
-#   consumers: a third does not fit its register split (section 3). D = 64 has half of D = 128's
-#   math per score, so the softmax weighs twice as much against the products, and what keeps the
-#   tensor cores busy is how many softmaxes are in flight beside them, not who issues the copies.
-#   Three computing warpgroups beat two specialised ones. Notebook 12 squeezes the producer so
-#   that three consumers fit.
-# * **D = 64 under the mask on short sequences is work, not time:** 0.91×, 0.95× and 0.99× at
-#   N = 512, 1024 and 2048, close to the inverse of the extra scores stage 11 computes there (the
-#   count above: 1/1.111 = 0.90, 1/1.059 = 0.94, 1/1.030 = 0.97). Its 128-key tiles and consumers
-#   without a skip compute masked keys on the diagonal that stage 10's 64-key tiles skipped.
-# * **Short items gained, as the model said, at D = 128:** 1.10–1.19× at N = 512–1024.
+# * **At D = 64 on long sequences both compute with three warpgroups of 64 rows** (stage 10 from
+#   N = 4096, from N = 2048 under the mask), and the copies leaving the computing warps are worth
+#   1.05–1.12×, as much as at D = 128. At N = 2048 without the mask, where stage 10 still runs two
+#   warpgroups, stage 11's three gain 1.14×.
+# * **At N = 512 and 1024, D = 64 is a tie or a loss:** 0.99× and 1.03× without the mask, 0.91×
+#   and 0.96× with it. There stage 10 runs two warpgroups with 64-key tiles, two blocks on each SM.
+#   Without the mask, stage 11's third consumer computes the rows past the end (section 3: a ninth
+#   more rows at these N). Under the mask, where it runs two consumers with 128-key tiles, the loss
+#   follows the extra scores it computes (the count above: 1/1.111 = 0.90, 1/1.059 = 0.94,
+#   1/1.030 = 0.97, against 0.91, 0.96 and 1.01 measured): its consumers compute every tile of
+#   their item, masked keys on the diagonal included, which stage 10's warpgroups with 64-key tiles
+#   skipped. Notebook 12 gives each consumer only the tiles its own rows need.
 #
-# **The teaching config** is one launch of about 50 µs at D = 64: predicted 1.05–1.15×, measured
-# 1.01× (1.01× in fp16 and bf16 in the recorded run), every row tight (the check above): below the
-# band, for the reasons of the D = 64 row of the sweep, which reads 0.98–1.04× up to N = 4096.
+# **The teaching config** is one launch of about 50 µs at D = 64, N = 1024: predicted 0.95–1.04×,
+# measured 1.02× (1.01× in bf16; 1.02× in fp16 and bf16 in the recorded run), every row tight (the
+# check above): inside the band.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
 # launch function spend about 0.1 ms per call on the H100's host (checks, the output and the
@@ -477,10 +478,10 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.87–1.05× here (0.87–1.05× in the recorded run): level with
-# it or ahead at D = 128 from N = 4096 on (1.00–1.05×), 0.96–0.98× at D = 64 there, and 0.87–0.91×
-# at N = 512, where an item is a few tiles and everything that is not the loop weighs most. Against
-# PyTorch's FlashAttention-2 backend (`sdpa_flash`) it is 1.3–2.1× faster.
+# **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.14× in the recorded run): level with
+# it or ahead from N = 4096 on (1.00–1.14×; at D = 64 with three consumers, 1.06–1.13×), and
+# 0.87–0.92× at N = 512, where an item is a few tiles and everything that is not the loop weighs
+# most. Against PyTorch's FlashAttention-2 backend (`sdpa_flash`) it is 1.35–2.30× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -514,22 +515,23 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is about as busy**, 40.0 % → 40.5 % of the time, in about the same time
-#   (0.0487 → 0.0481 ms under Nsight Compute), at this D = 64 shape where the two stages tie.
-# * **Waiting rose, against the prediction:** `long_scoreboard` about 10 → 14 %, `barrier` 4 → 12 %,
+# * **The tensor pipe is busier**, 40.0 % → 46.5 % of the time, in about the same time (0.0487 →
+#   0.0483 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
+#   rows, and N = 1024 is 5⅓ items of 192 rows: its tensor cores also multiply the 128 rows past the
+#   end, a ninth more work in the same time.
+# * **Waiting rose, against the prediction:** `long_scoreboard` about 10 → 12 %, `barrier` 4 → 10 %,
 #   `short_scoreboard` 5 → 7 % of warp time. Count the warps before reading the shares. A stage 11
-#   block keeps nine warps alive — eight consumer warps and the producer's warp 0 (its other three
-#   warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.6 % → 13.8 % of
-#   64 warps). The producer's warp is a ninth of the warp time, and it spends nearly all of it
-#   waiting on `empty` barriers, as its red lane in section 5 did: by itself about 11 of these
-#   points. Its waiting is not time lost — it has nothing else to do — but a share of warp time
-#   cannot tell it from a consumer's. The rest is the consumers': with nine warps on an SM instead
-#   of fourteen, a consumer warp's waits (for a tile to land, or for its three siblings at each
-#   warpgroup-wide `wgmma`) have fewer other warps' instructions to hide behind. Nsight Compute's
+#   block keeps thirteen warps alive — twelve consumer warps and the producer's warp 0 (its other
+#   three warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.6 % →
+#   19.8 % of 64 warps). The producer's warp is a thirteenth of the warp time, and it spends nearly
+#   all of it waiting on `empty` barriers, as its red lane in section 5 did: by itself about 7 of
+#   these points. Its waiting is not time lost — it has nothing else to do — but a share of warp
+#   time cannot tell it from a consumer's. The rest is the consumers', whose three warpgroups wait
+#   for the same tiles and, at each warpgroup-wide `wgmma`, for their four warps. Nsight Compute's
 #   source view, which splits the stall samples by instruction, would say which waits belong to
 #   which role.
-# * With fewer warps, fewer compete to issue: `not_selected` more than halved (about 15 % → 6 %)
-#   and `math_pipe_throttle` fell from about 3 % to 1 %.
+# * Fewer warps compete to issue: `not_selected` fell from about 15 % to 10 %, and
+#   `math_pipe_throttle` from about 3 % to 1.5 %.
 #
 # The prediction's mistake is the lesson of a specialized kernel: its warps have different jobs,
 # and a waiting producer is doing its job. Read stall shares by role, not for the block.

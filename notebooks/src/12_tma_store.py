@@ -193,8 +193,9 @@ nb.show_source("12_tma_store", "pick")
 # Apart from section 5's tiles, only the end of an item changes, so the gain depends on how often
 # an item ends: once per N / 128 key tiles (128 keys a tile, at both head dims). Notebook 11's model of a block, with a tile's products and softmax taking 2 units (about
 # 3 300 cycles at D = 128), prices the end of an item. Stage 11's stores: 8 consumer warps × D / 4
-# instructions × 8 sectors is 2 048 sector writes per SM at D = 128 and 1 024 at D = 64, leaving the
-# SM at a few a cycle at best: several hundred to a thousand cycles before the consumers can begin
+# instructions × 8 sectors is 2 048 sector writes per SM at D = 128, and 12 warps' 1 536 at D = 64,
+# leaving the SM at a few a cycle at best: several hundred to a thousand cycles before the
+# consumers can begin
 # the next item. Call it 1 unit. Stage 12's: the same number of `st.shared` at one wavefront each, a
 # barrier and one instruction: about 0.1.
 
@@ -287,40 +288,37 @@ plots.scaling(last="12_tma_store")
 # ### Discussion
 #
 # **Time.** The prediction was a gain that shrinks as items grow, about 1.1× at N = 512 and 1.05×
-# at N = 1024, plus section 5's gain wherever the third consumer runs. Measured, with stages 11 and
-# 12 and the two baselines timed in turn at each config (the run recorded in `data/`, stages 08–10
-# beside them; the teaching config was timed again live here): 1.10–1.17× at N = 512 and
-# 1.07–1.12× at N = 1024. The largest gains at short N are at D = 128, where an item's O is twice
-# as big: 1.16–1.17× at N = 512, where the model gives 1.11. At D = 64 from N = 2048, where the
-# third consumer runs with or without the mask, the gain is 1.08–1.16×: section 5's 1.03–1.14× for
-# the shape, and the store's own small gain on top. That is the predicted shape, and at D = 128 a
-# little more than the model gave.
+# at N = 1024, plus section 5's at D = 64. Measured, with stages 11 and 12 and the two baselines
+# timed in turn at each config (the run recorded in `data/`, stages 08–10 beside them, gave the same
+# table to within 0.02): 1.15–1.16× at N = 512 and 1.09–1.11× at N = 1024, then 1.05–1.12× at
+# N = 2048 and 1.00–1.08× from N = 4096 on. That is the predicted shape, a little above the
+# model at the short end at both head dims: 1.16× at N = 512 where the model gives 1.11.
 #
-# **Where it missed.** Where only the store changes and items are long, the model says
-# 1.01–1.03×. Without the mask the measured cells agree: 1.05× at D = 128, N = 2048 (16 tiles an
-# item; the model 1.03×), and 1.02–1.04× from N = 4096 on, where 160-key tiles add their 1.00–1.02×
-# (section 5). Under the mask they do not: 1.05–1.08× at D = 128 from N = 4096 on. A causal item
-# is on average half as long as a non-causal one, so the model's gain there is that of N / 2
-# (1.01–1.03×). Two things differ under the mask that the model leaves out: each head's items come
-# longest first, so a block's last items are its shortest, and the last tile of every item is a
-# diagonal tile, which both consumers spend partly on masked keys; neither has been measured on
-# its own here. Read those cells as a real gain whose cause is not pinned down. At long N the
-# GPU's clock moves by a few per cent from second to second, which is why the run times the
-# kernels together, run by run in turn: timed one after the other, each for its own third of a
-# second, the same two kernels can come out in either order at one cell.
+# * **At D = 64 without the mask** the store and the rows past the end add up to 1.16× and 1.11×
+#   at N = 512 and 1024, and fade to 1.00–1.01× from N = 8192, where a sequence is 43–85 items and
+#   only the last one has rows past its end. There stage 12 runs stage 11's kernel with another
+#   store, and the two tie.
+# * **At D = 64 under the mask** section 5's tiles add to the store: 1.16×, 1.11× and 1.12× at
+#   N = 512, 1024 and 2048, and still 1.03–1.08× from N = 4096 on, where the store alone would
+#   give 1.01–1.02×. Those are the tiles the first consumers of each 192-row item no longer run.
+# * **Where it missed.** At D = 128, where only the store changes, the model says 1.01–1.03× from
+#   N = 4096 on. Without the mask the measured cells agree: 1.03–1.04×, with 160-key tiles
+#   adding their 1.00–1.02× (section 5). Under the mask they agree too (1.01–1.03×), though a
+#   causal item is on average half as long as a non-causal one. At long N the GPU's clock moves by
+#   a few per cent from second to second, which is why the run times the kernels together, run by
+#   run in turn: timed one after the other, each for its own third of a second, the same two
+#   kernels can come out in either order at one cell.
 #
-# **The teaching config** (D = 64, N = 1024: 8 tiles an item, three consumers): 1.07× in fp16
-# here, and 1.07× in fp16 and bf16 in the recorded run, every row tight (the check above): inside
-# the predicted band of 1.03–1.08×. Three consumers add almost nothing at this length (1.01×,
-# section 5): the gain is the store's.
+# **The teaching config** (D = 64, N = 1024: 8 tiles an item, three consumers in both stages):
+# 1.07× in fp16 and bf16 here, 1.08× and 1.09× in the recorded run, every row tight (the check
+# above): inside the predicted band of 1.05–1.15×.
 #
-# **Against cuDNN** stage 12 runs at 0.98–1.15× here (0.98–1.14× in the recorded run). It is ahead
-# at D = 128 everywhere (1.01–1.15×), and at D = 64 from N = 2048 (1.03–1.13×). It is level at
-# D = 64 without the mask on short sequences (1.00–1.01×) and 1–2 % behind under the mask there
-# (0.98× at N = 512, 0.99× at N = 1024). There an item is a few tiles, the consumers start and end
-# it together, and the softmax, twice as heavy per score as at D = 128, sets the pace; cuDNN's
-# warpgroups take turns (section 10) where these do not. Stage 11 was 0.87–1.05×. Against
-# FlashAttention-2 (`sdpa_flash`) stage 12 is 1.5–2.3× faster.
+# **Against cuDNN** stage 12 runs at 1.01–1.16× here (1.01–1.15× in the recorded run): ahead at
+# every config of the sweep. The margin is widest at D = 64 (1.02–1.13×), where three consumers
+# keep more softmaxes beside the tensor cores, and narrowest at D = 128 on short sequences without
+# the mask (1.01–1.02× at N = 512 to 2048). There an item is a few tiles, the two consumers start
+# and end it together, and cuDNN's warpgroups take turns (section 10) where these do not. Stage
+# 11 was 0.87–1.14×. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.57–2.32× faster.
 
 # %% [markdown]
 # ## 9 · The profile
@@ -350,21 +348,23 @@ plots.idea_metrics(only=["12_tma_store"])
 # * **The stores are gone from the load/store path**, as predicted: stage 11's 8 sectors per store
 #   request (the half-filled sectors of section 1) become no request at all. The only global
 #   stores left are the TMA's, which Nsight Compute does not count as the SM's requests.
-# * **The tensor pipe is busier,** about 41 % → 49 % of the time at the teaching config, and the
-#   kernel is 1.08× faster under the profiler: the same products in less time. (This config runs
-#   three consumers in stage 12 and two in stage 11; section 5's shape, not only the store, fills
-#   the pipe.)
+# * **The kernel is 1.10× faster under the profiler** (0.0483 → 0.0438 ms), the tensor pipe busy
+#   about as much of the time (46.5 % → 46.9 %). Both compute with three consumers here, so the
+#   tensor cores do a ninth less work in stage 12, whose consumers past the end of the sequence
+#   compute nothing (section 5): the same share of a shorter time is the products that remain.
 # * **Fewer short waits:** `short_scoreboard` (waiting for shared memory and other variable-latency
-#   units) about 7 % → 3 %, and `lg_throttle` (a full queue of global memory instructions) goes to
-#   zero.
-# * **A surprise: bank conflicts on shared-memory stores,** about 1.7 thousand against stage 11's
-#   handful, where section 2's bank map promises none. They are few: the kernel issues about 65 thousand
-#   warp-wide `st.shared` for O at this config, so they add under 3 % to those stores' wavefronts,
-#   and O's stores are a small part of all shared-memory traffic (`smem_wavefronts`). The
-#   addresses are not the cause: each instruction's 32 words are in 32 banks. One possible cause,
-#   not tested here: the counter may also count a store that finds its bank busy with other
-#   traffic, such as the TMA writing the next tiles. At under 3 % of these stores it does not
-#   matter for the time.
+#   units) about 6.5 % → 3.3 %, and `lg_throttle` (a full queue of global memory instructions) goes
+#   to zero. `long_scoreboard` rose (12 → 16 %). Polling an mbarrier is counted there, and the
+#   consumers past the end poll the `full` barrier of every tile they hand back: a likely reason,
+#   not measured on its own.
+# * **A surprise: bank conflicts on shared-memory stores,** about 2.6 thousand against stage 11's
+#   handful, where section 2's bank map promises none. They are few: the kernel issues tens of
+#   thousands of warp-wide `st.shared` for O at this config, so they add a few per cent to those
+#   stores' wavefronts, and O's stores are a small part of all shared-memory traffic
+#   (`smem_wavefronts`). The addresses are not the cause: each instruction's 32 words are in 32
+#   banks. One possible cause, not tested here: the counter may also count a store that finds its
+#   bank busy with other traffic, such as the TMA writing the next tiles. At a few per cent of
+#   these stores it does not matter for the time.
 
 # %% [markdown]
 # ## 10 · The overlaps that did not pay
@@ -390,10 +390,10 @@ plots.idea_metrics(only=["12_tma_store"])
 # without the overlap: 0.94–1.04× over the D = 64 sweep
 # (`data/runs/hopper-try-20261125T1752Z-d64-three-consumers.log`).
 #
-# What is left against cuDNN is D = 64 on short sequences under the mask, N = 512 and 1024. A
-# score there costs half the multiply-adds of D = 128 and the same softmax, so the softmax's
-# length sets the pace even more, and a short causal item gives a third consumer too little to do.
-# Every exponential is already the special-function unit's single instruction. The remaining
+# The narrowest margins left against cuDNN are at the shortest sequences: D = 128 without the mask
+# (1.01–1.02× up to N = 2048) and D = 64 under the mask (1.02–1.04× at N = 512 and 1024). At
+# D = 64 a score costs half the multiply-adds of D = 128 and the same softmax, so the softmax's
+# length sets the pace even more. Every exponential is already the special-function unit's single instruction. The remaining
 # levers are the instructions around it: the row maximum, the row sum and the rescale of O.
 # Fewer of them is not enough by itself: row sums taken as packed fp16 pairs (in the kernel's
 # machine code, 34 `HADD2` in place of 74 `FADD`) measured 0.96–0.99× stage 12 at D = 64
@@ -455,9 +455,9 @@ labs.check("12.store_sectors", answer)
 #    them to store O instead of the consumers?
 # 4. Stage 12's gain fades as N grows. Which other costs of a work item are paid once per item,
 #    and which of them are still paid while the tensor cores wait?
-# 5. `pick()` runs three consumers at D = 64 at every length without the mask, but only from
-#    N = 2048 with it, although each consumer stops at its own last row. Why does the mask still
-#    move the crossover?
+# 5. A consumer past the end of the sequence hands every tile of its item back unread. Why must it
+#    still wait for each tile's `full` barrier before it arrives on its `empty` ones, and why must
+#    it release the previous item's Q buffer itself?
 
 # %% [markdown]
 # **Instructor's answer.** *1.* Without the swizzle a warp's instruction would write 8 rows at the
@@ -487,16 +487,16 @@ labs.check("12.store_sectors", answer)
 # shortened the store; the start and the end of an item are still paid with idle tensor cores.
 
 # %% [markdown]
-# **Instructor's answer.** *5.* Not the diagonal. A consumer skips the tiles entirely past its own
-# rows and computes the one that holds its diagonal in full; with two consumers or three, that
-# tile ends mid-way for half of them, and the masked keys per row come out the same on average
-# (about 64). It is the end of the sequence (section 5): under the mask a consumer whose rows lie
-# past N still runs every key tile of the sequence, the longest work of all, for rows that are
-# dropped. Counted in tiles of 64 rows × 128 keys: 24 against two consumers' 20 at N = 512, 88
-# against 72 at N = 1024, 288 against 272 at N = 2048. Without the mask the same rows cost an
-# eighth more work, which the third softmax pays for; under it, a fifth, which it does not until
-# the excess falls to a few per cent at N = 2048 (1.03× and more, section 5). A consumer that knew
-# its rows lie past N could skip all of its tiles.
+# **Instructor's answer.** *5.* The producer refills a buffer once every consumer warp has arrived
+# on its `empty` barrier: a consumer that never arrived would leave it waiting forever. The
+# arrival must also count toward this use of the buffer. The producer refilled it only once every
+# consumer had released its previous use, so a consumer that has seen `full` complete for this use
+# arrives for this use; one that arrived without waiting could, running ahead, arrive on a phase
+# that another consumer is still reading, and the producer would overwrite the tile under it.
+# Q is the same: its buffer goes back at the next item's first tile, after the TMA has read O out
+# of it (`wait_group.read`). A consumer with no tiles has no first tile, so it waits and arrives
+# right after its item's loop instead, or the producer would wait for that buffer two items later,
+# and hang.
 
 # %% [markdown]
 # ## Summary
@@ -510,15 +510,13 @@ labs.check("12.store_sectors", answer)
 #   with a TMA store; the consumers start the next item at once.
 # - The buffer goes back to the producer only after `cp.async.bulk.wait_group.read`, at the next
 #   item's first tile.
-# - The gain is largest where items are short, about 1.1× at N = 512, and fades as N grows, as
-#   the model of a block predicted; against cuDNN the stage runs at 0.98–1.15× over the sweep:
-#   ahead at D = 128 and at D = 64 from N = 2048, level at D = 64 on short sequences without the
-#   mask, 1–2 % behind with it.
-# - At D = 64 a third consumer pays, 1.01–1.14× two without the mask and from N = 2048 with it:
-#   the producer keeps 32 registers so that each consumer gets the 160 its `wgmma` pipeline
-#   needs, and a third softmax runs while the tensor cores would wait. Under the mask each
-#   consumer runs only the key tiles its own rows need; below N = 2048 there, 192-row items still
-#   waste more than they gain.
+# - The gain is largest where items are short, 1.16× at N = 512 (about 1.1× by the model of a
+#   block), and fades as N grows; against cuDNN the stage runs at 1.01–1.16× over the sweep, ahead
+#   at every config.
+# - Under the causal mask each consumer runs only the key tiles its own rows need, and a consumer
+#   whose rows lie past the end of the sequence runs none: with both, three consumers of 64 rows
+#   pay at D = 64 on every sequence, short causal ones included. It still waits for each tile it
+#   hands back, so that the producer's count of releases stays right.
 # - FlashAttention-3's ping-pong and in-warpgroup overlap tie with stage 11 on this GPU: a
 #   consumer's softmax is longer than the other consumer's products that would hide it.
 
