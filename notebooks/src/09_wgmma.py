@@ -209,8 +209,8 @@ nb.show_lines("09_wgmma", r"for \(int j = 0; j < n_tiles; j\+\+\)", r"// Online 
 #   `j + 1` back to back. The `wait_group 0` after S covers both, so O is final before the rescale.
 #   The price is a buffer: while P·V of tile `j` still reads V of `j`, the loads may refill only
 #   the buffer of tile `j − 2`, so with `STAGES` buffers the loads run `STAGES − 2` tiles ahead.
-#   `pick()` chooses 4 buffers of 64 keys at D = 64 and 3 of 128 keys at D = 128 (225 KiB of shared
-#   memory, one block per SM):
+#   `pick()` chooses 6 buffers of 64 keys at D = 64 (113 KiB of shared memory) and 3 of 128 keys
+#   at D = 128 (225 KiB of shared memory, one block per SM):
 
 # %%
 nb.show_lines("09_wgmma", r"// PICK", r"^}")
