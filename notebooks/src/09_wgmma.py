@@ -329,8 +329,8 @@ plots.scaling(last="09_wgmma")
 # ### Discussion
 #
 # **Time.** Predicted about 1.06× at the teaching config and more at D = 128. Measured, with both
-# stages timed in turn in this run: 1.09× at the teaching config; over the sweep 1.08–1.17× at
-# D = 64 (1.13× on average) and 1.09–1.35× at D = 128 (1.26×), more on long sequences than on short
+# stages timed in turn in this run: 1.10× at the teaching config; over the sweep 1.09–1.18× at
+# D = 64 (1.15× on average) and 1.09–1.36× at D = 128 (1.26×), more on long sequences than on short
 # ones. The model got the direction and roughly the size. Where the gain is smallest shows what it
 # left out.
 #
@@ -351,7 +351,7 @@ plots.scaling(last="09_wgmma")
 #   D = 128; timed in turn on the H100, that kernel was 1.03–1.10× slower over the sweep than this
 #   one — at D = 64, most of what this stage gains over stage 08.
 #
-# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.69–0.93×: the gap is what overlapping
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.70–0.94×: the gap is what overlapping
 # the softmax with the products is worth.
 
 # %% [markdown]

@@ -439,7 +439,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # **Time.** Predicted 0.95–1.04× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
 # 0.91–1.16×, on average 1.04× at D = 64 and 1.09× at D = 128 (the run recorded in `data/` gave
-# the same table to within 0.03). The prediction holds at D = 128. At D = 64 the gain does not
+# the same table to within 0.02). The prediction holds at D = 128. At D = 64 the gain does not
 # fade with N, and under the mask on short sequences stage 11 is slower.
 #
 # * **At D = 128 the gain fades, but less than the model says.** It is 1.16× at N = 512 and still
@@ -478,7 +478,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.14× in the recorded run): level with
+# **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.13× in the recorded run): level with
 # it or ahead from N = 4096 on (1.00–1.14×; at D = 64 with three consumers, 1.06–1.13×), and
 # 0.87–0.92× at N = 512, where an item is a few tiles and everything that is not the loop weighs
 # most. Against PyTorch's FlashAttention-2 backend (`sdpa_flash`) it is 1.35–2.30× faster.
