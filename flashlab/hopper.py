@@ -993,7 +993,7 @@ def claim_schedule(heads=4, tiles=8, blocks=8, causal=True, policy="counter", lo
             heapq.heappush(free, (end[i], b))
     else:
         counter = grid
-        events = []                         # (when the block claims, block): served in that order
+        events = []                 # (when the block claims, block, the item it is on): in that order
         for b in range(grid):
             start[b], end[b], block[b] = 0.0, cost[b], b
             heapq.heappush(events, (max(0.0, end[b] - ahead), b, b))
