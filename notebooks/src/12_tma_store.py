@@ -179,7 +179,7 @@ nb.show_source("12_tma_store", "pick")
 # | stage 12, three consumers everywhere | 267 | 343 | 423 | 457 | 479 | 498 |
 #
 # Without the mask only the rows past the end change: 1.07× at N = 512 and 1024 and about 1.01×
-# from N = 8192 on, measured on its own before the store was in the comparison
+# from N = 8192 on, stage 12 with and without the skip timed in turn
 # (`data/runs/hopper-try-20261126T2350Z-past-end.log`). Two at D = 128, where a consumer's
 # accumulators take all of 160 registers. Two smaller choices ride along. Three consumers' Q
 # buffers leave room for four K/V buffers instead of three (176 KB), so the producer runs further
