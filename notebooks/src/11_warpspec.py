@@ -210,8 +210,9 @@ nb.show_source("11_warpspec", "pick")
 # item's key tiles, and a 192-row item's first consumer's rows end 128 rows before the item's, often
 # a whole 128-key tile earlier: the masked tiles cost more with three. So does the end of the
 # sequence: N = 512 is 2⅔ items of 192 rows, and the last item's third consumer computes rows past
-# N that are never stored. Without the mask these costs are smaller than a third softmax's gain
-# from N = 1024 on, and about even at N = 512.
+# N that are never stored. Without the mask only that second cost is paid, and the third softmax
+# gains more: three consumers over two, timed in turn on an H100, 1.02× at N = 512 and 1024 and
+# 1.11–1.16× from N = 2048 (`data/runs/hopper-try-20261127T0123Z-d64-consumers-past-end.log`).
 #
 # ## 4 · A persistent grid and a work counter
 #
