@@ -157,11 +157,10 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
     frames = []
     chosen = configs if configs is not None else interleaved_configs(stages, bool(baselines))
     for group in by_shape(chosen):
-        fns, rows, kinds, held = {}, [], {}, []
+        fns, rows, kinds = {}, [], {}
         for cfg in group:
             inputs = cfg.inputs()
             ref = reference(*inputs, causal=cfg.causal)
-            held.append((inputs, ref))
             here = []
             for st, attn, res_at in built:
                 if not st.takes(cfg) or cfg.dtype in st.unavailable_dtypes():
@@ -197,7 +196,7 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
             m = dict(rel_err=err, **timing_row(cfg, t))
             rows.append(_row(name, kind, cfg, env, status="ok", **m, **res))
             log(_timed_line(name, cfg, m))
-        del held, fns
+        del fns, inputs, ref, q, k, v
         torch.cuda.empty_cache()
         _keep(rows, record, frames)
     return _joined(frames)

@@ -146,9 +146,9 @@ def loop_bodies(stages, kernel=r"__half, 64,", arch=None) -> pd.DataFrame:
         for name in stages:
             st = _stage(name)
             found = sass.loops(st.source, _arch(st, arch))
-            name = _matching(found["kernel"], kernel, st.slug)
-            rows[st.slug] = sass.kv_loops(found).loc[name].rename(None)
-            rows[st.slug]["kernel"] = name
+            chosen = _matching(found["kernel"], kernel, st.slug)
+            rows[st.slug] = sass.kv_loops(found).loc[chosen].rename(None)
+            rows[st.slug]["kernel"] = chosen
     table = pd.DataFrame(rows).T.drop(columns=["first", "last"])
     kernel_col = table.pop("kernel")
     table = table.astype(int)
