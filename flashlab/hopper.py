@@ -940,22 +940,31 @@ def register_figure(consumer_options=(2, 3), producer_regs=None, D=128, BC=128):
 CLAIM_POLICIES = ("static", "counter", "hardware")
 
 
-def item_tiles(item, tiles, causal, longest_first=True) -> int:
-    """The key tiles work item `item` reads, with BR = BC (128 at both head dims in stage 11):
-    11_warpspec.cu's work_tile gives it query tile qt = item % tiles of its head, taken from
-    the last under the causal mask (`q0 = (causal ? tiles - 1 - qt : qt) * BR;`), and a causal
-    query tile t reads key tiles 0..t; without the mask every item reads all `tiles`.
-    longest_first=False numbers the tiles in order instead (short ones first)."""
+def item_tiles(item, tiles, causal, longest_first=True, rows=128, keys=128, n=None) -> int:
+    """The key tiles (of `keys` keys) work item `item` reads, its query tiles `rows` rows each, in
+    a sequence of n keys (default tiles x rows). 11_warpspec.cu's work_tile gives it query tile
+    qt = item % tiles of its head, taken from the last under the causal mask (`q0 = (causal ?
+    tiles - 1 - qt : qt) * BR;`); a causal item reads the key tiles up to its last row,
+    ceil(min(n, q0 + rows) / keys), and without the mask every item reads all ceil(n / keys).
+    With rows = keys, causal query tile t reads key tiles 0..t. longest_first=False numbers the
+    tiles in order instead (short ones first)."""
+    if rows < 1 or keys < 1:
+        raise ValueError("rows and keys are at least 1")
+    n = tiles * rows if n is None else n
+    if not (tiles - 1) * rows < n <= tiles * rows:
+        raise ValueError(f"{tiles} query tiles of {rows} rows do not cover a sequence of {n}")
     if not causal:
-        return tiles
+        return -(-n // keys)
     qt = item % tiles
-    return (tiles - 1 - qt if longest_first else qt) + 1
+    q0 = (tiles - 1 - qt if longest_first else qt) * rows
+    return -(-min(n, q0 + rows) // keys)
 
 
 def claim_schedule(heads=4, tiles=8, blocks=8, causal=True, policy="counter", longest_first=True,
-                   per_item=0.0, ahead=2) -> pd.DataFrame:
+                   per_item=0.0, ahead=2, rows=128, keys=128, n=None) -> pd.DataFrame:
     """Which block (SM) computes which work item, and when, for `heads` (batch x head) of `tiles`
-    query tiles each, an item taking item_tiles() time units (+ `per_item`). Policies:
+    query tiles each, an item taking item_tiles() time units (+ `per_item`; rows, keys and n as
+    there). Policies:
 
     * "static": a persistent grid without a counter, block b taking items b, b + G, b + 2G, ...
       (G = the grid's blocks);
@@ -975,7 +984,8 @@ def claim_schedule(heads=4, tiles=8, blocks=8, causal=True, policy="counter", lo
     if heads < 1 or tiles < 1 or blocks < 1 or per_item < 0 or ahead < 0:
         raise ValueError("heads, tiles and blocks are at least 1; per_item and ahead >= 0")
     items = heads * tiles
-    cost = [item_tiles(i, tiles, causal, longest_first) + per_item for i in range(items)]
+    cost = [item_tiles(i, tiles, causal, longest_first, rows, keys, n) + per_item
+            for i in range(items)]
     grid = min(blocks, items)
     start, end, claimed = np.zeros(items), np.zeros(items), np.zeros(items)
     block = np.zeros(items, dtype=int)
@@ -1012,12 +1022,15 @@ def claim_schedule(heads=4, tiles=8, blocks=8, causal=True, policy="counter", lo
 
 
 def claim_makespans(configs, blocks=132, causal=True) -> pd.DataFrame:
-    """For each (heads, tiles) in `configs`: when the last item ends under each policy, in units
-    of one key tile's work, beside the lower bound (all the work spread evenly over the blocks)
-    and each policy's excess over it."""
-    rows = []
-    for heads, tiles in configs:
-        sched = {p: claim_schedule(heads, tiles, blocks, causal, p) for p in CLAIM_POLICIES}
+    """For each (heads, tiles) or (heads, tiles, rows, keys, n) in `configs` (claim_schedule's
+    arguments): when the last item ends under each policy, in units of one key tile's work,
+    beside the lower bound (all the work spread evenly over the blocks) and each policy's excess
+    over it."""
+    out = []
+    for heads, tiles, *shape in configs:
+        shape = dict(zip(("rows", "keys", "n"), shape))
+        sched = {p: claim_schedule(heads, tiles, blocks, causal, p, **shape)
+                 for p in CLAIM_POLICIES}
         grid = min(blocks, heads * tiles)
         bound = sched["counter"].cost.sum() / grid
         row = dict(heads=heads, tiles=tiles, items=heads * tiles, even_split=bound)
@@ -1025,8 +1038,8 @@ def claim_makespans(configs, blocks=132, causal=True) -> pd.DataFrame:
             row[p] = s.end.max()
         for p in CLAIM_POLICIES:
             row[f"{p} over even"] = row[p] / bound - 1
-        rows.append(row)
-    return pd.DataFrame(rows).set_index(["heads", "tiles"])
+        out.append(row)
+    return pd.DataFrame(out).set_index(["heads", "tiles"])
 
 
 def claim_figure(heads=4, tiles=8, blocks=8, causal=True):

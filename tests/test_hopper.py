@@ -385,6 +385,23 @@ def test_claim_makespans():
         hp.claim_schedule(policy="round robin")
 
 
+def test_items_of_more_rows_than_keys_read_up_to_their_last_row():
+    """Stage 11 at D = 64: 192-row items (three consumers) over 128-key tiles. N = 512 is three
+    items a head; under the mask, longest first, they read 4, 3 and 2 key tiles (rows 384-511,
+    192-383, 0-191), without it all 4."""
+    assert [hp.item_tiles(i, 3, True, rows=192, keys=128, n=512) for i in range(3)] == [4, 3, 2]
+    assert [hp.item_tiles(i, 3, True, False, 192, 128, 512) for i in range(3)] == [2, 3, 4]
+    assert hp.item_tiles(0, 3, False, rows=192, keys=128, n=512) == 4
+    # rows = keys and n a multiple: query tile t reads key tiles 0..t, as before
+    assert [hp.item_tiles(i, 4, True) for i in range(4)] == [4, 3, 2, 1]
+    s = hp.claim_schedule(2, 3, 4, rows=192, keys=128, n=512)
+    assert list(s.cost) == [4, 3, 2, 4, 3, 2]
+    df = hp.claim_makespans([(2, 3, 192, 128, 512)], blocks=4)
+    assert df.loc[(2, 3), "even_split"] == 18 / 4
+    with pytest.raises(ValueError, match="do not cover"):
+        hp.item_tiles(0, 2, True, rows=192, keys=128, n=512)
+
+
 # ---------------------------------------------------------------- stage 11: the schedule
 
 TIMES = [dict(), dict(latency=3.0, load=2.0), dict(latency=0.0, load=0.2, issue=0.0, launch=0.0),

@@ -37,6 +37,7 @@ from IPython.display import display
 import flashlab as fl
 from flashlab import hopper as hp
 from flashlab import notebook as nb
+from flashlab import picks
 from flashlab import plots
 nb.banner("11_warpspec")
 
@@ -258,18 +259,29 @@ hp.claim_figure(heads=4, tiles=8, blocks=8)
 # comes about a ring's depth of key tiles (two here) before the item ends, early enough for the next
 # item's Q and first K to land in time, late enough that a block rarely holds a long item that
 # another block would have finished sooner. On the sweep's causal shapes, with this GPU's SMs (work
-# in key tiles of 128-row items; `… over even`: how much later than all the work spread evenly):
+# in 128-key tiles; an item is 64 rows per consumer, as `pick()` launches the stage: 192 rows at
+# D = 64 from N = 2048, 128 otherwise; `… over even`: how much later than all the work spread
+# evenly):
 
 # %%
-causal_shapes = {(D, N): (16384 // N * (2048 // D), N // 128) for D in (64, 128)
-                 for N in (512, 2048, 8192, 16384)}
+src11 = fl.stage("11_warpspec").source.read_text()
+
+
+def items(D, N):
+    """(heads, query tiles, rows, keys, N) of stage 11 under the mask, as its pick() runs it."""
+    keys, _, consumers = map(int, picks.launched(src11, D, True, N))
+    rows = 64 * consumers
+    return 16384 // N * (2048 // D), -(-N // rows), rows, keys, N
+
+
+causal_shapes = {(D, N): items(D, N) for D in (64, 128) for N in (512, 2048, 8192, 16384)}
 spans = hp.claim_makespans(list(causal_shapes.values()), blocks=sms)
 spans.index = pd.MultiIndex.from_tuples(list(causal_shapes), names=["D", "N"])
 spans[["items", "even_split", "static over even", "counter over even",
        "hardware over even"]].round(3)
 
 # %% [markdown]
-# A static split loses anything from 5 to 65 %, depending on how a head's tiles line up with the
+# A static split loses anything from 8 to 80 %, depending on how a head's tiles line up with the
 # number of SMs. The counter stays within about 1–7 % of an even split whatever the shape, as the
 # hardware's scheduling of separate blocks does. What the persistent block buys on top is in the
 # next figure.
