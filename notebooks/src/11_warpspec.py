@@ -451,12 +451,12 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 #
 # **Time.** Predicted 0.95–1.04× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
-# 0.91–1.16×, on average 1.04× at D = 64 and 1.09× at D = 128 (the run recorded in `data/` gave
-# the same table to within 0.02). The prediction holds at D = 128. At D = 64 the gain does not
+# 0.91–1.19×, on average 1.04× at D = 64 and 1.10× at D = 128 (the run recorded in `data/` gave
+# the same table to within 0.03). The prediction holds at D = 128. At D = 64 the gain does not
 # fade with N, and under the mask on short sequences stage 11 is slower.
 #
-# * **At D = 128 the gain fades, but less than the model says.** It is 1.16× at N = 512 and still
-#   1.07–1.09× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
+# * **At D = 128 the gain fades, but less than the model says.** It is 1.19× at N = 512 and still
+#   1.08–1.09× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
 #   items. An item of 128 tiles pays one prologue; what is left is per tile, and the model had
 #   none because, with its copies quicker than a tile's math, stage 10's ring was never short of
 #   data. Give the model copies slightly slower than a tile's math (below) and stage 10's
@@ -465,11 +465,11 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 #   (two of K and two of V against stage 10's three pairs). Under a whole GPU's load that is
 #   plausible; these measurements alone do not separate it from the other per-tile change, the
 #   copy instructions and the wait on `empty` gone from warpgroup 0's path.
-# * **At D = 64 on long sequences both compute with three warpgroups of 64 rows** (stage 10 from
-#   N = 4096, from N = 2048 under the mask), and the copies leaving the computing warps are worth
-#   1.05–1.12×, as much as at D = 128. At N = 2048 without the mask, where stage 10 still runs two
-#   warpgroups, stage 11's three gain 1.14×.
-# * **At N = 512 and 1024, D = 64 is a tie or a loss:** 0.99× and 1.03× without the mask, 0.91×
+# * **At D = 64 on long sequences both compute with three warpgroups of 64 rows** (without the
+#   mask from N = 2048, under it from N = 4096), and the copies leaving the computing warps are
+#   worth 1.05–1.15×, as much as at D = 128. Under the mask at N = 2048, where stage 10 still runs
+#   two warpgroups of 64-key tiles, stage 11's three consumers are level with it (1.01×).
+# * **At N = 512 and 1024, D = 64 is a tie or a loss:** 1.00× and 1.04× without the mask, 0.91×
 #   and 0.96× with it. There stage 10 runs two warpgroups with 64-key tiles, two blocks on each SM.
 #   Without the mask, stage 11's third consumer computes the rows past the end (section 3: a ninth
 #   more rows at these N). Under the mask, where it runs two consumers with 128-key tiles, the loss
@@ -492,9 +492,9 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # kernels are launched from CUDA graphs.
 #
 # **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.13× in the recorded run): level with
-# it or ahead from N = 4096 on (1.00–1.14×; at D = 64 with three consumers, 1.06–1.13×), and
-# 0.87–0.92× at N = 512, where an item is a few tiles and everything that is not the loop weighs
-# most. Against PyTorch's FlashAttention-2 backend (`sdpa_flash`) it is 1.35–2.30× faster.
+# it or ahead from N = 4096 on (1.00–1.14×; at D = 64, 1.00–1.12×), and 0.87–0.93× at N = 512,
+# where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
+# FlashAttention-2 backend (`sdpa_flash`) it is 1.36–2.30× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -528,12 +528,12 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is busier**, 40.0 % → 46.5 % of the time, in about the same time (0.0487 →
-#   0.0483 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
+# * **The tensor pipe is busier**, 39.9 % → 46.6 % of the time, in about the same time (0.0481 →
+#   0.0476 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
 #   rows, and N = 1024 is 5⅓ items of 192 rows: its tensor cores also multiply the 128 rows past the
 #   end, a ninth more work in the same time.
-# * **Waiting rose, against the prediction:** `long_scoreboard` about 10 → 12 %, `barrier` 4 → 10 %,
-#   `short_scoreboard` 5 → 7 % of warp time. Count the warps before reading the shares. A stage 11
+# * **Waiting rose, against the prediction:** `long_scoreboard` about 10 → 12 %, `barrier` 4 → 9 %,
+#   `short_scoreboard` 5 → 6 % of warp time. Count the warps before reading the shares. A stage 11
 #   block keeps thirteen warps alive — twelve consumer warps and the producer's warp 0 (its other
 #   three warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.6 % →
 #   19.8 % of 64 warps). The producer's warp is a thirteenth of the warp time, and it spends nearly
@@ -564,13 +564,13 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 #
 # | K wait | issue S | S wait | softmax | rescale O, pack P | V wait | issue P V | period |
 # |---|---|---|---|---|---|---|---|
-# | 212 / 142 | 501 / 410 | 295 / 365 | 1399 / 1508 | 298 / 235 | 106 / 111 | 195 / 253 | 3333 |
+# | 124 / 136 | 383 / 282 | 574 / 578 | 1402 / 1214 | 208 / 299 | 104 / 111 | 166 / 288 | 3188 |
 #
 # The other consumer's two products for its tile, 2 × 64·128·128 multiply-adds, keep the tensor
 # cores busy for about 1 024 cycles at their peak of 4 096 FLOP a cycle per SM, and a consumer's
 # own P V, run under its softmax, 512 more. Taking turns hides a softmax only if, with its
-# rescale, packing and waits, it is shorter than that. The softmax alone takes 1 400–1 500
-# cycles here, and with the rest about 1 900.
+# rescale, packing and waits, it is shorter than that. The softmax alone takes 1 200–1 400
+# cycles here, and with the rest about 1 600–1 700.
 #
 # Why is it so long? Its 66 exponentials are not the reason: one warp on each sub-partition
 # exponentiates at 8.35 cycles a warp instruction, the special-function unit's full rate (16
@@ -647,7 +647,7 @@ labs.check("11.registers", answer)
 #    cost at the end of a launch, and what would claiming only once the consumers are done cost?
 # 4. Stage 11 gave up stage 10's per-warpgroup skip of fully masked causal tiles. Where did that
 #    show in the measurements, and what must a consumer still do for a tile it skips?
-# 5. Section 11's trace gives a consumer 1 400–1 500 cycles of softmax a tile and the other
+# 5. Section 11's trace gives a consumer 1 200–1 400 cycles of softmax a tile and the other
 #    consumer's products about 1 024. Draw two tiles of a ping-pong schedule for the two consumers:
 #    where are the tensor cores idle, and how short must the softmax (with its rescale and
 #    packing) become before they are not?
@@ -691,8 +691,8 @@ labs.check("11.registers", answer)
 # %% [markdown]
 # **Instructor's answer.** *5.* Consumer A's S runs, then its softmax. Meanwhile the tensor cores
 # run A's P V and then B's S and P V: 512 + 1 024 cycles. A is ready to issue again only after
-# its softmax, rescale and packing (about 1 400 + 270 cycles) and its waits, so the tensor cores
-# idle for the difference, a few hundred cycles every turn, and the period is set by A's chain,
+# its softmax, rescale and packing (about 1 300 + 250 cycles) and its waits, so the tensor cores
+# idle for the difference, a hundred cycles or more every turn, and the period is set by A's chain,
 # not by the products. They stop idling when a consumer's softmax, rescale, packing and waits fit
 # in the other consumer's products plus its own P V, about 1 500 cycles. The softmax alone (950
 # cycles with no products beside it) would fit, but the products slow it by half. So the
@@ -713,7 +713,7 @@ labs.check("11.registers", answer)
 # - In a specialized kernel a waiting warp may be doing its job: read stall reasons by role.
 # - The next schedule, consumers taking turns at the tensor cores, pays only once a consumer's
 #   softmax is shorter than the other's products. Here, read from the SM clock, it is longer:
-#   1 400–1 500 cycles against about 1 024.
+#   1 200–1 400 cycles against about 1 024.
 
 # %%
 nb.reached("11_warpspec")
