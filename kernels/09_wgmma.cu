@@ -70,8 +70,9 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
 
   // The warpgroup index as lane 0 reads it. wgmma takes its descriptors from uniform registers,
   // which hold one value for the whole warp. From threadIdx.x alone, ptxas cannot prove the index
-  // is the same across the warp, builds the descriptors of this warpgroup's Q rows in ordinary
-  // registers and moves them over (R2UR) before every wgmma; read from lane 0, it is uniform.
+  // (and so Q's descriptors) is the same across the warp; it then keeps the loop's descriptors,
+  // K's and V's too, in ordinary registers and moves each over (R2UR) before its wgmma. Read from
+  // lane 0, the index is uniform, and so are they.
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
