@@ -260,13 +260,16 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
-// PICK: the block shape per head dim (keys per tile, warpgroups, buffers), measured on an H100
-// (tools/hopper_try.py). At D = 64 two warpgroups of 64-key tiles with six buffers, the loads four
-// tiles ahead (113 KiB of shared memory); 128-key tiles, with two warpgroups or three, lose at
-// every length and mask. At D = 128 the 128-key tiles of 225 KiB, one block an SM.
+// PICK: the block shape per head dim and mask (keys per tile, warpgroups, buffers), measured on an
+// H100 (tools/hopper_try.py). At D = 64 two warpgroups of 64-key tiles with six buffers, the loads
+// four tiles ahead (113 KiB of shared memory); 128-key tiles, with two warpgroups or three, lose at
+// every length and mask. At D = 128 the 128-key tiles of 225 KiB, one block an SM; under the mask,
+// one warpgroup of 64-key tiles with three buffers (113 KiB), two blocks an SM: a block's start
+// and end overlap the other block's work, and the tiles on the diagonal are smaller.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) return launch<T, 64, 64, 2, 6>(p, s);
+  if (p->causal) return launch<T, 128, 64, 1, 3>(p, s);
   return launch<T, 128, 128, 2, 3>(p, s);
 }
 
