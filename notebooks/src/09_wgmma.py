@@ -193,7 +193,7 @@ nb.show_lines("09_wgmma", r"// The warpgroup index as lane 0 reads it", r"const 
 #
 # Loads are stage 08's `cp.async`, now writing the 128-byte swizzle (`load_tile_async`), so that
 # the comparison with stage 08 is about the instruction. A block is two warpgroups (128 query
-# rows). The K/V loop:
+# rows; one under the causal mask at D = 128, section 5). The K/V loop:
 
 # %%
 nb.show_lines("09_wgmma", r"for \(int j = 0; j < n_tiles; j\+\+\)", r"// Online softmax")
@@ -210,7 +210,10 @@ nb.show_lines("09_wgmma", r"for \(int j = 0; j < n_tiles; j\+\+\)", r"// Online 
 #   The price is a buffer: while P·V of tile `j` still reads V of `j`, the loads may refill only
 #   the buffer of tile `j − 2`, so with `STAGES` buffers the loads run `STAGES − 2` tiles ahead.
 #   `pick()` chooses 6 buffers of 64 keys at D = 64 (113 KiB of shared memory) and 3 of 128 keys
-#   at D = 128 (225 KiB of shared memory, one block per SM):
+#   at D = 128 (225 KiB of shared memory, one block per SM). Under the causal mask at D = 128 a
+#   block is one warpgroup with 3 buffers of 64 keys (113 KiB, two blocks per SM): one block's
+#   first loads and last stores then run beside the other block's products, and the tiles on the
+#   diagonal, half masked, are smaller:
 
 # %%
 nb.show_lines("09_wgmma", r"// PICK", r"^}")
