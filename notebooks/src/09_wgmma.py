@@ -333,7 +333,7 @@ plots.scaling(last="09_wgmma")
 #
 # **Time.** Predicted about 1.06× at the teaching config and more at D = 128. Measured, with both
 # stages timed in turn in this run: 1.10× at the teaching config; over the sweep 1.09–1.18× at
-# D = 64 (1.15× on average) and 1.09–1.35× at D = 128 (1.26×), more on long sequences than on short
+# D = 64 (1.15× on average) and 1.14–1.39× at D = 128 (1.28×), more on long sequences than on short
 # ones. The model got the direction and roughly the size. Where the gain is smallest shows what it
 # left out.
 #
@@ -347,14 +347,16 @@ plots.scaling(last="09_wgmma")
 #   warpgroups of a block run in step: both issue S, both wait, both exponentiate, and while they
 #   do, the tensor cores have nothing to do. The instruction made the products faster; the softmax
 #   between them is now the larger part of a tile. On short sequences, and under the causal mask
-#   where a block has few tiles (D = 128 causal at N = 512: 1.09×), the fixed cost of each block —
-#   its first loads, the wait for the first S, the write-back — weighs more as well.
+#   where a block has few tiles (D = 128 causal at N = 512: 1.14×), the fixed cost of each block —
+#   its first loads, the wait for the first S, the write-back — weighs more as well. That is why
+#   `pick()` runs blocks of one warpgroup there, two to an SM: one block's fixed costs then overlap
+#   the other's products (1.02–1.05× faster than two warpgroups of 128-key tiles, timed in turn).
 # * **How the operands reach the instruction counts.** The descriptors come from uniform
 #   registers (section 4). Built from `threadIdx.x`, they were moved there 48 times a tile at
 #   D = 128; timed in turn on the H100, that kernel was 1.03–1.10× slower over the sweep than this
 #   one — at D = 64, most of what this stage gains over stage 08.
 #
-# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.69–0.94×: the gap is what overlapping
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.70–0.94×: the gap is what overlapping
 # the softmax with the products is worth.
 
 # %% [markdown]
@@ -381,16 +383,16 @@ plots.idea_metrics(only=["09_wgmma"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is *less* busy — 49 % → 37 % — in less time (0.058 → 0.053 ms).** The
+# * **The tensor pipe is *less* busy — 49 % → 37 % — in less time (0.058 → 0.052 ms).** The
 #   counter measures the cycles the pipe is working, not the work it does in them. The kernels do
-#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (37 × 0.053) ≈ 1.5
+#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (37 × 0.052) ≈ 1.5
 #   times the work of one of `mma.sync`: the two-thirds-of-peak ceiling of `mma.sync`, seen from
 #   the other side. A metric that counts activity, not throughput, can fall when a kernel gets
 #   better.
 # * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 14 % now:
 #   the 256 `mma.sync` and 80 `ldmatrix` of a D = 128 loop trip became 16 `wgmma`. Shared-memory
 #   wavefronts fell by a fifth and load bank conflicts to zero (the hardware's swizzle).
-# * **New waits:** `barrier` (2.6 → 11.8 %) and `mio_throttle` (2.8 → 9.8 %). Each tile, all 256
+# * **New waits:** `barrier` (2.5 → 11.7 %) and `mio_throttle` (2.8 → 9.8 %). Each tile, all 256
 #   threads issue their `cp.async` copies and meet at `__syncthreads`: the slower warpgroup and the
 #   copy queue now decide when the tensor cores get the next tile. That is what stage 10 removes.
 

@@ -479,7 +479,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 #   skipped. Notebook 12 gives each consumer only the tiles its own rows need.
 #
 # **The teaching config** is one launch of about 50 µs at D = 64, N = 1024: predicted 0.95–1.04×,
-# measured 1.02× (1.01× in bf16; 1.02× in fp16 and bf16 in the recorded run), every row tight (the
+# measured 1.02× (1.01× in bf16; 1.02× in fp16 and 1.01× in bf16 in the recorded run), every row tight (the
 # check above): inside the band.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
@@ -491,7 +491,7 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.13× in the recorded run): level with
+# **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.14× in the recorded run): level with
 # it or ahead from N = 4096 on (1.00–1.14×; at D = 64, 1.00–1.12×), and 0.87–0.93× at N = 512,
 # where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
 # FlashAttention-2 backend (`sdpa_flash`) it is 1.36–2.30× faster.

@@ -313,7 +313,7 @@ plots.scaling(last="12_tma_store")
 # 1.07× in fp16 and bf16 here, 1.08× in both in the recorded run, every row tight (the check
 # above): inside the predicted band of 1.05–1.15×.
 #
-# **Against cuDNN** stage 12 runs at 1.01–1.16× here (1.01–1.14× in the recorded run): ahead at
+# **Against cuDNN** stage 12 runs at 1.01–1.16× here (1.00–1.16× in the recorded run): ahead at
 # every config of the sweep. The margin is widest at D = 64 (1.02–1.13×), where three consumers
 # keep more softmaxes beside the tensor cores, and narrowest at D = 128 on short sequences without
 # the mask (1.01–1.02× at N = 512 to 2048). There an item is a few tiles, the two consumers start
