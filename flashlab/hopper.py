@@ -954,10 +954,10 @@ def item_tiles(item, tiles, causal, longest_first=True, rows=128, keys=128, n=No
     if not (tiles - 1) * rows < n <= tiles * rows:
         raise ValueError(f"{tiles} query tiles of {rows} rows do not cover a sequence of {n}")
     if not causal:
-        return -(-n // keys)
+        return math.ceil(n / keys)
     qt = item % tiles
     q0 = (tiles - 1 - qt if longest_first else qt) * rows
-    return -(-min(n, q0 + rows) // keys)
+    return math.ceil(min(n, q0 + rows) / keys)
 
 
 def claim_schedule(heads=4, tiles=8, blocks=8, causal=True, policy="counter", longest_first=True,
