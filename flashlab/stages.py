@@ -316,6 +316,17 @@ def stages():
     return list(_STAGES)
 
 
+def introduced_through(key) -> set:
+    """The machine-code categories the workbook has met by stage `key`: those some stage up to it
+    names as present in its kernels, and the shared ones every stage asserts (no spills, ...)."""
+    last = stage(key).number
+    found = set(COMMON_SASS)
+    for st in _STAGES:
+        if st.number <= last:
+            found |= {c for c, present in st.sass.items() if present}
+    return found
+
+
 def before(key):
     """The stage a stage improves on, and its notebook measures against: the one before it in
     order (None for the first)."""

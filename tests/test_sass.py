@@ -267,3 +267,22 @@ def test_cli_names_the_arch_a_hopper_stage_is_built_for(capsys):
     hopper = next(st for st in fl.stages() if st.arch_specific)
     assert main(["sass", hopper.slug, "--arch", "sm_80"]) == 2
     assert f"{hopper.slug} is built for sm_90a, not sm_80" in capsys.readouterr().err
+
+
+def test_a_lesson_table_shows_only_the_instructions_met_so_far(monkeypatch, capsys):
+    # from data/sass.csv, as where nvcc or cuobjdump is missing: same columns either way
+    monkeypatch.setattr(sass, "table", lambda *a, **k: (_ for _ in ()).throw(OSError("no nvcc")))
+    from flashlab import notebook as nb
+    from flashlab.stages import introduced_through
+    assert "HGMMA" not in introduced_through(6) and "LDL" in introduced_through(6)
+    assert {"HGMMA", "UTMALDG", "UTMASTG", "USETMAXREG"} <= introduced_through(12)
+    ampere = nb.instruction_mix("05_mma", "06_swizzle")
+    assert {"HMMA", "LDSM", "LDL", "STL", sass.TOTAL} <= set(ampere.columns)
+    assert not {"HGMMA", "UTMALDG", "UTMASTG", "SYNCS", "USETMAXREG", "LDGSTS"} & set(ampere.columns)
+    assert set(ampere.index.get_level_values("stage")) == {"05_mma", "06_swizzle"}
+    # the stage that brings an instruction shows it, and the one before it shows its zero
+    hopper = nb.instruction_mix("08_tuned", "09_wgmma")
+    assert (hopper.loc["08_tuned", "HGMMA"] == 0).all() and (hopper.loc["09_wgmma", "HGMMA"] > 0).all()
+    assert "UTMALDG" not in hopper.columns
+    # a category no stage names still shows where a kernel uses it
+    assert "R2UR" in hopper.columns or (nb.instructions("09_wgmma")["R2UR"] == 0).all()

@@ -80,6 +80,17 @@ def instructions(stage, arch=None) -> pd.DataFrame:
     return wide[[*sass.CATEGORIES, sass.TOTAL]].astype(int).rename_axis(columns=None)
 
 
+def instruction_mix(*stages, arch=None) -> pd.DataFrame:
+    """instructions() of several stages in one table, a row per (stage, kernel), for a lesson to
+    compare them. It keeps the categories that some kernel shown uses, or that the workbook has met
+    by the last of the stages (stages.introduced_through: "no LDL" stays a row). So a table of
+    stages 05 and 06 has no all-zero rows for the Hopper instructions that come later."""
+    from ..stages import introduced_through
+    wide = pd.concat([instructions(s, arch) for s in stages])
+    met = introduced_through(max((_stage(s) for s in stages), key=lambda st: st.number))
+    return wide[[c for c in wide.columns if c in met or (wide[c] != 0).any()]]
+
+
 @contextlib.contextmanager
 def _disassembling():
     """Static SASS inspection beyond instructions()' categories is not recorded in data/: where

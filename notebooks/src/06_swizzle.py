@@ -176,7 +176,7 @@ with nb.unless_missing():
 
 # %%
 with nb.unless_missing():
-    mix = pd.concat([nb.instructions("05_mma"), nb.instructions("06_swizzle")]).droplevel("stage")
+    mix = nb.instruction_mix("05_mma", "06_swizzle").droplevel("stage")
     display(mix[mix.index.str.contains("__half")].T)
     for d_ in (64, 128):
         a, b = (mix.loc[f"{k}<__half, {d_}, {BR}, {BC}>"] for k in ("mma_kernel", "swizzle_kernel"))
@@ -198,7 +198,7 @@ with nb.unless_missing():
 
 # %%
 with nb.unless_missing():
-    totals = pd.concat([nb.instructions("05_mma"), nb.instructions("06_swizzle")])["total"]
+    totals = nb.instruction_mix("05_mma", "06_swizzle")["total"]
     for d_ in (64, 128):
         body = nb.loop_bodies(["05_mma", "06_swizzle"], kernel=rf"__half, {d_},")
         display(body)

@@ -234,7 +234,7 @@ gain_band = (1.0, bound)
 
 # %%
 with nb.unless_missing():
-    mix = pd.concat([nb.instructions("06_swizzle"), nb.instructions("07_cp_async")])
+    mix = nb.instruction_mix("06_swizzle", "07_cp_async")
     display(mix[mix.index.get_level_values("kernel").str.contains("__half")].droplevel("stage").T)
 
 # %%

@@ -413,13 +413,13 @@ with nb.unless_missing():
           f"of all; IMAD.MOV (register copies): {on['IMAD.MOV (moves)'] - off['IMAD.MOV (moves)']:+d}")
 
 # %% [markdown]
-# The category counts of both stages (`nb.instructions`, from `data/sass.csv` where `cuobjdump`
-# is not installed):
+# The category counts of both stages side by side (`nb.instruction_mix`, from `data/sass.csv`
+# where `cuobjdump` is not installed):
 
 # %%
 with nb.unless_missing():
-    display(nb.instructions("07_cp_async"))
-    display(nb.instructions("08_tuned"))
+    mix = nb.instruction_mix("07_cp_async", "08_tuned")
+    display(mix[mix.index.get_level_values("kernel").str.contains("__half")].droplevel("stage").T)
 
 # %%
 measured("LANE_OFFSETS")
