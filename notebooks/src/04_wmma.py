@@ -273,7 +273,7 @@ if t is not None:
 # ### Discussion
 #
 # The model predicted 87–173 TFLOP/s; stage 04 ran at about 112 TFLOP/s in fp16, inside the band
-# at 62 % of its shared-memory bound, and about 3.7× stage 03 (predicted 2.9–5.8×). A far higher
+# at 63 % of its shared-memory bound, and about 3.7× stage 03 (predicted 2.9–5.8×). A far higher
 # roof bought less than 4×, as predicted: the bytes around the tensor cores set the pace.
 #
 # bf16 runs at about 0.83× fp16. The instruction counts (`nb.instructions("04_wmma")`) point at
@@ -323,7 +323,7 @@ if "04_wmma" in p04.columns:
 #
 # The top stall, `short_scoreboard` at about 42 %, is a warp waiting for a shared-memory result:
 # each step is a round trip that waits for the one before (store S, load S, store P, load P, load
-# O). That latency, with two barriers per tile, keeps the kernel at 62 % of its bound.
+# O). That latency, with two barriers per tile, keeps the kernel at 63 % of its bound.
 #
 # ## 11 · Against every stage and baseline
 #
@@ -408,7 +408,7 @@ plots.roofline(last="04_wmma")
 # gains. The round trips, 58 % of the traffic, are the target (stage 05).
 
 # %% [markdown]
-# **Instructor's answer.** *2.* The measured ceiling, 763 TFLOP/s: it is what a tuned product
+# **Instructor's answer.** *2.* The measured ceiling, 745 TFLOP/s: it is what a tuned product
 # reaches on this GPU at the clock it holds under tensor-core load, so the gap to it is a gap a
 # kernel can hope to close (stage 04's 112 TFLOP/s is 15 % of it, 11 % of 989). The datasheet's
 # figure assumes 1.83 GHz sustained; quote it beside papers that use it, and say which one you

@@ -396,7 +396,7 @@ with nb.unless_missing():
 #
 # The model predicted 185–369 TFLOP/s; stage 05 ran at about 170 TFLOP/s in fp16 (bf16 the
 # same), **below the band**: 40 % of its shared-memory bound, about 70 % of `sdpa_flash` against
-# the 75–150 % predicted. It is still about 1.5× stage 04. Either the traffic was miscounted, or
+# the 74–149 % predicted. It is still about 1.5× stage 04. Either the traffic was miscounted, or
 # shared memory was not kept busy; the sweep and the profile below decide which.
 
 # %% [markdown]
@@ -451,8 +451,8 @@ with nb.unless_missing():
 #
 # **The count was right; the unit was idle.** The wavefronts match section 7 within 3 %, and the
 # idea worked: 2.9·10⁷ wavefronts in stage 04, 1.1·10⁷ here. Conflicts fell from 2.1·10⁵ to
-# 1.4·10³ loads, but both are under 1 % of the wavefronts — noise either way. Yet that traffic
-# kept shared memory busy at most 43 % of the clocks, the tensor pipe 31 %, the issue slots
+# 7·10² loads, but both are under 1 % of the wavefronts — noise either way. Yet that traffic
+# kept shared memory busy at most 44 % of the clocks, the tensor pipe 30 %, the issue slots
 # about 38 %. **No unit is even half busy**: the kernel is bound by no throughput but by
 # **latency**, warps with nothing ready to issue. The band's lower edge assumed the binding unit
 # busy at least half the time — the assumption that failed.
@@ -461,13 +461,13 @@ with nb.unless_missing():
 # a global load: the synchronous copy of each K/V tile, which a block makes and then waits for at
 # a barrier. Next, `wait` (20 %): an instruction waiting a fixed number of clocks for an
 # arithmetic result, in chains such as `mma`s accumulating into the same registers. Few warps
-# hide it: 157 registers a thread allow 3 blocks, 12 warps per SM (17 % occupancy), 3 per
+# hide it: 157 registers a thread allow 3 blocks, 12 warps per SM (18 % occupancy), 3 per
 # scheduler. The two named risks are not what the profile shows: the tensor pipe is mostly idle,
 # and the K/V loads appear as latency, not as a throttle on the memory pipe (`lg_throttle` is 0).
 #
 # **Size.** The teaching config is small — 2.6 waves of blocks, 16 K/V tiles each — so prologue,
 # epilogue and the last wave weigh more. With up to 8 times the blocks, the sweep reaches up to
-# 230 TFLOP/s, the bottom of the band, at a median 0.73× `sdpa_flash`.
+# 233 TFLOP/s, the bottom of the band, at a median 0.73× `sdpa_flash`.
 #
 # ## 13 · Resources: registers, no spills, and the instructions
 #

@@ -265,10 +265,10 @@ nb.compare("fp16", names=["sdpa_efficient", "04_wmma", "05_mma", "06_swizzle", "
 # ### Discussion
 #
 # Predicted: stage 05's time (0.97–1.03×). Measured, with both stages timed in turn: 1.03× at the
-# teaching config (170 → 174 TFLOP/s), at the edge of the band, and 0.98–1.06× over the sweep, in
+# teaching config (169 → 174 TFLOP/s), at the edge of the band, and 0.98–1.07× over the sweep, in
 # two directions. At D = 128 stage 06 is 0.5–2 % slower at every point, about what its extra integer
-# instructions cost (+1.1 % a loop trip). At D = 64 it is faster the longer the sequence, 1.02–1.06×
-# from N = 2048 on, far more than its +0.8 % of extra instructions would take back; the model
+# instructions cost (+1.0 % a loop trip). At D = 64 it is faster the longer the sequence, 1.01–1.07×
+# from N = 2048 on, far more than its +0.9 % of extra instructions would take back; the model
 # counted the same wavefronts for both and does not explain that gain, nor does occupancy (three
 # blocks an SM for both, the table in section 3). Timed in separate runs, one stage after the other,
 # the two come out equal within 2 % everywhere: the GPU's clock, which drifts by a few per cent
@@ -316,9 +316,9 @@ for s in ("05_mma", "06_swizzle"):
 # %% [markdown]
 # ### Discussion
 #
-# Predicted: about zero conflicts, and stage 05's wavefronts. Measured: stage 06 has about 7 100
-# conflicts (2 700 on loads, 4 400 on stores) in 1.1·10⁷ wavefronts, 0.06 %; stage 05 about
-# 52 000, 0.46 %. Load conflicts doubled, 1 400 → 2 700, but that is 0.013 % → 0.025 % of the
+# Predicted: about zero conflicts, and stage 05's wavefronts. Measured: stage 06 has about 6 700
+# conflicts (2 700 on loads, 3 900 on stores) in 1.1·10⁷ wavefronts, 0.06 %; stage 05 about
+# 57 000, 0.51 %. Load conflicts rose, 700 → 2 700, but that is 0.006 % → 0.025 % of the
 # wavefronts: noise, not a regression. A real conflict costs whole multiples (dense rows: 6.6×
 # the wavefronts). Both predictions held.
 #

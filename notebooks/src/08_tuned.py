@@ -309,7 +309,7 @@ plots.roofline(last="08_tuned")
 # scored about 235 TFLOP/s at D = 64 where stage 07's own sweep gives about 260. Ratios within one
 # session are fair; across sessions they are not. The smallest gains are at causal N = 512, where
 # blocks have few tiles. Against FlashAttention-2 (`sdpa_flash`, also `mma.sync`) stage 08 is level
-# at D = 128 without a mask (0.98–1.02×) and ahead everywhere else (1.08–1.34×); it reaches
+# at D = 128 without a mask (0.98–1.02×) and ahead everywhere else (1.08–1.33×); it reaches
 # 0.52–0.80× of cuDNN, furthest behind at D = 128. Every shape here still feeds the tensor cores
 # Ampere's way; the roofline's remaining gap calls for Hopper's `wgmma` and TMA, on which
 # FlashAttention-3 is built.
