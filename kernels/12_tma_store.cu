@@ -356,11 +356,11 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
     wgmma_wait<0>();
     if (n_mine > 0) {
       if (lane == 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
+      store(bh, q0, l);  // rows past N: the TMA would drop them anyway
     } else if (prev_slot >= 0 && threadIdx.x % 128 == 0) {
       bulk_wait_read();  // no first tile to release the previous item's Q buffer at: do it here
       mbar_arrive(q_empty + 8 * prev_slot);
     }
-    if (n_mine > 0) store(bh, q0, l);  // rows past N: the TMA would drop them anyway
     prev_slot = slot;
     // The item's tiles past this warpgroup's rows go back unread. Each waits for its data first:
     // the producer refilled that buffer only once every consumer had released its previous use,
