@@ -290,16 +290,16 @@ plots.scaling(last="12_tma_store")
 # **Time.** The prediction was a gain that shrinks as items grow, about 1.1× at N = 512 and 1.05×
 # at N = 1024, plus section 5's at D = 64. Measured, with stages 11 and 12 and the two baselines
 # timed in turn at each config (the run recorded in `data/`, stages 08–10 beside them, gave the same
-# table to within 0.02): 1.15–1.16× at N = 512 and 1.09–1.11× at N = 1024, then 1.05–1.12× at
-# N = 2048 and 1.00–1.08× from N = 4096 on. That is the predicted shape, a little above the
+# table to within 0.02): 1.15–1.17× at N = 512 and 1.09–1.12× at N = 1024, then 1.05–1.13× at
+# N = 2048 and 1.00–1.09× from N = 4096 on. That is the predicted shape, a little above the
 # model at the short end at both head dims: 1.16× at N = 512 where the model gives 1.11.
 #
-# * **At D = 64 without the mask** the store and the rows past the end add up to 1.16× and 1.11×
-#   at N = 512 and 1024, and fade to 1.00–1.01× from N = 8192, where a sequence is 43–85 items and
+# * **At D = 64 without the mask** the store and the rows past the end add up to 1.17× and 1.12×
+#   at N = 512 and 1024, and fade to 1.00–1.02× from N = 8192, where a sequence is 43–85 items and
 #   only the last one has rows past its end. There stage 12 runs stage 11's kernel with another
 #   store, and the two tie.
-# * **At D = 64 under the mask** section 5's tiles add to the store: 1.16×, 1.11× and 1.12× at
-#   N = 512, 1024 and 2048, and still 1.03–1.08× from N = 4096 on, where the store alone would
+# * **At D = 64 under the mask** section 5's tiles add to the store: 1.17×, 1.12× and 1.13× at
+#   N = 512, 1024 and 2048, and still 1.03–1.09× from N = 4096 on, where the store alone would
 #   give 1.01–1.02×. Those are the tiles the first consumers of each 192-row item no longer run.
 # * **Where it missed.** At D = 128, where only the store changes, the model says 1.01–1.03× from
 #   N = 4096 on. Without the mask the measured cells agree: 1.03–1.04×, with 160-key tiles
@@ -314,11 +314,11 @@ plots.scaling(last="12_tma_store")
 # above): inside the predicted band of 1.05–1.15×.
 #
 # **Against cuDNN** stage 12 runs at 1.01–1.16× here (1.00–1.16× in the recorded run): ahead at
-# every config of the sweep. The margin is widest at D = 64 (1.02–1.13×), where three consumers
+# every config of the sweep. The margin is widest at D = 64 (1.03–1.14×), where three consumers
 # keep more softmaxes beside the tensor cores, and narrowest at D = 128 on short sequences without
 # the mask (1.01–1.02× at N = 512 to 2048). There an item is a few tiles, the two consumers start
 # and end it together, and cuDNN's warpgroups take turns (section 10) where these do not. Stage
-# 11 was 0.87–1.14×. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.57–2.32× faster.
+# 11 was 0.87–1.14×. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.59–2.34× faster.
 
 # %% [markdown]
 # ## 9 · The profile
@@ -348,16 +348,16 @@ plots.idea_metrics(only=["12_tma_store"])
 # * **The stores are gone from the load/store path**, as predicted: stage 11's 8 sectors per store
 #   request (the half-filled sectors of section 1) become no request at all. The only global
 #   stores left are the TMA's, which Nsight Compute does not count as the SM's requests.
-# * **The kernel is 1.10× faster under the profiler** (0.0483 → 0.0438 ms), the tensor pipe busy
-#   about as much of the time (46.5 % → 46.9 %). Both compute with three consumers here, so the
+# * **The kernel is 1.08× faster under the profiler** (0.0476 → 0.0442 ms), the tensor pipe busy
+#   about as much of the time (46.6 % → 46.8 %). Both compute with three consumers here, so the
 #   tensor cores do a ninth less work in stage 12, whose consumers past the end of the sequence
 #   compute nothing (section 5): the same share of a shorter time is the products that remain.
 # * **Fewer short waits:** `short_scoreboard` (waiting for shared memory and other variable-latency
-#   units) about 6.5 % → 3.3 %, and `lg_throttle` (a full queue of global memory instructions) goes
+#   units) about 6.4 % → 3.2 %, and `lg_throttle` (a full queue of global memory instructions) goes
 #   to zero. `long_scoreboard` rose (12 → 16 %). Polling an mbarrier is counted there, and the
 #   consumers past the end poll the `full` barrier of every tile they hand back: a likely reason,
 #   not measured on its own.
-# * **A surprise: bank conflicts on shared-memory stores,** about 2.6 thousand against stage 11's
+# * **A surprise: bank conflicts on shared-memory stores,** about 3.2 thousand against stage 11's
 #   handful, where section 2's bank map promises none. They are few: the kernel issues tens of
 #   thousands of warp-wide `st.shared` for O at this config, so they add a few per cent to those
 #   stores' wavefronts, and O's stores are a small part of all shared-memory traffic
