@@ -265,7 +265,7 @@ print(f"f = {f:.2f}, r = {r:.2f} -> predicted speedup {predicted:.2f}x at the te
 
 # %%
 with nb.unless_missing():
-    mix = pd.concat([nb.instructions("08_tuned"), nb.instructions("09_wgmma")])
+    mix = nb.instruction_mix("08_tuned", "09_wgmma")
     display(mix[mix.index.get_level_values("kernel").str.contains("__half")].droplevel("stage").T)
 
 # %%

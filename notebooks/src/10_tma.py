@@ -200,7 +200,7 @@ gain_band = (1.05, 1.15)
 
 # %%
 with nb.unless_missing():
-    mix = pd.concat([nb.instructions("09_wgmma"), nb.instructions("10_tma")])
+    mix = nb.instruction_mix("09_wgmma", "10_tma")
     display(mix[mix.index.get_level_values("kernel").str.contains("__half")].droplevel("stage").T)
 
 # %%

@@ -357,7 +357,7 @@ gain_band = (0.95, 1.04)
 
 # %%
 with nb.unless_missing():
-    mix = pd.concat([nb.instructions("10_tma"), nb.instructions("11_warpspec")])
+    mix = nb.instruction_mix("10_tma", "11_warpspec")
     display(mix[mix.index.get_level_values("kernel").str.contains("__half")].droplevel("stage").T)
 
 # %%
