@@ -333,7 +333,7 @@ plots.scaling(last="09_wgmma")
 #
 # **Time.** Predicted about 1.06× at the teaching config and more at D = 128. Measured, with both
 # stages timed in turn in this run: 1.10× at the teaching config; over the sweep 1.09–1.18× at
-# D = 64 (1.15× on average) and 1.14–1.39× at D = 128 (1.28×), more on long sequences than on short
+# D = 64 (1.15× on average) and 1.14–1.39× at D = 128 (1.27×), more on long sequences than on short
 # ones. The model got the direction and roughly the size. Where the gain is smallest shows what it
 # left out.
 #

@@ -451,12 +451,12 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 #
 # **Time.** Predicted 0.95–1.04× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
-# 0.91–1.19×, on average 1.04× at D = 64 and 1.10× at D = 128 (the run recorded in `data/` gave
+# 0.91–1.18×, on average 1.04× at D = 64 and 1.10× at D = 128 (the run recorded in `data/` gave
 # the same table to within 0.03). The prediction holds at D = 128. At D = 64 the gain does not
 # fade with N, and under the mask on short sequences stage 11 is slower.
 #
-# * **At D = 128 the gain fades, but less than the model says.** It is 1.19× at N = 512 and still
-#   1.08–1.09× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
+# * **At D = 128 the gain fades, but less than the model says.** It is 1.18× at N = 512 and still
+#   1.07–1.09× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
 #   items. An item of 128 tiles pays one prologue; what is left is per tile, and the model had
 #   none because, with its copies quicker than a tile's math, stage 10's ring was never short of
 #   data. Give the model copies slightly slower than a tile's math (below) and stage 10's
@@ -491,10 +491,10 @@ pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.14× in the recorded run): level with
-# it or ahead from N = 4096 on (1.00–1.14×; at D = 64, 1.00–1.12×), and 0.87–0.93× at N = 512,
+# **Against cuDNN** stage 11 runs at 0.88–1.14× here (0.87–1.14× in the recorded run): level with
+# it or ahead from N = 4096 on (0.99–1.14×; at D = 64, 0.99–1.13×), and 0.88–0.93× at N = 512,
 # where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
-# FlashAttention-2 backend (`sdpa_flash`) it is 1.36–2.30× faster.
+# FlashAttention-2 backend (`sdpa_flash`) it is 1.35–2.29× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -528,12 +528,12 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is busier**, 39.9 % → 46.6 % of the time, in about the same time (0.0481 →
-#   0.0476 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
+# * **The tensor pipe is busier**, 40.0 % → 46.4 % of the time, in about the same time (0.0487 →
+#   0.0475 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
 #   rows, and N = 1024 is 5⅓ items of 192 rows: its tensor cores also multiply the 128 rows past the
 #   end, a ninth more work in the same time.
 # * **Waiting rose, against the prediction:** `long_scoreboard` about 10 → 12 %, `barrier` 4 → 9 %,
-#   `short_scoreboard` 5 → 6 % of warp time. Count the warps before reading the shares. A stage 11
+#   `short_scoreboard` 5 → 7 % of warp time. Count the warps before reading the shares. A stage 11
 #   block keeps thirteen warps alive — twelve consumer warps and the producer's warp 0 (its other
 #   three warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.6 % →
 #   19.8 % of 64 warps). The producer's warp is a thirteenth of the warp time, and it spends nearly
