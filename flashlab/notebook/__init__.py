@@ -16,7 +16,8 @@ from ..tables import NotRecorded
 from .code import excerpt, extract, show_diff, show_lines, show_source
 from .measured import (Evaluation, attention_alone, compare, evaluate, in_a_model, profile, published_minimal,
                        reached, speedup, sweep_ratio, teaching_rows)
-from .static import blocks_per_sm, instruction_mix, instructions, loop_bodies, opcode_changes, resources, sass_lines
+from .static import (blocks_per_sm, instruction_mix, instructions, loop_bodies, opcode_changes, resources,
+                     sass_lines)
 from .view import GPU, banner, not_recorded, the_gpu, unless_missing
 
 __all__ = ["GPU", "Evaluation", "NotRecorded", "attention_alone", "banner", "blocks_per_sm", "compare",
