@@ -8,6 +8,7 @@ import pandas as pd
 
 from .. import ptxas, tables
 from ..bench import Config, teaching
+from ..stages import introduced_through
 from ..stages import stage as _stage
 from ..tables import NotRecorded
 from .view import gpu, not_recorded, the_gpu
@@ -85,7 +86,6 @@ def instruction_mix(*stages, arch=None) -> pd.DataFrame:
     compare them. It keeps the categories that some kernel shown uses, or that the workbook has met
     by the last of the stages (stages.introduced_through: "no LDL" stays a row). So a table of
     stages 05 and 06 has no all-zero rows for the Hopper instructions that come later."""
-    from ..stages import introduced_through
     wide = pd.concat([instructions(s, arch) for s in stages])
     met = introduced_through(max((_stage(s) for s in stages), key=lambda st: st.number))
     return wide[[c for c in wide.columns if c in met or (wide[c] != 0).any()]]
