@@ -72,10 +72,12 @@ SOURCE = {
     "release": ("10_tma.cu", "if (j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % "
                              "STAGES));"),
     "ahead": ("10_tma.cu", "constexpr int AHEAD = STAGES - 2;"),
-    "producer_regs": ("11_warpspec.cu", "static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : "
-                                        "40;"),
-    "consumer_regs": ("11_warpspec.cu", "static constexpr int CONSUMER_REGS = (512 - "
-                                        "PRODUCER_REGS) / CONSUMERS / 8 * 8;"),
+    "producer_regs": ("11_warpspec.cu", "static constexpr int PRODUCER_REGS = CONSUMERS == 3 || "
+                                        "BLOCKS == 2 ? 32 : 40;"),
+    "consumer_regs": ("11_warpspec.cu", "static constexpr int CONSUMER_REGS = (ENTRY_REGS * (1 + "
+                                        "CONSUMERS) - PRODUCER_REGS) / CONSUMERS / 8 * 8;"),
+    "entry_regs": ("11_warpspec.cu", "static constexpr int ENTRY_REGS = 65536 / BLOCKS / THREADS "
+                                     "/ 8 * 8;"),
     "work_tile": ("11_warpspec.cu", "q0 = (causal ? tiles - 1 - qt : qt) * BR;"),
     "first_item": ("11_warpspec.cu", "int ring = 0, item = blockIdx.x;"),
     "claim": ("11_warpspec.cu", "item = gridDim.x + atomicAdd(next_item, 1);"),
@@ -793,38 +795,44 @@ REG_UNIT = 8             # registers are allocated (and setmaxnreg counts) in mu
 SETMAXNREG_RANGE = (24, 256)
 
 
-def entry_registers(threads, regs_per_sm=REGS_PER_SM) -> int:
-    """The registers a thread may hold when a kernel starts under `__launch_bounds__(threads, 1)`:
-    one block of `threads` must fit the register file, so 65 536 / threads, rounded down to a
-    multiple of 8 and at most 255. ptxas compiles the whole kernel for this cap (it reports it as
-    the kernel's registers); setmaxnreg moves it per warpgroup at run time."""
+def entry_registers(threads, regs_per_sm=REGS_PER_SM, blocks=1) -> int:
+    """The registers a thread may hold when a kernel starts under `__launch_bounds__(threads,
+    blocks)`: `blocks` blocks of `threads` must fit the register file, so 65 536 / blocks /
+    threads, rounded down to a multiple of 8 and at most 255. ptxas compiles the whole kernel for
+    this cap (it reports it as the kernel's registers); setmaxnreg moves it per warpgroup at run
+    time."""
     if threads <= 0 or threads % WARPGROUP:
         raise ValueError("threads is a positive multiple of 128 (whole warpgroups)")
-    return min(MAX_REGS_THREAD, regs_per_sm // threads // REG_UNIT * REG_UNIT)
+    if blocks < 1:
+        raise ValueError("at least one block an SM")
+    return min(MAX_REGS_THREAD, regs_per_sm // blocks // threads // REG_UNIT * REG_UNIT)
 
 
-def producer_registers(consumers) -> int:
-    """11_warpspec.cu's `static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : 40;`: what
-    its producer keeps after setmaxnreg.dec. 40 is what its loop needs at D = 128 without
-    spilling; with three consumers it gives up all but 32, so that each consumer gets 160."""
+def producer_registers(consumers, blocks=1) -> int:
+    """11_warpspec.cu's `static constexpr int PRODUCER_REGS = CONSUMERS == 3 || BLOCKS == 2 ? 32 :
+    40;`: what its producer keeps after setmaxnreg.dec. 40 is what its loop needs at D = 128
+    without spilling; with three consumers, or two blocks an SM, it gives up all but 32, so that
+    each consumer gets 160 (or 104)."""
     if consumers < 1:
         raise ValueError("at least one consumer warpgroup")
-    return 32 if consumers == 3 else 40
+    return 32 if consumers == 3 or blocks == 2 else 40
 
 
-def consumer_registers(consumers, producer_regs=None, regs_per_sm=REGS_PER_SM) -> int:
-    """11_warpspec.cu's split: `static constexpr int CONSUMER_REGS = (512 - PRODUCER_REGS) /
-    CONSUMERS / 8 * 8;` -- a block's 65 536 registers are 512 for each of the 128 thread
-    positions of a warpgroup; the producer keeps PRODUCER_REGS and the consumers share the
-    rest, each a multiple of 8 (setmaxnreg's unit)."""
-    per_position = regs_per_sm // WARPGROUP
+def consumer_registers(consumers, producer_regs=None, regs_per_sm=REGS_PER_SM, blocks=1) -> int:
+    """11_warpspec.cu's split: `static constexpr int CONSUMER_REGS = (ENTRY_REGS * (1 +
+    CONSUMERS) - PRODUCER_REGS) / CONSUMERS / 8 * 8;` -- setmaxnreg moves registers within the
+    block's pool, what it was given at launch: ENTRY_REGS (entry_registers) for each of the
+    128 thread positions of each warpgroup. The producer keeps PRODUCER_REGS and the consumers
+    share the rest, each a multiple of 8 (setmaxnreg's unit)."""
     if consumers < 1:
         raise ValueError("at least one consumer warpgroup")
-    producer_regs = producer_registers(consumers) if producer_regs is None else producer_regs
+    pool = entry_registers(WARPGROUP * (1 + consumers), regs_per_sm, blocks) * (1 + consumers)
+    producer_regs = (producer_registers(consumers, blocks) if producer_regs is None
+                     else producer_regs)
     lo, hi = SETMAXNREG_RANGE
     if producer_regs % REG_UNIT or not lo <= producer_regs <= hi:
         raise ValueError(f"setmaxnreg takes a multiple of 8 from {lo} to {hi}, not {producer_regs}")
-    regs = (per_position - producer_regs) // consumers // REG_UNIT * REG_UNIT
+    regs = (pool - producer_regs) // consumers // REG_UNIT * REG_UNIT
     return min(regs, hi)
 
 
@@ -836,15 +844,17 @@ def accumulator_registers(D=128, BC=128) -> dict:
     return {"O": D // 2, "S": BC // 2, "P": BC // 16 * 4}
 
 
-def register_budget(consumers=2, producer_regs=None, regs_per_sm=REGS_PER_SM) -> pd.DataFrame:
-    """One row per warpgroup of 11_warpspec.cu's block (warpgroup 0 the producer, 1.. the
-    consumers): threads, registers a thread at entry (entry_registers of the whole block), after
-    setmaxnreg (producer_regs, or consumer_registers), and the registers the warpgroup holds
-    before and after. The `free` row is what is left of the register file after setmaxnreg."""
+def register_budget(consumers=2, producer_regs=None, regs_per_sm=REGS_PER_SM,
+                    blocks=1) -> pd.DataFrame:
+    """One row per warpgroup of one of 11_warpspec.cu's blocks (warpgroup 0 the producer, 1.. the
+    consumers), `blocks` blocks an SM: threads, registers a thread at entry (entry_registers),
+    after setmaxnreg (producer_regs, or consumer_registers), and the registers the warpgroup holds
+    before and after. setmaxnreg only moves registers within the block: after <= entry in all."""
     threads = WARPGROUP * (1 + consumers)
-    at_entry = entry_registers(threads, regs_per_sm)
-    producer_regs = producer_registers(consumers) if producer_regs is None else producer_regs
-    cons = consumer_registers(consumers, producer_regs, regs_per_sm)
+    at_entry = entry_registers(threads, regs_per_sm, blocks)
+    producer_regs = (producer_registers(consumers, blocks) if producer_regs is None
+                     else producer_regs)
+    cons = consumer_registers(consumers, producer_regs, regs_per_sm, blocks)
     rows = [dict(warpgroup=0, role="producer", threads=WARPGROUP, entry=at_entry,
                  after=producer_regs)]
     rows += [dict(warpgroup=w, role="consumer", threads=WARPGROUP, entry=at_entry, after=cons)
@@ -852,7 +862,7 @@ def register_budget(consumers=2, producer_regs=None, regs_per_sm=REGS_PER_SM) ->
     df = pd.DataFrame(rows)
     df["entry_total"] = df.threads * df.entry
     df["after_total"] = df.threads * df.after
-    assert df.after_total.sum() <= regs_per_sm and df.entry_total.sum() <= regs_per_sm
+    assert df.after_total.sum() <= df.entry_total.sum() <= regs_per_sm // blocks
     return df.set_index("warpgroup")
 
 

@@ -289,7 +289,7 @@ _STAGES = (
           "registers moved between them with setmaxnreg; a persistent grid claims work items "
           "from a counter",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="warpspec_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS"),
+          kernel="warpspec_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS"),
           min_cc=(9, 0), arch_specific=True,
           # the copies no longer stop a computing warp, and the consumers hold more registers:
           # less waiting on barriers, the tensor pipe busier
@@ -301,7 +301,7 @@ _STAGES = (
           "layout the TMA wrote Q in, and one thread copies it to global memory with a TMA store "
           "while the consumers go on to the next work item",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="tma_store_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS"),
+          kernel="tma_store_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS"),
           min_cc=(9, 0), arch_specific=True,
           # no more 4-byte stores from every thread (8 half-filled sectors each): the tensor pipe
           # waits less at the end of each work item

@@ -10,15 +10,17 @@
 //  * warpgroups 1 .. CONSUMERS only compute (64 query rows each), waiting on `full` barriers,
 //    and take the producer's registers with setmaxnreg.inc: a thread may hold 232 with two
 //    consumers (D = 128), 160 with three (D = 64, stage 10's three warpgroups).
-//    setmaxnreg only acts when the kernel has a register cap at entry: __launch_bounds__(.., 1).
+//    setmaxnreg only acts when the kernel has a register cap at entry: __launch_bounds__.
 // The producer runs ahead of the math as far as the buffers allow, across work items too: Q has
 // two buffers, so the next item's Q lands while this one is computed, and K and V have their
 // own barriers, so a K tile is refilled as soon as S has read it. O goes straight from the
 // registers to global memory (the Q buffer is the next-but-one item's by then).
-// The grid is persistent: one block per SM, each looping over work items (a batch, head and
-// query tile). The producer claims the next item from a counter in global memory (atomicAdd)
-// and hands it to the consumers through shared memory with Q's barrier, so a block that drew
-// short causal items simply draws more. The consumers' math is stage 10's.
+// The grid is persistent: one block per SM (two at D = 64 on short causal sequences, see
+// pick()), each looping over work items (a batch, head and query tile). The producer claims the
+// next item from a counter in global memory (atomicAdd) and hands it to the consumers through
+// shared memory with Q's barrier, so a block that drew short causal items simply draws more.
+// The consumers' math is stage 10's, and so is its skip: under the causal mask a consumer runs
+// only the key tiles its own rows need, and hands the item's later tiles back unread.
 #include <algorithm>
 #include <cmath>
 #include <cuda.h>           // CUtensorMap (a type only: the driver function is fetched at run time)
@@ -27,23 +29,29 @@
 #include "hopper.cuh"
 #include "ptx.cuh"
 
-template <int D, int BC, int STAGES, int CONSUMERS_>
+template <int D, int BC, int STAGES, int CONSUMERS_, int BLOCKS_>
 struct Tiles {
   static constexpr int CONSUMERS = CONSUMERS_;     // warpgroups that compute, 64 rows each
+  static constexpr int BLOCKS = BLOCKS_;           // blocks an SM
   static constexpr int BR = 64 * CONSUMERS;        // query rows per work item
   static constexpr int THREADS = 128 * (1 + CONSUMERS);
   static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
   // 2 x Q + STAGES x (K, V) on 1024-byte boundaries, then the mbarriers and the 2 item indices.
   static constexpr int BARRIERS = 4 + 4 * STAGES;  // q_full[2], q_empty[2], k/v_full[], k/v_empty[]
   static constexpr int SMEM_BYTES = 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 + 1024;
-  // Registers per thread after setmaxnreg: 65536 a block = 512 per thread of a warpgroup, counts
-  // in multiples of 8. The consumers share what the producer leaves: 232 each for two consumers
-  // (the producer keeps 40, what its loop needs at D = 128 without spilling); for three, the
-  // producer gives up all but 32 so that each consumer gets 160 (with 152 ptxas serializes the
-  // wgmma, C7512; 160 is enough at D = 64, not at D = 128).
-  static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : 40;
-  static constexpr int CONSUMER_REGS = (512 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
-  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 512, "more registers than the SM has");
+  // Registers per thread after setmaxnreg, in multiples of 8. setmaxnreg moves registers within
+  // the block: it starts with the launch cap for every thread, 65536 / BLOCKS / THREADS rounded
+  // down to a multiple of 8 (168 for one block of three warpgroups, 128 of four, 80 for each of
+  // two blocks of three). The consumers share what the producer leaves: 232 each for two
+  // consumers (the producer keeps 40, what its loop needs at D = 128 without spilling); for
+  // three, the producer gives up all but 32 so that each consumer gets 160 (with 152 ptxas
+  // serializes the wgmma, C7512; 160 is enough at D = 64, not at D = 128); with two blocks an
+  // SM, 32 again, and each consumer gets 104.
+  static constexpr int ENTRY_REGS = 65536 / BLOCKS / THREADS / 8 * 8;
+  static constexpr int PRODUCER_REGS = CONSUMERS == 3 || BLOCKS == 2 ? 32 : 40;
+  static constexpr int CONSUMER_REGS = (ENTRY_REGS * (1 + CONSUMERS) - PRODUCER_REGS) / CONSUMERS / 8 * 8;
+  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= ENTRY_REGS * (1 + CONSUMERS),
+                "more registers than the block has");
 };
 
 // The tensor maps of q, k and v (stage 10's).
@@ -88,12 +96,12 @@ __device__ __forceinline__ void work_tile(int item, int tiles, int causal, int B
   // END EXERCISE 11.work_tile
 }
 
-template <typename T, int D, int BC, int STAGES, int CONSUMERS>
-__global__ void __launch_bounds__(Tiles<D, BC, STAGES, CONSUMERS>::THREADS, 1)
+template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS>
+__global__ void __launch_bounds__(Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>::THREADS, BLOCKS)
 warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabLayout L,
                 int N, int BH, float scale_log2, int causal, const int3 order_q,
                 const int3 order_kv, int* __restrict__ next_item) {
-  using Cfg = Tiles<D, BC, STAGES, CONSUMERS>;
+  using Cfg = Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>;
   constexpr int BR = Cfg::BR;
   constexpr int KD = D / 16;   // k-steps of S = Q K^T
   constexpr int KS = BC / 16;  // k-steps of O += P V
@@ -174,7 +182,7 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
 
   // The work item being computed: its Q buffer (slot), batch x head, first row, K/V tiles, and
   // this thread's rows r0 and r0 + 8. begin_item waits for the next one's Q, and its index.
-  int it = 0, slot = 0, bh = 0, q0 = 0, n_tiles = 0, r0 = 0, wg_row0 = 0;
+  int it = 0, slot = 0, bh = 0, q0 = 0, n_tiles = 0, n_mine = 0, r0 = 0, wg_row0 = 0;
   uint32_t Qw = 0;
   auto begin_item = [&]() -> bool {
     slot = it & 1;
@@ -186,6 +194,10 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
     n_tiles = (last_key + BC - 1) / BC;
     r0 = q0 + cw * 64 + warp * 16 + g;
     wg_row0 = q0 + cw * 64;
+    // Under the mask this warpgroup's 64 rows need only the keys up to its own last row: with
+    // 192-row items, the first consumers' rows end one 128-key tile before the item's do.
+    // (The trip count differs between warpgroups but not within one: cw is uniform.)
+    n_mine = causal ? min(n_tiles, (min(N, wg_row0 + 64) + BC - 1) / BC) : n_tiles;
     Qw = Qs + slot * Cfg::Q_BYTES + cw * 64 * 128;
     it++;
     return true;
@@ -285,10 +297,15 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
     for (int i = 0; i < D / 2; i++) o[i] = 0.f;
     m[0] = m[1] = -INFINITY;
     l[0] = l[1] = 0.f;
-    for (int j = 0; j < n_tiles; j++, ring++) {
+    int j = 0;
+    for (; j < n_mine; j++, ring++) {
       const int buf = ring % STAGES;
       float s[BC / 2];
       mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);
+      // With two blocks an SM a consumer has 104 registers: too few to hold S while P_{j-1} V_{j-1}
+      // still reads P from them (ptxas would serialize every wgmma, C7512). So it retires that
+      // product first; the other block's warpgroups keep the tensor cores busy meanwhile.
+      if (BLOCKS == 2) wgmma_wait<0>();
       wgmma_fence();
       qk(s, buf);
       wgmma_commit();
@@ -297,7 +314,7 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
       if (lane == 0) {
         mbar_arrive(k_empty + 8 * buf);
         if (j > 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
-        if (j == n_tiles - 1) mbar_arrive(q_empty + 8 * slot);
+        if (j == n_mine - 1) mbar_arrive(q_empty + 8 * slot);
       }
       softmax(s, j * BC);
 #pragma unroll
@@ -316,6 +333,18 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
     wgmma_wait<0>();
     if (lane == 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
     store(bh, r0, l);
+    // The item's tiles past this warpgroup's rows go back unread. Each waits for its data first:
+    // the producer refilled that buffer only once every consumer had released its previous use,
+    // so this arrival counts toward this use, not the one before.
+    for (; j < n_tiles; j++, ring++) {
+      const int buf = ring % STAGES;
+      mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);
+      mbar_wait(v_full + 8 * buf, (ring / STAGES) & 1);
+      if (lane == 0) {
+        mbar_arrive(k_empty + 8 * buf);
+        mbar_arrive(v_empty + 8 * buf);
+      }
+    }
   }
 }
 
@@ -367,7 +396,7 @@ static const char* make_map(CUtensorMap* map, const void* ptr, int dtype, const 
   return nullptr;
 }
 
-// Blocks of the persistent grid: one per SM.
+// The SMs: the persistent grid is BLOCKS blocks for each.
 static int sm_count() {
   static int sms = 0;
   if (sms == 0) {
@@ -379,10 +408,10 @@ static int sm_count() {
   return sms > 0 ? sms : 132;
 }
 
-template <typename T, int D, int BC, int STAGES, int CONSUMERS>
+template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS = 1>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
-  using Cfg = Tiles<D, BC, STAGES, CONSUMERS>;
-  auto kernel = warpspec_kernel<T, D, BC, STAGES, CONSUMERS>;
+  using Cfg = Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>;
+  auto kernel = warpspec_kernel<T, D, BC, STAGES, CONSUMERS, BLOCKS>;
   Maps maps;
   int3 oq, ok, ov;
   const char* err;
@@ -394,7 +423,7 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
   FLASHLAB_TRY(cudaMemsetAsync(p->workspace, 0, sizeof(int), stream));  // the work counter
   const long long items = (long long)flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H;
-  dim3 grid((unsigned)std::min<long long>(items, sm_count()));
+  dim3 grid((unsigned)std::min<long long>(items, (long long)BLOCKS * sm_count()));
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
       maps, (T*)p->o, p->layout, p->N, p->B * p->H, p->scale * 1.4426950408889634f, p->causal,
       oq, ok, (int*)p->workspace);
@@ -403,16 +432,16 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 }
 
 // PICK: the shape per head dim, mask and sequence length (keys per tile, K/V buffers, consumer
-// warpgroups), measured on an H100 (tools/hopper_try.py). Two consumers of 64 rows and 128-key
-// tiles, as many buffers as fit, except at D = 64 outside short causal sequences: three
-// consumers (192 rows an item, stage 10's three warpgroups) with four buffers, so a third softmax
-// runs while the tensor cores would wait. Under the mask below N = 2048 two: every consumer runs
-// all of an item's key tiles, and the last item's third consumer, whose rows lie past the end of
-// the sequence, costs more there than the third softmax gains.
+// warpgroups, blocks an SM), measured on an H100 (tools/hopper_try.py). Two consumers of 64 rows
+// and 128-key tiles, as many buffers as fit, except at D = 64: three consumers (192 rows an item,
+// stage 10's three warpgroups) with four buffers, so a third softmax runs while the tensor cores
+// would wait. Under the mask below N = 2048 an item has only a few key tiles: there two blocks an
+// SM of two consumers each, with 64-key tiles (stage 10's shape there), so that one block's first
+// loads and last stores overlap the other's products.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
-    if (p->causal && p->N < 2048) return launch<T, 64, 128, 3, 2>(p, s);
+    if (p->causal && p->N < 2048) return launch<T, 64, 64, 4, 2, 2>(p, s);
     return launch<T, 64, 128, 4, 3>(p, s);
   }
   return launch<T, 128, 128, 2, 2>(p, s);

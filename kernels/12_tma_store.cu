@@ -14,10 +14,10 @@
 //  * the consumers go straight on to the next item; the copy runs under its first S. That Q
 //    buffer goes back to the producer (q_empty, one arrival per consumer) once
 //    cp.async.bulk.wait_group.read says the TMA has read it: at the next item's first tile.
-// The rest is stage 11's: a producer warpgroup, consumers, a persistent grid. The shape is then
-// tuned as stage 08's was (pick() below): under the causal mask each consumer runs only the key
-// tiles its own 64 rows need, and one whose rows lie past the end of the sequence runs none, so
-// that three consumers pay at D = 64 on short causal sequences too.
+// The rest is stage 11's: a producer warpgroup, consumers that run only the key tiles their own
+// rows need, a persistent grid. The shape is then tuned as stage 08's was (pick() below): a
+// consumer whose rows lie past the end of the sequence runs no tile at all, so that three
+// consumers pay at D = 64 under the mask from N = 2048 on.
 #include <algorithm>
 #include <cmath>
 #include <cuda.h>           // CUtensorMap (a type only: the driver function is fetched at run time)
@@ -26,23 +26,29 @@
 #include "hopper.cuh"
 #include "ptx.cuh"
 
-template <int D, int BC, int STAGES, int CONSUMERS_>
+template <int D, int BC, int STAGES, int CONSUMERS_, int BLOCKS_>
 struct Tiles {
   static constexpr int CONSUMERS = CONSUMERS_;     // warpgroups that compute, 64 rows each
+  static constexpr int BLOCKS = BLOCKS_;           // blocks an SM
   static constexpr int BR = 64 * CONSUMERS;        // query rows per work item
   static constexpr int THREADS = 128 * (1 + CONSUMERS);
   static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
   // 2 x Q + STAGES x (K, V) on 1024-byte boundaries, then the mbarriers and the 2 item indices.
   static constexpr int BARRIERS = 4 + 4 * STAGES;  // q_full[2], q_empty[2], k/v_full[], k/v_empty[]
   static constexpr int SMEM_BYTES = 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 + 1024;
-  // Registers per thread after setmaxnreg: 65536 a block = 512 per thread of a warpgroup, counts
-  // in multiples of 8. The consumers share what the producer leaves: 232 each for two consumers
-  // (the producer keeps 40, what its loop needs at D = 128 without spilling); for three, the
-  // producer gives up all but 32 so that each consumer gets 160 (with 152 ptxas serializes the
-  // wgmma, C7512; 160 is enough at D = 64, not at D = 128).
-  static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : 40;
-  static constexpr int CONSUMER_REGS = (512 - PRODUCER_REGS) / CONSUMERS / 8 * 8;
-  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= 512, "more registers than the SM has");
+  // Registers per thread after setmaxnreg, in multiples of 8. setmaxnreg moves registers within
+  // the block: it starts with the launch cap for every thread, 65536 / BLOCKS / THREADS rounded
+  // down to a multiple of 8 (168 for one block of three warpgroups, 128 of four, 80 for each of
+  // two blocks of three). The consumers share what the producer leaves: 232 each for two
+  // consumers (the producer keeps 40, what its loop needs at D = 128 without spilling); for
+  // three, the producer gives up all but 32 so that each consumer gets 160 (with 152 ptxas
+  // serializes the wgmma, C7512; 160 is enough at D = 64, not at D = 128); with two blocks an
+  // SM, 32 again, and each consumer gets 104.
+  static constexpr int ENTRY_REGS = 65536 / BLOCKS / THREADS / 8 * 8;
+  static constexpr int PRODUCER_REGS = CONSUMERS == 3 || BLOCKS == 2 ? 32 : 40;
+  static constexpr int CONSUMER_REGS = (ENTRY_REGS * (1 + CONSUMERS) - PRODUCER_REGS) / CONSUMERS / 8 * 8;
+  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= ENTRY_REGS * (1 + CONSUMERS),
+                "more registers than the block has");
 };
 
 // The tensor maps of q, k and v (stage 10's), and of o: boxes of 64 rows, one consumer's.
@@ -100,12 +106,12 @@ __device__ __forceinline__ void work_tile(int item, int tiles, int causal, int B
   q0 = (causal ? tiles - 1 - qt : qt) * BR;
 }
 
-template <typename T, int D, int BC, int STAGES, int CONSUMERS>
-__global__ void __launch_bounds__(Tiles<D, BC, STAGES, CONSUMERS>::THREADS, 1)
+template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS>
+__global__ void __launch_bounds__(Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>::THREADS, BLOCKS)
 tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int N, int BH,
                  float scale_log2, int causal, const int3 order_q, const int3 order_kv,
                  const int3 order_o, int* __restrict__ next_item) {
-  using Cfg = Tiles<D, BC, STAGES, CONSUMERS>;
+  using Cfg = Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>;
   constexpr int BR = Cfg::BR;
   constexpr int KD = D / 16;   // k-steps of S = Q K^T
   constexpr int KS = BC / 16;  // k-steps of O += P V
@@ -326,6 +332,10 @@ tma_store_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int 
       const int buf = ring % STAGES;
       float s[BC / 2];
       mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);
+      // With two blocks an SM a consumer has 104 registers: too few to hold S while P_{j-1} V_{j-1}
+      // still reads P from them (ptxas would serialize every wgmma, C7512). So it retires that
+      // product first; the other block's warpgroups keep the tensor cores busy meanwhile.
+      if (BLOCKS == 2) wgmma_wait<0>();
       wgmma_fence();
       qk(s, buf);
       wgmma_commit();
@@ -426,7 +436,7 @@ static const char* make_map(CUtensorMap* map, const void* ptr, int dtype, const 
   return nullptr;
 }
 
-// Blocks of the persistent grid: one per SM.
+// The SMs: the persistent grid is BLOCKS blocks for each.
 static int sm_count() {
   static int sms = 0;
   if (sms == 0) {
@@ -438,10 +448,10 @@ static int sm_count() {
   return sms > 0 ? sms : 132;
 }
 
-template <typename T, int D, int BC, int STAGES, int CONSUMERS>
+template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS = 1>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
-  using Cfg = Tiles<D, BC, STAGES, CONSUMERS>;
-  auto kernel = tma_store_kernel<T, D, BC, STAGES, CONSUMERS>;
+  using Cfg = Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>;
+  auto kernel = tma_store_kernel<T, D, BC, STAGES, CONSUMERS, BLOCKS>;
   Maps maps;
   int3 oq, ok, ov, oo;
   const char* err;
@@ -454,7 +464,7 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
   FLASHLAB_TRY(cudaMemsetAsync(p->workspace, 0, sizeof(int), stream));  // the work counter
   const long long items = (long long)flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H;
-  dim3 grid((unsigned)std::min<long long>(items, sm_count()));
+  dim3 grid((unsigned)std::min<long long>(items, (long long)BLOCKS * sm_count()));
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
       maps, p->layout, p->N, p->B * p->H, p->scale * 1.4426950408889634f, p->causal,
       oq, ok, oo, (int*)p->workspace);
@@ -463,17 +473,21 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 }
 
 // PICK: the shape per head dim, mask and sequence length (keys per tile, K/V buffers, consumer
-// warpgroups), measured on an H100 (tools/hopper_try.py). Two consumers of 64 rows and 128-key
-// tiles, as many buffers as fit, except:
+// warpgroups, blocks an SM), measured on an H100 (tools/hopper_try.py). Two consumers of 64 rows
+// and 128-key tiles, as many buffers as fit, except:
 // - at D = 64, three consumers (192 rows an item) with four buffers: a third softmax runs while
 //   the tensor cores would wait. Under the mask too, since a consumer runs only the key tiles its
-//   own rows need and one whose rows lie past the end of the sequence runs none;
+//   own rows need and one whose rows lie past the end of the sequence runs none; but below
+//   N = 2048 there, stage 11's two blocks an SM of two consumers with 64-key tiles;
 // - at D = 128 without the mask, 160-key tiles from N = 4096 (two buffers still fit: 225 KB):
 //   each tile's fixed costs are spread over more keys. On shorter sequences the last tile's
 //   padding costs more than that.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
-  if (p->D == 64) return launch<T, 64, 128, 4, 3>(p, s);
+  if (p->D == 64) {
+    if (p->causal && p->N < 2048) return launch<T, 64, 64, 4, 2, 2>(p, s);
+    return launch<T, 64, 128, 4, 3>(p, s);
+  }
   if (p->causal) return launch<T, 128, 128, 2, 2>(p, s);
   if (p->N < 4096) return launch<T, 128, 128, 2, 2>(p, s);
   return launch<T, 128, 160, 2, 2>(p, s);

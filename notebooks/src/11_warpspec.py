@@ -268,14 +268,16 @@ src11 = fl.stage("11_warpspec").source.read_text()
 
 
 def items(D, N):
-    """(heads, query tiles, rows, keys, N) of stage 11 under the mask, as its pick() runs it."""
-    keys, _, consumers = map(int, picks.launched(src11, D, True, N))
+    """(heads, query tiles, rows, keys, N) of stage 11 under the mask, as its pick() runs it, and
+    its blocks an SM."""
+    keys, _, consumers, *blocks = map(int, picks.launched(src11, D, True, N))
     rows = 64 * consumers
-    return 16384 // N * (2048 // D), -(-N // rows), rows, keys, N
+    return (16384 // N * (2048 // D), -(-N // rows), rows, keys, N), (blocks or [1])[0]
 
 
 causal_shapes = {(D, N): items(D, N) for D in (64, 128) for N in (512, 2048, 8192, 16384)}
-spans = hp.claim_makespans(list(causal_shapes.values()), blocks=sms)
+spans = pd.concat([hp.claim_makespans([shape], blocks=sms * per_sm)
+                   for shape, per_sm in causal_shapes.values()])
 spans.index = pd.MultiIndex.from_tuples(list(causal_shapes), names=["D", "N"])
 spans[["items", "even_split", "static over even", "counter over even",
        "hardware over even"]].round(3)
@@ -427,8 +429,9 @@ plots.scaling(last="11_warpspec")
 # %% [markdown]
 # One more count for the discussion. Under the causal mask, how many query-key scores a block
 # computes per head: stage 10 at D = 64 below N = 4096 runs 64-key tiles, and a warpgroup skips the
-# tiles past its own last row; stage 11 runs 128-key tiles, and both consumers compute every tile
-# up to the item's last row:
+# tiles past its own last row; stage 11 runs the tiles its `pick()` launches (64 keys for two
+# consumers below N = 2048, 128 for three from there), and every consumer computes every tile up
+# to the item's last row:
 
 # %%
 def scores_computed(N, BC, rows=64, groups=2, skip=False):
@@ -443,7 +446,13 @@ def scores_computed(N, BC, rows=64, groups=2, skip=False):
     return total
 
 
-pd.Series({N: scores_computed(N, 128) / scores_computed(N, 64, skip=True)
+def stage11_scores(N):
+    """scores_computed for stage 11's shape at D = 64 under the mask, as its pick() launches it."""
+    keys, _, consumers, *_ = map(int, picks.launched(src11, 64, True, N))
+    return scores_computed(N, keys, groups=consumers)
+
+
+pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
            for N in (512, 1024, 2048)}, name="stage 11 / stage 10 scores, D = 64, causal").round(3)
 
 # %% [markdown]
