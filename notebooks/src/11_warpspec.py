@@ -117,11 +117,15 @@ nb.show_lines("11_warpspec", r"// K and V in the order the consumers need them",
 # %% [markdown]
 # **Warpgroups 1 and up, the consumers**, take registers and then loop: `begin_item` waits for the
 # next item's Q (and with it the item's index, `-1` when there is none), and the K/V loop is stage
-# 10's math on 64 rows each, waiting on `full` barriers and arriving on `empty` ones:
+# 10's math on 64 rows each, waiting on `full` barriers and arriving on `empty` ones. Under the
+# causal mask a consumer runs only the key tiles up to its own last row, `n_mine`, as stage 10's
+# warpgroups skipped the tiles past theirs; the item's later tiles it hands back unread, each once
+# it has landed (the producer refilled that buffer only after every consumer had released its
+# previous use, so this release counts toward this one):
 
 # %%
 nb.show_lines("11_warpspec", r"auto begin_item", r"^  \};")
-nb.show_lines("11_warpspec", r"^  int ring = 0;$", r"store\(bh, r0, l\);")
+nb.show_lines("11_warpspec", r"^  int ring = 0;$", r"^  \}$")
 
 # %% [markdown]
 # K and V now have barriers of their own, so a consumer releases `K_j` as soon as `S_j` has
@@ -175,9 +179,10 @@ nb.show_lines("11_warpspec", r"// Registers per thread after setmaxnreg",
 hp.register_budget(consumers=2)
 
 # %% [markdown]
-# The producer's loop needs 40 registers without spilling; the two consumers share the rest,
-# (512 − 40) / 2 = 236, rounded down to **232**: 128 × (40 + 2 × 232) = 64 512 of the 65 536.
-# A consumer thread's accumulators alone take 160 registers at D = 128 — O (64 floats), S
+# `setmaxnreg` moves registers only within the block: its pool is what the block was given at
+# launch, 168 for each of its 384 threads, 64 512 of the SM's 65 536. The producer's loop needs 40
+# registers without spilling; the two consumers share the rest of its three warpgroups' 3 × 168 =
+# 504 a thread position, (504 − 40) / 2 = **232**: 128 × (40 + 2 × 232) = 64 512. A consumer thread's accumulators alone take 160 registers at D = 128 — O (64 floats), S
 # (64) and P (32 packed pairs) — so at the launch cap of 168 it would have 8 left for everything
 # else; after `setmaxnreg` it has 72.
 #
@@ -191,7 +196,7 @@ hp.register_budget(consumers=2)
 # registers once it claims its next work item after issuing the copies rather than before (one
 # value fewer held across them), and each consumer then gets **160**: 32 + 3 × 160 = 512, the whole
 # register file. At D = 128 that is exactly the accumulators, with no room left; at D = 64 it
-# leaves 32:
+# leaves 32 (the figures draw the accumulators of 128-key tiles):
 
 # %%
 hp.register_figure(consumer_options=(2, 3))
@@ -199,28 +204,44 @@ hp.register_figure(consumer_options=(2, 3))
 # %%
 hp.register_figure(consumer_options=(3,), D=64)
 
+# **Two blocks an SM.** `__launch_bounds__(384, 2)` asks for two blocks of three warpgroups on each
+# SM. Each then starts at 65 536 / 768 ≈ 85 registers a thread, 80 once rounded down to a
+# multiple of 8, and its pool is 3 × 80 = 240 a thread position: with the producer at 32, each of
+# two consumers gets (240 − 32) / 2 = **104**. That holds a consumer of 64-key tiles at D = 64 — O
+# (32 floats), S (32) and P (16 pairs), 80 in all — but not with a `wgmma` in flight across the
+# next one: with S issued while the previous tile's P·V still reads P, ptxas serializes every
+# `wgmma` below 112 registers. So in this shape a consumer retires that P·V before it issues the
+# next S (the `if (BLOCKS == 2) wgmma_wait<0>()` in the loop above): the wait costs its own
+# warpgroup a little, and the other block's warpgroups keep the tensor cores busy meanwhile.
+
+# %%
+hp.register_budget(consumers=2, blocks=2)
+
 # %% [markdown]
 # So stage 11 runs two consumers at D = 128 and three at D = 64, the warpgroups stage 10 computes
-# with there, each now without the copies. `pick()` says where:
+# with there, each now without the copies, and under the mask on short sequences at D = 64 stage
+# 10's own shape. `pick()` says where:
 
 # %%
 nb.show_source("11_warpspec", "pick")
 
 # %% [markdown]
-# Under the causal mask on short sequences it keeps two at D = 64. Every consumer runs all of its
-# item's key tiles, and a 192-row item's first consumer's rows end 128 rows before the item's, often
-# a whole 128-key tile earlier: the masked tiles cost more with three. So does the end of the
-# sequence: N = 512 is 2⅔ items of 192 rows, and the last item's third consumer computes rows past
-# N that are never stored. Without the mask only that second cost is paid, and the third softmax
-# gains more: three consumers over two, timed in turn on an H100, 1.02× at N = 512 and 1024 and
-# 1.11–1.16× from N = 2048 (`data/runs/hopper-try-20261127T0123Z-d64-consumers-past-end.log`).
+# Under the causal mask below N = 2048 at D = 64 an item has only a few key tiles, and three
+# consumers pay least: N = 512 is 2⅔ items of 192 rows, and the last item's third consumer runs
+# every key tile of the sequence for rows past N that are never stored. There stage 11 runs what
+# stage 10 runs: two warpgroups of 64 rows with 64-key tiles, two blocks on each SM, each block now
+# with its producer. Timed in turn on an H100 (fp16, `data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`),
+# at N = 512 and 1024 under the mask: 235 and 310 TFLOP/s with two blocks an SM, against 225 and
+# 304 for one block of two consumers with 128-key tiles. Without the mask the third consumer's
+# softmax gains more than its rows past the end cost: three consumers over two, 1.02× at N = 512
+# and 1024 and 1.11–1.16× from N = 2048
+# (`data/runs/hopper-try-20261127T0123Z-d64-consumers-past-end.log`).
 #
 # ## 4 · A persistent grid and a work counter
 #
 # A **work item** is one query tile of one (batch, head): 64 query rows per consumer, 128 or 192
-# in all. Stage
-# 10 launched one block per item; stage 11 launches one block per SM (or fewer, if there are fewer
-# items) and zeroes a counter in global memory first:
+# in all. Stage 10 launched one block per item; stage 11 launches one block per SM (two in the
+# shape above), or fewer if there are fewer items, and zeroes a counter in global memory first:
 
 # %%
 nb.show_lines("11_warpspec", r"FLASHLAB_TRY\(cudaMemsetAsync", r"dim3 grid")
@@ -259,9 +280,10 @@ hp.claim_figure(heads=4, tiles=8, blocks=8)
 # comes about a ring's depth of key tiles (two here) before the item ends, early enough for the next
 # item's Q and first K to land in time, late enough that a block rarely holds a long item that
 # another block would have finished sooner. On the sweep's causal shapes, with this GPU's SMs (work
-# in 128-key tiles; an item is 64 rows per consumer, as `pick()` launches the stage: 192 rows at
-# D = 64 from N = 2048, 128 otherwise; `… over even`: how much later than all the work spread
-# evenly):
+# in key tiles and items of 64 rows per consumer as `pick()` launches the stage: 192 rows and
+# 128-key tiles at D = 64 from N = 2048, at N = 512 128 rows and 64-key tiles on two blocks an
+# SM, 128 rows and 128-key tiles at D = 128; `… over even`: how much later than all the work
+# spread evenly):
 
 # %%
 src11 = fl.stage("11_warpspec").source.read_text()
@@ -318,8 +340,9 @@ hp.warpspec_timeline(tiles=(3, 3, 3))
 #
 # Against stage 10: the `Tiles` of a producer and consumers with their register budgets, the
 # `setmaxnreg` wrappers, `work_tile`, the roles split after the barriers (the producer's loop
-# over items, the consumers' `begin_item`), stage 10's steps of the math named as lambdas, O stored
-# from registers, the persistent launch with its counter. The math itself is stage 10's:
+# over items, the consumers' `begin_item`), stage 10's steps of the math named as lambdas, the
+# skipped tiles handed back unread, O stored from registers, the persistent launch with its
+# counter, and a second block an SM in one shape. The math itself is stage 10's:
 
 # %%
 nb.show_diff("10_tma", "11_warpspec", context=1)
@@ -371,13 +394,15 @@ with nb.unless_missing():
 # `USETMAXREG.TRY_ALLOC.CTAPOOL 0xe8` is the consumers' `setmaxnreg.inc.u32 232` (0xe8): try to
 # take registers from the block's pool, and retry until the producer has returned them;
 # `USETMAXREG.DEALLOC.CTAPOOL 0x28` is the producer's `dec` to 40 (in the D = 64 kernel with three
-# consumers, `0xa0` and `0x20`: 160 and 32). `ATOMG.E.ADD` is the claim,
+# consumers, `0xa0` and `0x20`: 160 and 32; in the one of two blocks an SM, `0x68` and `0x20`: 104
+# and 32). `ATOMG.E.ADD` is the claim,
 # `UTMACCTL.PF` the tensor maps' prefetch, now in the producer's branch, `BAR.SYNC` the one
 # `__syncthreads` before the roles split, and the `EXIT`s are the roles ending: the producer's
 # idle threads at once, its elected thread and the consumers after the last item. In the counts
 # above, the `UTMALDG` copies all sit in the producer's branch; the `SYNCS` (waits and arrivals)
-# are about three times stage 10's, K, V and Q each having their own barriers; and O is written
-# with `STG` from registers instead of `STS` and `LDS.128` through shared memory.
+# are five to six times stage 10's: K, V and Q each have their own barriers, and a consumer also
+# waits for and releases the tiles past its rows under the mask. O is written with `STG` from
+# registers instead of `STS` and `LDS.128` through shared memory.
 
 # %% [markdown]
 # ## 9 · Measure
@@ -449,7 +474,7 @@ def scores_computed(N, BC, rows=64, groups=2, skip=False):
 def stage11_scores(N):
     """scores_computed for stage 11's shape at D = 64 under the mask, as its pick() launches it."""
     keys, _, consumers, *_ = map(int, picks.launched(src11, 64, True, N))
-    return scores_computed(N, keys, groups=consumers)
+    return scores_computed(N, keys, groups=consumers, skip=True)
 
 
 pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
@@ -460,12 +485,12 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 #
 # **Time.** Predicted 0.95–1.04× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
-# 0.91–1.18×, on average 1.04× at D = 64 and 1.10× at D = 128 (the run recorded in `data/` gave
-# the same table to within 0.03). The prediction holds at D = 128. At D = 64 the gain does not
-# fade with N, and under the mask on short sequences stage 11 is slower.
+# 1.00–1.19×, on average 1.07× at D = 64 and 1.11× at D = 128 (the run recorded in `data/` gave
+# the same table to within 0.02). The prediction holds at D = 128. At D = 64 the gain does not
+# fade with N, and under the mask on short sequences the two stages are level.
 #
-# * **At D = 128 the gain fades, but less than the model says.** It is 1.18× at N = 512 and still
-#   1.07–1.09× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
+# * **At D = 128 the gain fades, but less than the model says.** It is 1.19× at N = 512 and still
+#   1.07–1.10× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
 #   items. An item of 128 tiles pays one prologue; what is left is per tile, and the model had
 #   none because, with its copies quicker than a tile's math, stage 10's ring was never short of
 #   data. Give the model copies slightly slower than a tile's math (below) and stage 10's
@@ -477,19 +502,23 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 # * **At D = 64 on long sequences both compute with three warpgroups of 64 rows** (without the
 #   mask from N = 2048, under it from N = 4096), and the copies leaving the computing warps are
 #   worth 1.05–1.15×, as much as at D = 128. Under the mask at N = 2048, where stage 10 still runs
-#   two warpgroups of 64-key tiles, stage 11's three consumers are level with it (1.01×).
-# * **At N = 512 and 1024, D = 64 is a tie or a loss:** 1.00× and 1.04× without the mask, 0.91×
-#   and 0.96× with it. There stage 10 runs two warpgroups with 64-key tiles, two blocks on each SM.
-#   Without the mask, stage 11's third consumer computes the rows past the end (section 3: a ninth
-#   more rows at these N). Under the mask, where it runs two consumers with 128-key tiles, the loss
-#   follows the extra scores it computes (the count above: 1/1.111 = 0.90, 1/1.059 = 0.94,
-#   1/1.030 = 0.97, against 0.91, 0.96 and 1.01 measured): its consumers compute every tile of
-#   their item, masked keys on the diagonal included, which stage 10's warpgroups with 64-key tiles
-#   skipped. Notebook 12 gives each consumer only the tiles its own rows need.
+#   two warpgroups of 64-key tiles, stage 11's three consumers are 1.06× faster, although with
+#   128-key tiles they compute 9 % more scores on the diagonal (the count above).
+# * **At N = 512 and 1024, D = 64 is close:** 1.01× and 1.05× without the mask, 1.00× and 1.02×
+#   with it. Without the mask, stage 11's third consumer computes the rows past the end (section 3:
+#   a ninth more rows at these N). Under the mask both stages run the same shape, two warpgroups of
+#   64-key tiles and two blocks on each SM, and compute the same scores (the count above: 1.000).
+#   What is left is what the two kernels do differently, and it nearly cancels: stage 11 has a
+#   producer that loads the next item during this one, while each of its consumers retires its
+#   P·V before the next S (104 registers, section 3) and writes O from its registers rather than
+#   through shared memory. Timed in turn five times over in one process, stage 11 was 1.005× stage
+#   10 at N = 512 and 1.019× at 1024 in every round (`data/runs/edge-cells-20261127T074551Z.log`).
+#   Before each consumer stopped at its own last row, as stage 10's warpgroups do, it was 0.95×
+#   and 0.97× (`data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`).
 #
 # **The teaching config** is one launch of about 50 µs at D = 64, N = 1024: predicted 0.95–1.04×,
-# measured 1.02× (1.01× in bf16; 1.02× in fp16 and 1.01× in bf16 in the recorded run), every row tight (the
-# check above): inside the band.
+# measured 1.02× (1.01× in bf16; 1.02× in both in the recorded run), every row tight (the check
+# above): inside the band.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
 # launch function spend about 0.1 ms per call on the H100's host (checks, the output and the
@@ -500,10 +529,10 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.88–1.14× here (0.87–1.14× in the recorded run): level with
-# it or ahead from N = 4096 on (0.99–1.14×; at D = 64, 0.99–1.13×), and 0.88–0.93× at N = 512,
+# **Against cuDNN** stage 11 runs at 0.87–1.14× here (the same in the recorded run): level with
+# it or ahead from N = 4096 on (1.00–1.14×; at D = 64, 1.03–1.13×), and 0.87–0.98× at N = 512,
 # where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
-# FlashAttention-2 backend (`sdpa_flash`) it is 1.35–2.29× faster.
+# FlashAttention-2 backend (`sdpa_flash`) it is 1.38–2.30× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -537,15 +566,15 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is busier**, 40.0 % → 46.4 % of the time, in about the same time (0.0487 →
-#   0.0475 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
+# * **The tensor pipe is busier**, 40.0 % → 46.5 % of the time, in about the same time (0.0486 →
+#   0.0479 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
 #   rows, and N = 1024 is 5⅓ items of 192 rows: its tensor cores also multiply the 128 rows past the
 #   end, a ninth more work in the same time.
 # * **Waiting rose, against the prediction:** `long_scoreboard` about 10 → 12 %, `barrier` 4 → 9 %,
-#   `short_scoreboard` 5 → 7 % of warp time. Count the warps before reading the shares. A stage 11
+#   `short_scoreboard` 5 → 6 % of warp time. Count the warps before reading the shares. A stage 11
 #   block keeps thirteen warps alive — twelve consumer warps and the producer's warp 0 (its other
 #   three warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.6 % →
-#   19.8 % of 64 warps). The producer's warp is a thirteenth of the warp time, and it spends nearly
+#   19.9 % of 64 warps). The producer's warp is a thirteenth of the warp time, and it spends nearly
 #   all of it waiting on `empty` barriers, as its red lane in section 5 did: by itself about 7 of
 #   these points. Its waiting is not time lost — it has nothing else to do — but a share of warp
 #   time cannot tell it from a consumer's. The rest is the consumers', whose three warpgroups wait
@@ -654,8 +683,9 @@ labs.check("11.registers", answer)
 # 3. The producer claims its next item once it has issued the current item's copies, a couple of
 #    key tiles before the item ends. What would claiming as it starts an item (before its copies)
 #    cost at the end of a launch, and what would claiming only once the consumers are done cost?
-# 4. Stage 11 gave up stage 10's per-warpgroup skip of fully masked causal tiles. Where did that
-#    show in the measurements, and what must a consumer still do for a tile it skips?
+# 4. Under the causal mask a consumer skips the key tiles past its own rows, as stage 10's
+#    warpgroups did. What must it still do for a tile it skips? At which shapes does the skip never
+#    apply, and where does it pay most?
 # 5. Section 11's trace gives a consumer 1 200–1 400 cycles of softmax a tile and the other
 #    consumer's products about 1 024. Draw two tiles of a ping-pong schedule for the two consumers:
 #    where are the tensor cores idle, and how short must the softmax (with its rescale and
@@ -691,11 +721,16 @@ labs.check("11.registers", answer)
 # ahead is both: the copies of the next item start while the current one finishes.
 
 # %% [markdown]
-# **Instructor's answer.** *4.* At D = 64, causal, N = 512: stage 11 ran slower than stage 10
-# (0.91×), computing about 11 % more scores; the gap closes as N grows. A consumer that
-# skips a tile must still wait for it to land and arrive on its `empty` barriers (K's and V's), or
-# the producer would wait forever for a release that never comes; and it must not skip the waits
-# that keep its ring position and phase parities in step with the producer's.
+# **Instructor's answer.** *4.* A consumer that skips a tile must still wait for it to land and
+# arrive on its `empty` barriers (K's and V's), or the producer would wait forever for a release
+# that never comes; and it must not skip the waits that keep its ring position and phase parities
+# in step with the producer's. It never applies with two consumers of 64 rows and 128-key tiles
+# (D = 128): the first consumer's rows end 64 rows before the item's, inside the item's last tile,
+# so both need every tile. It applies with 64-key tiles, where the first consumer stops a tile
+# early, and with 192-row items, where the first consumer's rows end 128 rows before the item's.
+# Timed on an H100 at D = 64 under the mask, with it and without it in turn: 1.05× at N = 512,
+# where the skipped tile is a large share of an item's few, falling to 1.01× at N = 16384
+# (`data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`).
 
 # %% [markdown]
 # **Instructor's answer.** *5.* Consumer A's S runs, then its softmax. Meanwhile the tensor cores
@@ -718,6 +753,8 @@ labs.check("11.registers", answer)
 #   their `wgmma`.
 # - A persistent grid of one block per SM claims work items from a counter, longest causal items
 #   first, and copies the next item's Q during the current one: a block's start is paid once.
+#   Under the mask on short sequences at D = 64, two such blocks share an SM, 104 registers for
+#   each consumer, as stage 10's two blocks did.
 # - K and V on their own barriers let K go back to the producer as soon as S has read it.
 # - In a specialized kernel a waiting warp may be doing its job: read stall reasons by role.
 # - The next schedule, consumers taking turns at the tensor cores, pays only once a consumer's

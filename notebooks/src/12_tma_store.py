@@ -19,8 +19,8 @@
 #   it, and when the producer may refill it;
 # - predict where the change pays (short work items) and check it in the machine code, the
 #   timings over the sweep and the profile;
-# - give each consumer of a 192-row item only the key tiles its own rows need, so that three
-#   consumers pay at D = 64 on short causal sequences too, and say what FlashAttention-3's two
+# - give a consumer whose rows lie past the end of the sequence no key tiles at all, so that three
+#   consumers pay at D = 64 under the mask from N = 2048 on, and say what FlashAttention-3's two
 #   other overlaps measured on this GPU.
 #
 # **Prerequisites:** notebook 11 (producer, consumers, the persistent grid) and notebook 10 (TMA,
@@ -126,27 +126,21 @@ hp.o_store_figure(D=64, d=0)
 nb.show_diff("11_warpspec", "12_tma_store", context=1)
 
 # %% [markdown]
-# The diff also holds a change of shape: each consumer's own count of key tiles, none for a
-# consumer whose rows lie past the end of the sequence, and `pick()`. The next section says why.
+# The diff also holds a change of shape: no key tiles for a consumer whose rows lie past the end
+# of the sequence, and `pick()`. The next section says why.
 #
-# ## 5 · Three consumers, each with its own tiles
+# ## 5 · Three consumers, none past the end
 #
 # Stage 11 runs three consumers at D = 64 (192 query rows an item), except under the causal mask
-# below N = 2048, where two were faster. Two costs of a 192-row item weigh most there.
+# below N = 2048, where it runs two blocks an SM of two consumers with 64-key tiles. Under the
+# mask each of its consumers already runs only the key tiles up to its own last row. One cost of a
+# 192-row item is left: **the end of the sequence.** N = 512 is 2⅔ items of 192 rows, N = 1024 is
+# 5⅓ and N = 2048 is 10⅔: the last item's last one or two consumers compute rows past the end,
+# which are never stored. Without the mask that is an eighth more rows at N = 512 and 1 024 and a
+# few per cent from N = 2048 on. Under the mask it costs more: such a consumer's last row is taken
+# as N's, so it runs every key tile of the sequence, the longest item of all.
 #
-# * **The diagonal.** An item's last key tile reaches its last row, but its first consumers' rows
-#   end earlier: the first consumer's 64 rows end 128 rows before the item's, often a whole
-#   128-key tile before (the item's first row is a multiple of 192, not of the tile's 128). Run to
-#   the item's end, as in stage 11, the first consumers compute tiles that are masked out
-#   entirely. (Of two consumers with 128-key tiles, both need every tile.)
-# * **The end of the sequence.** N = 512 is 2⅔ items of 192 rows and N = 1024 is 5⅓: the last
-#   item's last one or two consumers compute rows past the end, which are never stored. Without the
-#   mask that is an eighth more rows at N = 512 and 1 024 and a few per cent from N = 2048 on.
-#   Under the mask it costs more: such a consumer's item reaches N, so it runs every key tile of
-#   the sequence. In tiles of 64 rows × 128 keys, three consumers compute 24 where two compute 20
-#   at N = 512, and 88 against 72 at N = 1024.
-#
-# Stage 12 removes both. Each consumer counts its own tiles, `n_mine`, up to its own last row; a
+# Stage 12 removes it. To the count of each consumer's own tiles, `n_mine`, it adds one line: a
 # consumer whose rows all lie past N gets none:
 
 # %%
@@ -162,25 +156,29 @@ nb.show_lines("12_tma_store", r"// Under the mask this warpgroup", r"if \(wg_row
 nb.show_lines("12_tma_store", r"if \(n_mine > 0\) \{", r"prev_slot = slot;")
 
 # %% [markdown]
-# With both, three consumers win under the mask on short sequences too, and `pick()` runs them at
-# D = 64 everywhere:
+# With it, three consumers win under the mask from N = 2048 on. Below that `pick()` keeps stage
+# 11's two blocks an SM, which are faster there still:
 
 # %%
 nb.show_source("12_tma_store", "pick")
 
 # %% [markdown]
 # Measured at D = 64 under the mask, each kernel timed in turn with the others (fp16, H100,
-# `data/runs/hopper-try-20261127T0123Z-d64-consumers-past-end.log`), TFLOP/s at N = 512 … 16384:
+# `data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`), TFLOP/s at N = 512 … 16384:
 #
 # | | 512 | 1024 | 2048 | 4096 | 8192 | 16384 |
 # |---|---|---|---|---|---|---|
-# | stage 11 (two consumers below N = 2048) | 228 | 307 | 375 | 420 | 460 | 483 |
-# | stage 12 with stage 11's pick | 247 | 326 | 423 | 458 | 479 | 498 |
-# | stage 12, three consumers everywhere | 267 | 343 | 423 | 457 | 479 | 498 |
+# | stage 11 | 246 | 321 | 387 | 414 | 449 | 464 |
+# | stage 12, three consumers everywhere | 262 | 337 | 416 | 437 | 458 | 471 |
+# | stage 12, two blocks of two consumers below N = 2048 | 279 | 345 | 416 | 437 | 459 | 471 |
 #
-# Without the mask only the rows past the end change: 1.07× at N = 512 and 1024 and about 1.01×
-# from N = 8192 on, stage 12 with and without the skip timed in turn
-# (`data/runs/hopper-try-20261126T2350Z-past-end.log`). Two at D = 128, where a consumer's
+# Three consumers everywhere had been the pick before the two-block shape was tried: with the
+# consumers past the end computing nothing, they had beaten one block of two consumers under the
+# mask at N = 512 and 1024 too (267 and 343 TFLOP/s against 247 and 326,
+# `data/runs/hopper-try-20261127T0123Z-d64-consumers-past-end.log`). Without the mask only the
+# rows past the end change: 1.07× at N = 512 and 1024 and about 1.01× from N = 8192 on, stage 12
+# with and without the skip timed in turn (`data/runs/hopper-try-20261126T2350Z-past-end.log`).
+# Two at D = 128, where a consumer's
 # accumulators take all of 160 registers. Two smaller choices ride along. Three consumers' Q
 # buffers leave room for four K/V buffers instead of three (176 KB), so the producer runs further
 # ahead: 1.01–1.02× where three consumers run. At D = 128 without the mask, 160-key tiles instead
@@ -190,7 +188,7 @@ nb.show_source("12_tma_store", "pick")
 #
 # ## 6 · Prediction, before measuring
 #
-# Apart from section 5's tiles, only the end of an item changes, so the gain depends on how often
+# Apart from section 5's consumers past the end, only the end of an item changes, so the gain depends on how often
 # an item ends: once per N / 128 key tiles (128 keys a tile, at both head dims). Notebook 11's model of a block, with a tile's products and softmax taking 2 units (about
 # 3 300 cycles at D = 128), prices the end of an item. Stage 11's stores: 8 consumer warps × D / 4
 # instructions × 8 sectors is 2 048 sector writes per SM at D = 128, and 12 warps' 1 536 at D = 64,
@@ -206,11 +204,11 @@ predicted.round(3).to_frame().T
 
 # %% [markdown]
 # * **Time.** About 1.1× at N = 512 (4 tiles an item), 1.05× at N = 1024, fading below 1.02× from
-#   N = 4096 on. At D = 64, add section 5's: the rows past the end (without the mask up to a ninth
-#   fewer at N = 512 and 1024, so up to 1.11× more), and under the mask the tiles the first
-#   consumers no longer run, and three consumers in place of two below N = 2048. At the teaching
-#   config (D = 64, N = 1024: 8 tiles an item, three consumers in both stages) expect the store's
-#   1.03–1.08×, times 1.02–1.07 for the rows past the end: **1.05–1.15×**.
+#   N = 4096 on. At D = 64, add section 5's rows past the end: without the mask up to a ninth
+#   fewer at N = 512 and 1024, so up to 1.11× more; under the mask, from N = 2048, the longest
+#   item of all for the consumers past the end. At the teaching config (D = 64, N = 1024: 8 tiles
+#   an item, three consumers in both stages) expect the store's 1.03–1.08×, times 1.02–1.07 for
+#   the rows past the end: **1.05–1.15×**.
 # * **Machine code:** no `STG` left; `STS` for O, a `BAR.SYNC` on a named barrier, `UTMASTG` (the
 #   TMA store, D / 64 of them) and `UTMACMDFLUSH` (the commit).
 # * **Profile:** the global stores gone from the SM's load/store path, so *sectors per store
@@ -290,35 +288,37 @@ plots.scaling(last="12_tma_store")
 # **Time.** The prediction was a gain that shrinks as items grow, about 1.1× at N = 512 and 1.05×
 # at N = 1024, plus section 5's at D = 64. Measured, with stages 11 and 12 and the two baselines
 # timed in turn at each config (the run recorded in `data/`, stages 08–10 beside them, gave the same
-# table to within 0.02): 1.15–1.17× at N = 512 and 1.09–1.12× at N = 1024, then 1.05–1.13× at
-# N = 2048 and 1.00–1.09× from N = 4096 on. That is the predicted shape, a little above the
-# model at the short end at both head dims: 1.16× at N = 512 where the model gives 1.11.
+# table to within 0.03): 1.14–1.16× at N = 512 and 1.08–1.12× at N = 1024, then 1.04–1.08× at
+# N = 2048 and 1.00–1.06× from N = 4096 on. That is the predicted shape, a little above the
+# model at the short end at both head dims: 1.15× at N = 512 where the model gives 1.11.
 #
-# * **At D = 64 without the mask** the store and the rows past the end add up to 1.17× and 1.12×
-#   at N = 512 and 1024, and fade to 1.00–1.02× from N = 8192, where a sequence is 43–85 items and
+# * **At D = 64 without the mask** the store and the rows past the end add up to 1.15× and 1.12×
+#   at N = 512 and 1024, and fade to 1.00× from N = 8192, where a sequence is 43–85 items and
 #   only the last one has rows past its end. There stage 12 runs stage 11's kernel with another
 #   store, and the two tie.
-# * **At D = 64 under the mask** section 5's tiles add to the store: 1.17×, 1.12× and 1.13× at
-#   N = 512, 1024 and 2048, and still 1.03–1.09× from N = 4096 on, where the store alone would
-#   give 1.01–1.02×. Those are the tiles the first consumers of each 192-row item no longer run.
+# * **At D = 64 under the mask** both stages run two blocks of two consumers at N = 512 and 1024,
+#   and only the store differs: 1.14× and 1.08×. From N = 2048 both run three consumers, and the
+#   consumers past the end, which ran the longest item of all in stage 11, add to the store: 1.08×
+#   at N = 2048 and 1.06× at 4096, fading to 1.01–1.02× as the last item's share of the work
+#   falls.
 # * **Where it missed.** At D = 128, where only the store changes, the model says 1.01–1.03× from
 #   N = 4096 on. Without the mask the measured cells agree: 1.03–1.04×, with 160-key tiles
-#   adding their 1.00–1.02× (section 5). Under the mask they agree too (1.01–1.03×), though a
+#   adding their 1.00–1.02× (section 5). Under the mask they agree too (1.02–1.03×), though a
 #   causal item is on average half as long as a non-causal one. At long N the GPU's clock moves by
 #   a few per cent from second to second, which is why the run times the kernels together, run by
 #   run in turn: timed one after the other, each for its own third of a second, the same two
 #   kernels can come out in either order at one cell.
 #
 # **The teaching config** (D = 64, N = 1024: 8 tiles an item, three consumers in both stages):
-# 1.07× in fp16 and bf16 here, 1.08× in both in the recorded run, every row tight (the check
+# 1.08× in fp16 and 1.07× in bf16 here, the same in the recorded run, every row tight (the check
 # above): inside the predicted band of 1.05–1.15×.
 #
-# **Against cuDNN** stage 12 runs at 1.01–1.16× here (1.00–1.16× in the recorded run): ahead at
-# every config of the sweep. The margin is widest at D = 64 (1.03–1.14×), where three consumers
+# **Against cuDNN** stage 12 runs at 1.00–1.16× here (1.00–1.15× in the recorded run): ahead at
+# every config of the sweep. The margin is widest at D = 64 (1.06–1.14×), where three consumers
 # keep more softmaxes beside the tensor cores, and narrowest at D = 128 on short sequences without
-# the mask (1.01–1.02× at N = 512 to 2048). There an item is a few tiles, the two consumers start
+# the mask (1.00–1.03× at N = 512 to 2048). There an item is a few tiles, the two consumers start
 # and end it together, and cuDNN's warpgroups take turns (section 10) where these do not. Stage
-# 11 was 0.87–1.14×. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.59–2.34× faster.
+# 11 was 0.87–1.14×. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.59–2.37× faster.
 
 # %% [markdown]
 # ## 9 · The profile
@@ -348,16 +348,16 @@ plots.idea_metrics(only=["12_tma_store"])
 # * **The stores are gone from the load/store path**, as predicted: stage 11's 8 sectors per store
 #   request (the half-filled sectors of section 1) become no request at all. The only global
 #   stores left are the TMA's, which Nsight Compute does not count as the SM's requests.
-# * **The kernel is 1.08× faster under the profiler** (0.0476 → 0.0442 ms), the tensor pipe busy
-#   about as much of the time (46.6 % → 46.8 %). Both compute with three consumers here, so the
+# * **The kernel is 1.09× faster under the profiler** (0.0479 → 0.0442 ms), the tensor pipe busy
+#   about as much of the time (46.5 % → 46.8 %). Both compute with three consumers here, so the
 #   tensor cores do a ninth less work in stage 12, whose consumers past the end of the sequence
 #   compute nothing (section 5): the same share of a shorter time is the products that remain.
 # * **Fewer short waits:** `short_scoreboard` (waiting for shared memory and other variable-latency
-#   units) about 6.4 % → 3.2 %, and `lg_throttle` (a full queue of global memory instructions) goes
+#   units) about 5.6 % → 3.2 %, and `lg_throttle` (a full queue of global memory instructions) goes
 #   to zero. `long_scoreboard` rose (12 → 16 %). Polling an mbarrier is counted there, and the
 #   consumers past the end poll the `full` barrier of every tile they hand back: a likely reason,
 #   not measured on its own.
-# * **A surprise: bank conflicts on shared-memory stores,** about 3.2 thousand against stage 11's
+# * **A surprise: bank conflicts on shared-memory stores,** about 3.1 thousand against stage 11's
 #   handful, where section 2's bank map promises none. They are few: the kernel issues tens of
 #   thousands of warp-wide `st.shared` for O at this config, so they add a few per cent to those
 #   stores' wavefronts, and O's stores are a small part of all shared-memory traffic
@@ -390,8 +390,8 @@ plots.idea_metrics(only=["12_tma_store"])
 # without the overlap: 0.94–1.04× over the D = 64 sweep
 # (`data/runs/hopper-try-20261125T1752Z-d64-three-consumers.log`).
 #
-# The narrowest margins left against cuDNN are at the shortest sequences: D = 128 without the mask
-# (1.01–1.02× up to N = 2048) and D = 64 under the mask (1.02–1.04× at N = 512 and 1024). At
+# The narrowest margins left against cuDNN are at the shortest sequences without the mask: at
+# D = 128 (1.00–1.03× up to N = 2048) and at D = 64, N = 1024 (1.04–1.07× from run to run). At
 # D = 64 a score costs half the multiply-adds of D = 128 and the same softmax, so the softmax's
 # length sets the pace even more. Every exponential is already the special-function unit's single instruction. The remaining
 # levers are the instructions around it: the row maximum, the row sum and the rescale of O.
@@ -510,13 +510,13 @@ labs.check("12.store_sectors", answer)
 #   with a TMA store; the consumers start the next item at once.
 # - The buffer goes back to the producer only after `cp.async.bulk.wait_group.read`, at the next
 #   item's first tile.
-# - The gain is largest where items are short, 1.16× at N = 512 (about 1.1× by the model of a
-#   block), and fades as N grows; against cuDNN the stage runs at 1.01–1.16× over the sweep, ahead
+# - The gain is largest where items are short, 1.15× at N = 512 (about 1.1× by the model of a
+#   block), and fades as N grows; against cuDNN the stage runs at 1.00–1.16× over the sweep, ahead
 #   at every config.
-# - Under the causal mask each consumer runs only the key tiles its own rows need, and a consumer
-#   whose rows lie past the end of the sequence runs none: with both, three consumers of 64 rows
-#   pay at D = 64 on every sequence, short causal ones included. It still waits for each tile it
-#   hands back, so that the producer's count of releases stays right.
+# - A consumer whose rows lie past the end of the sequence runs no tile: with it, three consumers
+#   of 64 rows pay at D = 64 on every sequence but the short causal ones, where stage 11's two
+#   blocks an SM stay faster. It still waits for each tile it hands back, so that the producer's
+#   count of releases stays right.
 # - FlashAttention-3's ping-pong and in-warpgroup overlap tie with stage 11 on this GPU: a
 #   consumer's softmax is longer than the other consumer's products that would hide it.
 
