@@ -204,6 +204,7 @@ hp.register_figure(consumer_options=(2, 3))
 # %%
 hp.register_figure(consumer_options=(3,), D=64)
 
+# %% [markdown]
 # **Two blocks an SM.** `__launch_bounds__(384, 2)` asks for two blocks of three warpgroups on each
 # SM. Each then starts at 65 536 / 768 ≈ 85 registers a thread, 80 once rounded down to a
 # multiple of 8, and its pool is 3 × 80 = 240 a thread position: with the producer at 32, each of
@@ -485,12 +486,12 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 #
 # **Time.** Predicted 0.95–1.04× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
-# 1.00–1.19×, on average 1.07× at D = 64 and 1.11× at D = 128 (the run recorded in `data/` gave
+# 1.00–1.18×, on average 1.07× at D = 64 and 1.10× at D = 128 (the run recorded in `data/` gave
 # the same table to within 0.02). The prediction holds at D = 128. At D = 64 the gain does not
 # fade with N, and under the mask on short sequences the two stages are level.
 #
-# * **At D = 128 the gain fades, but less than the model says.** It is 1.19× at N = 512 and still
-#   1.07–1.10× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
+# * **At D = 128 the gain fades, but less than the model says.** It is 1.18× at N = 512 and still
+#   1.08–1.09× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
 #   items. An item of 128 tiles pays one prologue; what is left is per tile, and the model had
 #   none because, with its copies quicker than a tile's math, stage 10's ring was never short of
 #   data. Give the model copies slightly slower than a tile's math (below) and stage 10's
@@ -501,7 +502,7 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 #   copy instructions and the wait on `empty` gone from warpgroup 0's path.
 # * **At D = 64 on long sequences both compute with three warpgroups of 64 rows** (without the
 #   mask from N = 2048, under it from N = 4096), and the copies leaving the computing warps are
-#   worth 1.05–1.15×, as much as at D = 128. Under the mask at N = 2048, where stage 10 still runs
+#   worth 1.07–1.15×, as much as at D = 128. Under the mask at N = 2048, where stage 10 still runs
 #   two warpgroups of 64-key tiles, stage 11's three consumers are 1.06× faster, although with
 #   128-key tiles they compute 9 % more scores on the diagonal (the count above).
 # * **At N = 512 and 1024, D = 64 is close:** 1.01× and 1.05× without the mask, 1.00× and 1.02×
@@ -511,8 +512,8 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 #   What is left is what the two kernels do differently, and it nearly cancels: stage 11 has a
 #   producer that loads the next item during this one, while each of its consumers retires its
 #   P·V before the next S (104 registers, section 3) and writes O from its registers rather than
-#   through shared memory. Timed in turn five times over in one process, stage 11 was 1.005× stage
-#   10 at N = 512 and 1.019× at 1024 in every round (`data/runs/edge-cells-20261127T074551Z.log`).
+#   through shared memory. Timed in turn five times over in one process, stage 11 was 1.004–1.007×
+#   stage 10 at N = 512 and 1.018–1.020× at 1024 (`data/runs/edge-cells-20261127T074551Z.log`).
 #   Before each consumer stopped at its own last row, as stage 10's warpgroups do, it was 0.95×
 #   and 0.97× (`data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`).
 #
@@ -530,9 +531,9 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 # kernels are launched from CUDA graphs.
 #
 # **Against cuDNN** stage 11 runs at 0.87–1.14× here (the same in the recorded run): level with
-# it or ahead from N = 4096 on (1.00–1.14×; at D = 64, 1.03–1.13×), and 0.87–0.98× at N = 512,
+# it or ahead from N = 4096 on (1.00–1.14×; at D = 64, 1.02–1.13×), and 0.87–0.98× at N = 512,
 # where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
-# FlashAttention-2 backend (`sdpa_flash`) it is 1.38–2.30× faster.
+# FlashAttention-2 backend (`sdpa_flash`) it is 1.37–2.30× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -567,7 +568,7 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # ### Discussion
 #
 # * **The tensor pipe is busier**, 40.0 % → 46.5 % of the time, in about the same time (0.0486 →
-#   0.0479 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
+#   0.0480 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
 #   rows, and N = 1024 is 5⅓ items of 192 rows: its tensor cores also multiply the 128 rows past the
 #   end, a ninth more work in the same time.
 # * **Waiting rose, against the prediction:** `long_scoreboard` about 10 → 12 %, `barrier` 4 → 9 %,
