@@ -275,7 +275,7 @@ with nb.unless_missing():
 # element type.
 #
 # **Against cuDNN**, PyTorch's fastest attention: 0.74–1.06×. At D = 128 from N = 2048 on,
-# 0.90–0.96× without the mask and 0.92–1.05× with it (0.89–0.97× and 0.92–1.05× in the recorded
+# 0.90–0.96× without the mask and 0.92–1.05× with it (0.89–0.96× and 0.92–1.04× in the recorded
 # run), and at D = 64 on the longest sequences stage 10 is already level or ahead. What is left is
 # the scheduling: the tensor cores still wait while both warpgroups exponentiate, which costs most
 # on short sequences.
