@@ -517,16 +517,18 @@ def _registers(ex, answer):
     entry = hp.entry_registers(threads)
     cons = hp.consumer_registers(c, prod)
     truth = (entry, cons)
-    exact = (hp.REGS_PER_SM // 128 - prod) / c
+    pool = entry * (1 + c)
+    exact = (pool - prod) / c
     need = sum(hp.accumulator_registers(128, 128).values())
     sm = _n(hp.REGS_PER_SM)
     why = (f"A block of {1 + c} warpgroups is {threads} threads; under "
            f"__launch_bounds__({threads}, 1) one block must fit the {sm} registers: {sm} / "
            f"{threads} = {hp.REGS_PER_SM / threads:g}, rounded down to a multiple of 8: {entry}. "
-           f"After setmaxnreg every thread position of a warpgroup has {hp.REGS_PER_SM // 128} "
-           f"registers to share ({_n(hp.REGS_PER_SM)} / 128): the producer keeps {prod}, the "
-           f"{c} consumers share {hp.REGS_PER_SM // 128 - prod}: {exact:.1f} each, down to a "
-           f"multiple of 8: {cons} (the kernel's (512 - PRODUCER_REGS) / CONSUMERS / 8 * 8).")
+           f"setmaxnreg moves registers only within the block, so each thread position of a "
+           f"warpgroup has {1 + c} x {entry} = {pool} registers to share: the producer keeps "
+           f"{prod}, the {c} consumers share {pool - prod}: {exact:.1f} each, down to a multiple "
+           f"of 8: {cons} (the kernel's (ENTRY_REGS * (1 + CONSUMERS) - PRODUCER_REGS) / "
+           f"CONSUMERS / 8 * 8).")
     try:
         got = tuple(_whole(v, "a whole number of registers") for v in answer)
     except TypeError:
