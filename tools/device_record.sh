@@ -29,7 +29,9 @@ for phase in "${@:-tests run again notebooks}"; do for p in $phase; do case $p i
     python3 tools/tune08.py 2>&1 | grep -v Warning | tee "data/runs/tune08-$stamp.log" | tail -6 ;;
   tests)
     echo "== GPU tests"
-    python3 -m pytest -q -rP -m gpu ${TEST_ARGS:-tests} -p no:cacheprovider 2>&1 | tee "data/runs/gpu-tests-$stamp.log" | tail -4 ;;
+    # TEST_ARGS is read as shell words, quotes included: TEST_ARGS='tests/test_gpu.py -k "11 or 12"'
+    eval "python3 -m pytest -q -rP -m gpu ${TEST_ARGS:-tests} -p no:cacheprovider" 2>&1 \
+      | tee "data/runs/gpu-tests-$stamp.log" | tail -4 ;;
   run)
     echo "== flashlab run ${RUN_ARGS:-}"
     # RUN_ARGS, e.g. "--stage 04 --stage 05", splits a long run over several device calls
