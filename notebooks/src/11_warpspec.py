@@ -514,8 +514,9 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 #   P·V before the next S (104 registers, section 3) and writes O from its registers rather than
 #   through shared memory. Timed in turn five times over in one process, stage 11 was 1.004–1.007×
 #   stage 10 at N = 512 and 1.018–1.020× at 1024 (`data/runs/edge-cells-20261127T074551Z.log`).
-#   Before each consumer stopped at its own last row, as stage 10's warpgroups do, it was 0.95×
-#   and 0.97× (`data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`).
+#   With every consumer running all of its item's tiles instead of stopping at its own last row,
+#   as stage 10's warpgroups do, it measures 0.95× and 0.97×
+#   (`data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`).
 #
 # **The teaching config** is one launch of about 50 µs at D = 64, N = 1024: predicted 0.95–1.04×,
 # measured 1.02× (1.01× in bf16; 1.02× in both in the recorded run), every row tight (the check

@@ -172,10 +172,10 @@ nb.show_source("12_tma_store", "pick")
 # | stage 12, three consumers everywhere | 262 | 337 | 416 | 437 | 458 | 471 |
 # | stage 12, two blocks of two consumers below N = 2048 | 279 | 345 | 416 | 437 | 459 | 471 |
 #
-# Three consumers everywhere had been the pick before the two-block shape was tried: with the
-# consumers past the end computing nothing, they had beaten one block of two consumers under the
-# mask at N = 512 and 1024 too (267 and 343 TFLOP/s against 247 and 326,
-# `data/runs/hopper-try-20261127T0123Z-d64-consumers-past-end.log`). Without the mask only the
+# With the consumers past the end computing nothing, three consumers also beat one block of two
+# under the mask at N = 512 and 1024 (267 and 343 TFLOP/s against 247 and 326,
+# `data/runs/hopper-try-20261127T0123Z-d64-consumers-past-end.log`); two blocks of two are faster
+# still. Without the mask only the
 # rows past the end change: 1.07× at N = 512 and 1024 and about 1.01× from N = 8192 on, stage 12
 # with and without the skip timed in turn (`data/runs/hopper-try-20261126T2350Z-past-end.log`).
 # Two at D = 128, where a consumer's
