@@ -222,7 +222,7 @@ gain_band = (1.05, 1.15)
 
 # %%
 with nb.unless_missing():
-    mix = pd.concat([nb.instructions("11_warpspec"), nb.instructions("12_tma_store")])
+    mix = nb.instruction_mix("11_warpspec", "12_tma_store")
     display(mix[mix.index.get_level_values("kernel").str.contains("__half")].droplevel("stage").T)
 
 # %%
