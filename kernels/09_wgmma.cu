@@ -17,8 +17,8 @@
 //  * Ordering: wgmma.fence before the first wgmma after ordinary code touched the accumulators,
 //    commit_group after a batch, wait_group before reading the results; shared memory written
 //    by cp.async is published to wgmma (the async proxy) by fence.proxy.async.
-// A block is WGS warpgroups of 64 query rows each; loads are stage 08's cp.async pipeline, so
-// the comparison with stage 08 isolates the instruction. Softmax is stage 08's (FOLD_SCALE,
+// A block is WGS warpgroups of 64 query rows each, BLOCKS blocks an SM; loads are stage 08's
+// cp.async pipeline, so the comparison with stage 08 isolates the instruction. Softmax is stage 08's (FOLD_SCALE,
 // SKIP_RESCALE). Needs sm_90a (-gencode arch=compute_90a,code=sm_90a).
 #include <cmath>
 #include "common.cuh"
@@ -54,8 +54,8 @@ __device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int 
   }
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES>
-__global__ void __launch_bounds__(128 * WGS, 1)
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS>
+__global__ void __launch_bounds__(128 * WGS, BLOCKS)
 wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
              T* __restrict__ O, const FlashlabLayout L, int N, float scale_log2, int causal) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
@@ -109,11 +109,10 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
   for (int i = 0; i < D / 2; i++) o[i] = 0.f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 
-  for (int j = 0; j < n_tiles; j++) {
-    const int k0 = j * BC;
-    // This thread's copies of tile j have landed: publish them to the async proxy (wgmma), then
-    // to every warp. Past this barrier every warpgroup has also retired tile j - 2's P V (at its
-    // wait for S of tile j - 1), so tile j - 2's buffer takes tile j + AHEAD.
+  // This thread's copies of tile j have landed: publish them to the async proxy (wgmma), then
+  // to every warp. Past this barrier every warpgroup has also retired tile j - 2's P V (at its
+  // wait for S of tile j - 1), so tile j - 2's buffer takes tile j + AHEAD.
+  auto arrive_and_load = [&](int j) {
     cp_async_wait<AHEAD - 1>();
     fence_proxy_async();
     __syncthreads();
@@ -123,17 +122,20 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
       load_tile_async<BC, D, THREADS>(Vs + (next % STAGES) * Cfg::KV_BYTES, V, L.v.n, next * BC, N);
     }
     cp_async_commit();
-    // Causal: a tile that starts past this warpgroup's last row is masked for all of its rows
-    // (so are the ones after it): retire the last P V, as a computed tile would, and skip it.
-    if (causal && k0 > wg_last_row) {
-      wgmma_wait<0>();
-      continue;
-    }
+  };
+  // Causal: the tiles that start past this warpgroup's last row are masked for all of its rows;
+  // it computes the ones before (n_mine), then only keeps the block's barriers and loads going.
+  const int n_mine = causal ? min(n_tiles, wg_last_row / BC + 1) : n_tiles;
+  int j = 0;
+  for (; j < n_mine; j++) {
+    const int k0 = j * BC;
+    arrive_and_load(j);
     const uint32_t Kt = Ks + (j % STAGES) * Cfg::KV_BYTES;
     const uint32_t Vt = Vs + (j % STAGES) * Cfg::KV_BYTES;
 
     // S = Q K^T: KD wgmma of 64 x BC x 16, the first one overwriting S (accumulate = 0).
     float s[BC / 2];
+    if (BLOCKS == 2) wgmma_wait<0>();  // two blocks an SM: P V retired before S (registers)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) {
@@ -215,6 +217,7 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
     wgmma_commit();  // no wait: P V runs on while the warps go on to the next tile's barrier
   }
   wgmma_wait<0>();
+  for (; j < n_tiles; j++) arrive_and_load(j);
 
   // Normalise and write through this warp's own 16 rows of the Q tile (no other warp reads
   // them, and every wgmma that read Q has completed), then 16-byte stores of whole rows.
@@ -247,10 +250,10 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
   }
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES>
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
-  auto kernel = wgmma_kernel<T, D, BC, WGS, STAGES>;
+  auto kernel = wgmma_kernel<T, D, BC, WGS, STAGES, BLOCKS>;
   FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
   dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
@@ -260,15 +263,20 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
-// PICK: the block shape per head dim and mask (keys per tile, warpgroups, buffers), measured on an
-// H100 (tools/hopper_try.py). At D = 64 two warpgroups of 64-key tiles with six buffers, the loads
-// four tiles ahead (113 KiB of shared memory); 128-key tiles, with two warpgroups or three, lose at
-// every length and mask. At D = 128 the 128-key tiles of 225 KiB, one block an SM; under the mask,
-// one warpgroup of 64-key tiles with three buffers (113 KiB), two blocks an SM: a block's start
-// and end overlap the other block's work, and the tiles on the diagonal are smaller.
+// PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers, blocks
+// an SM), measured on an H100 (tools/hopper_try.py). At D = 64, two blocks an SM of two
+// warpgroups and 128-key tiles, three buffers each (113 KiB): one block's barriers, loads and
+// stores run while the other's wgmma keep the tensor cores busy. In 128 registers a thread holds
+// S only once the last P V has retired, hence the wait before S when BLOCKS == 2. Under the mask
+// below N = 1024 the tiles on the diagonal are most of the work: there 64-key tiles with six
+// buffers, loads four tiles ahead. At D = 128 the 128-key tiles of 225 KiB, one block an SM;
+// under the mask, one warpgroup of 64-key tiles with three buffers (113 KiB), two blocks an SM.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
-  if (p->D == 64) return launch<T, 64, 64, 2, 6>(p, s);
+  if (p->D == 64) {
+    if (p->causal && p->N < 1024) return launch<T, 64, 64, 2, 6>(p, s);
+    return launch<T, 64, 128, 2, 3, 2>(p, s);
+  }
   if (p->causal) return launch<T, 128, 64, 1, 3>(p, s);
   return launch<T, 128, 128, 2, 3>(p, s);
 }

@@ -29,9 +29,12 @@ struct Tiles {
   static constexpr int BR = 64 * WGS;              // query rows per block
   static constexpr int THREADS = 128 * WGS;
   static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
-  // Q + STAGES x (K, V) on 1024-byte boundaries (the 128-byte swizzle), then the mbarriers.
+  // Q + STAGES x (K, V) on 1024-byte boundaries (the 128-byte swizzle). The mbarriers take no
+  // bytes of their own: they sit in the 1 KiB kept for the alignment, before Q where the padding
+  // leaves room for them, else after the last V tile. Two blocks of 113 KiB then fit an SM.
   static constexpr int BARRIERS = 1 + 2 * STAGES;  // q_full, full[STAGES], empty[STAGES]
-  static constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 1024;
+  static_assert(2 * 8 * BARRIERS <= 1024, "the mbarriers fit the alignment's padding");
+  static constexpr int SMEM_BYTES = Q_BYTES + 2 * STAGES * KV_BYTES + 1024;
 };
 
 // The tensor maps of q, k and v: 4-D (D, N, H, B) with their own strides, a box of 64 columns
@@ -59,8 +62,8 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap& map, u
   // END EXERCISE 10.tma_tile
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES>
-__global__ void __launch_bounds__(128 * WGS, 1)
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS>
+__global__ void __launch_bounds__(128 * WGS, BLOCKS)
 tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabLayout L,
            int N, float scale_log2, int causal, const int3 order_q, const int3 order_kv) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
@@ -68,11 +71,13 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
   constexpr int KD = D / 16;   // k-steps of S = Q K^T
   constexpr int KS = BC / 16;  // k-steps of O += P V
   constexpr int NS = BC / 8, NO = D / 8;  // 8-column tiles of S and O held per thread (4 floats each)
-  extern __shared__ uint8_t smem_raw[];
-  const uint32_t Qs = (smem_u32(smem_raw) + 1023) & ~1023u;
+  extern __shared__ __align__(16) uint8_t smem_raw[];  // 16-byte aligned: the mbarriers need 8
+  const uint32_t base = smem_u32(smem_raw), Qs = (base + 1023) & ~1023u;
   const uint32_t Ks = Qs + Cfg::Q_BYTES;              // STAGES K tiles
   const uint32_t Vs = Ks + STAGES * Cfg::KV_BYTES;    // STAGES V tiles
-  const uint32_t q_full = Vs + STAGES * Cfg::KV_BYTES;  // mbarriers, 8 bytes each
+  // mbarriers, 8 bytes each: before Q, or after V when the padding before Q is shorter than them
+  // (the padding is under 1024 bytes, so what is left of it after V holds them then).
+  const uint32_t q_full = Qs - base >= 8 * Cfg::BARRIERS ? base : Vs + STAGES * Cfg::KV_BYTES;
   const uint32_t full = q_full + 8, empty = full + 8 * STAGES;
 
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);  // uniform: see stage 09
@@ -120,27 +125,9 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   mbar_wait(q_full, 0);
 
-  for (int j = 0; j < n_tiles; j++) {
-    const int k0 = j * BC, buf = j % STAGES;
-    // Causal: a tile that starts past this warpgroup's last row is masked for all of its rows.
-    const bool skip = causal && k0 > wg_last_row;
-    float s[BC / 2];
-    // Tile j has landed. (A warpgroup that skips it waits too: it then never runs STAGES tiles
-    // ahead of the other, so its releases below always count toward the right phase.)
-    mbar_wait(full + 8 * buf, (j / STAGES) & 1);
-    if (!skip) {
-      const uint32_t Kt = Ks + buf * Cfg::KV_BYTES;
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KD; kk++) {
-        const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;  // as stage 09
-        wgmma_ss<T, BC>(s, wgmma_desc(Qw + blk * BR * 128 + in_row, 16, 1024),
-                        wgmma_desc(Kt + blk * BC * 128 + in_row, 16, 1024), kk > 0);
-      }
-      wgmma_commit();
-    }
-    // While S is computed, the elected thread refills the buffer of tile j - 2 with tile
-    // j + AHEAD, once every warp has released it.
+  // While tile j's S is computed, the elected thread refills the buffer of tile j - 2 with tile
+  // j + AHEAD, once every warp has released it.
+  auto refill = [&](int j) {
     if (elected && j + AHEAD < n_tiles) {
       const int next = j + AHEAD, nb = next % STAGES;
       if (next >= STAGES) mbar_wait(empty + 8 * nb, (next / STAGES - 1) & 1);
@@ -149,10 +136,29 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
       tma_tile<BC, D>(Vs + nb * Cfg::KV_BYTES, maps.v, full + 8 * nb, next * BC, h, b, order_kv);
     }
     __syncwarp();
+  };
+  // Causal: the tiles that start past this warpgroup's last row are masked for all of its rows;
+  // it computes the ones before (n_mine), then only waits for and releases the rest (below).
+  const int n_mine = causal ? min(n_tiles, wg_last_row / BC + 1) : n_tiles;
+  int j = 0;
+  for (; j < n_mine; j++) {
+    const int k0 = j * BC, buf = j % STAGES;
+    float s[BC / 2];
+    mbar_wait(full + 8 * buf, (j / STAGES) & 1);  // tile j has landed
+    const uint32_t Kt = Ks + buf * Cfg::KV_BYTES;
+    if (BLOCKS == 2) wgmma_wait<0>();  // two blocks an SM: P V retired before S (registers)
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;  // as stage 09
+      wgmma_ss<T, BC>(s, wgmma_desc(Qw + blk * BR * 128 + in_row, 16, 1024),
+                      wgmma_desc(Kt + blk * BC * 128 + in_row, 16, 1024), kk > 0);
+    }
+    wgmma_commit();
+    refill(j);
     wgmma_wait<0>();  // S, and the previous tile's P V issued before it: O is final up to tile j-1
     // Tile j - 1 is no longer read by this warp: release its buffer.
     if (j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % STAGES));
-    if (skip) continue;
     const uint32_t Vt = Vs + buf * Cfg::KV_BYTES;
 
     if (k0 + BC > N || (causal && k0 + BC - 1 > q0 + wg * 64)) {
@@ -217,6 +223,13 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
     wgmma_commit();  // no wait: P V runs on while the warps go on to the next tile's barrier
   }
   wgmma_wait<0>();
+  // The tiles past this warpgroup's rows: it still waits for each, so that it never runs a whole
+  // ring ahead of the other warpgroups and its releases count toward the right phase.
+  for (; j < n_tiles; j++) {
+    mbar_wait(full + 8 * (j % STAGES), (j / STAGES) & 1);
+    refill(j);
+    if (j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % STAGES));
+  }
 
   // Normalise and write through this warp's own 16 rows of the Q tile (no other warp reads
   // them, and every wgmma that read Q has completed), then 16-byte stores of whole rows.
@@ -228,7 +241,7 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
   }
-  uint8_t* Qp = smem_raw + (Qs - smem_u32(smem_raw));
+  uint8_t* Qp = smem_raw + (Qs - base);
   const int row_w = wg * 64 + warp * 16;  // the warp's first row in the tile
 #pragma unroll
   for (int d = 0; d < NO; d++) {
@@ -299,10 +312,10 @@ static const char* make_map(CUtensorMap* map, const void* ptr, int dtype, const 
   return nullptr;
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES>
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
-  auto kernel = tma_kernel<T, D, BC, WGS, STAGES>;
+  auto kernel = tma_kernel<T, D, BC, WGS, STAGES, BLOCKS>;
   Maps maps;
   int3 oq, ok, ov;
   const char* err;
@@ -319,18 +332,17 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   return nullptr;
 }
 
-// PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers),
-// measured on an H100 (tools/hopper_try.py). At D = 64 three warpgroups of 128-key tiles pay
-// once there are enough query tiles to fill the GPU; shorter sequences run two of 64 keys.
+// PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers, blocks
+// an SM), measured on an H100 (tools/hopper_try.py). Stage 09's shapes where they fit: at
+// D = 64, two blocks an SM of two warpgroups and 128-key tiles (the mbarriers in the alignment's
+// padding, so that two fit), and under the mask below N = 1024 two warpgroups of 64-key tiles
+// with four buffers. At D = 128 the 128-key tiles of two warpgroups, one block an SM, with or
+// without the mask.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
-    if (p->causal) {
-      if (p->N < 4096) return launch<T, 64, 64, 2, 4>(p, s);
-      return launch<T, 64, 128, 3, 3>(p, s);
-    }
-    if (p->N < 2048) return launch<T, 64, 64, 2, 4>(p, s);
-    return launch<T, 64, 128, 3, 3>(p, s);
+    if (p->causal && p->N < 1024) return launch<T, 64, 64, 2, 4>(p, s);
+    return launch<T, 64, 128, 2, 3, 2>(p, s);
   }
   return launch<T, 128, 128, 2, 3>(p, s);
 }

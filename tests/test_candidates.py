@@ -21,8 +21,6 @@ SHAPES = {  # the shapes tools/candidates/README.md reports
 }
 # Candidates kept as a patch on a stage (a few lines changed): the stage they apply to, and shapes.
 PATCHES = {
-    "09_two_loops.patch": ("09_wgmma", ["D64:128,2,3,2;D128:128,2,3,1;D128c:64,1,3,1",
-                                        "D64:64,2,6,1;D128:128,2,3,1;D128c:64,1,3,1"]),
     "12_poly_exp2.patch": ("12_tma_store", ["D64:128,3,2,4;D128:128,2,2,4",
                                             "D64:128,3,2,2;D128:128,2,2,8"]),
 }
