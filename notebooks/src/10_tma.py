@@ -130,7 +130,8 @@ nb.show_lines("hopper.cuh", r"^// ---- mbarrier", r"^// ---- TMA")
 nb.show_lines("10_tma", r"const bool elected = threadIdx.x == 0;", r"const uint32_t Qw = ")
 
 # %%
-nb.show_lines("10_tma", r"for \(int j = 0; j < n_tiles; j\+\+\)", r"if \(skip\) continue;")
+nb.show_lines("10_tma", r"auto refill = ", r"const uint32_t Vt = ")
+nb.show_lines("10_tma", r"// The tiles past this warpgroup's rows", r"^  \}$")
 
 # %% [markdown]
 # The same ring drawn in time, with a tile's copy (latency, then bytes), each warpgroup's work on
@@ -158,8 +159,9 @@ sched3.head(6)
 #
 # **Why no `__syncthreads`:** a warpgroup needs only its own tile to have landed (full) and tells
 # the producer when it is done with one (empty). The two warpgroups of a block no longer start
-# each tile together; one can be up to the ring's slack ahead of the other. A warpgroup that skips
-# a causal tile (all its rows masked) still waits for it, so it never runs a whole ring ahead.
+# each tile together; one can be up to the ring's slack ahead of the other. Under the causal
+# mask a warpgroup computes only its own tiles (`n_mine`, as in stage 09) and still waits for the
+# rest and releases them, so it never runs a whole ring ahead.
 #
 # ## 5 · Proxies: who must fence what
 #
@@ -174,8 +176,10 @@ sched3.head(6)
 # ## 6 · What changed
 #
 # Against stage 09: the tensor maps on the host, the barriers, the elected thread's copies and the
-# waits in place of `load_tile_async`, `cp_async_wait`, the fence and `__syncthreads`. The math is
-# the same:
+# waits in place of `load_tile_async`, `cp_async_wait`, the fence and `__syncthreads`. The
+# mbarriers take no shared memory of their own: they sit in the padding that aligns the tiles to
+# 1024 bytes, so that two blocks of 113 KiB still fit an SM (228 KiB, less 1 KiB the SM keeps for
+# each block) at D = 64. The math is the same:
 
 # %%
 nb.show_diff("09_wgmma", "10_tma", context=1)

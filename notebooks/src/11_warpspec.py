@@ -53,7 +53,7 @@ print(here)
 # issued its own `S`:
 
 # %%
-nb.show_lines("10_tma", r"// While S is computed, the elected thread refills", r"__syncwarp\(\);")
+nb.show_lines("10_tma", r"// While tile j's S is computed, the elected thread refills", r"^  \};")
 
 # %% [markdown]
 # * **It waits in the middle of its math.** `empty` completes only when every warp of the block,
