@@ -341,33 +341,38 @@ plots.scaling(last="09_wgmma")
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted about 1.06× at the teaching config and more at D = 128. Measured, with both
-# stages timed in turn in this run: 1.10× at the teaching config; over the sweep 1.09–1.18× at
-# D = 64 (1.15× on average) and 1.14–1.39× at D = 128 (1.27×), more on long sequences than on short
-# ones. The model got the direction and roughly the size. Where the gain is smallest shows what it
-# left out.
+# **Time.** Predicted 1.07× at the teaching config (D = 64) and more at D = 128. Measured, with
+# both stages timed in turn in this run: 1.23× at the teaching config; over the sweep 1.21–1.34× at
+# D = 64 (1.29× on average) and 1.15–1.41× at D = 128 (1.28×), more on long sequences than on short
+# ones. The prediction missed, and by most at D = 64, where it expected least. The model made the
+# products faster and held everything else fixed; three things it left out:
 #
+# * **The block's shape changed with the instruction.** At D = 64 `pick()` runs 128-key tiles
+#   with two blocks on each SM (section 5; the profile below shows the occupancy doubling). While
+#   one block's warpgroups meet at the barrier, exponentiate or write O back, the other block's
+#   products run. That time, which the model counted as fixed, is now partly hidden. The 128-key
+#   tiles also halve the barriers and loop trips per key. Stage 08 runs one block an SM: its
+#   fragments pass through registers, and its 256 threads take 255 each, the whole register file.
 # * **Shared memory feeds the tensor cores now.** A `wgmma` with both operands in shared memory
-#   reads A (64 × 16, 2 KiB) and B (N × 16) per instruction. At D = 64 the shape `pick()` runs is
-#   64-key tiles: S is `m64n64k16`, 4 KiB for 131 072 FLOPs — at the tensor cores' full rate about
-#   128 bytes a clock, all that shared memory delivers. At D = 128 (`m64n128k16`, 6 KiB for twice
-#   the FLOPs) it is 96 bytes a clock. So D = 64 cannot get the full rate `r` the model assumed,
-#   and D = 128 can come close.
-# * **The rest did not stay the same.** The model kept everything but the products fixed. The two
-#   warpgroups of a block run in step: both issue S, both wait, both exponentiate, and while they
-#   do, the tensor cores have nothing to do. The instruction made the products faster; the softmax
-#   between them is now the larger part of a tile. On short sequences, and under the causal mask
-#   where a block has few tiles (D = 128 causal at N = 512: 1.14×), the fixed cost of each block —
-#   its first loads, the wait for the first S, the write-back — weighs more as well. That is why
-#   `pick()` runs blocks of one warpgroup there, two to an SM: one block's fixed costs then overlap
-#   the other's products (1.02–1.05× faster than two warpgroups of 128-key tiles, timed in turn).
-# * **How the operands reach the instruction counts.** The descriptors come from uniform
-#   registers (section 4). Built from `threadIdx.x`, they were moved there 48 times a tile at
-#   D = 128; timed in turn on the H100, that kernel was 1.03–1.10× slower over the sweep than this
-#   one — at D = 64, most of what this stage gains over stage 08.
+#   reads A (64 × 16, 2 KiB) and B (N × 16) per instruction. With 128-key tiles S is
+#   `m64n128k16`: 6 KiB for 262 144 FLOPs. At the tensor cores' full rate that is 96 bytes a
+#   clock, against the 128 that shared memory delivers. With 64-key tiles (`m64n64k16`, 4 KiB for
+#   half the FLOPs) it would be all 128: the wider tile is what leaves the rate `r` within reach.
+# * **How the loop is written counts.** The descriptors come from uniform registers (section 4).
+#   Built from `threadIdx.x`, they were moved there 48 times a tile at D = 128; timed in turn on
+#   the H100, that kernel was 1.03–1.10× slower over the sweep than this one. In the same way, a
+#   test inside the tile loop that skips the tiles past a warpgroup's rows under the mask cost
+#   1.03–1.10× at D = 64, even without the mask, where it is never taken. That is why each
+#   warpgroup counts its own tiles and runs them in a loop of their own.
 #
-# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.70–0.94×: the gap is what overlapping
-# the softmax with the products is worth.
+# Where the gain is smallest, 1.15× under the mask at D = 128 and N = 512, a block has one to
+# eight tiles of 64 keys. Its fixed costs weigh most there: its first loads, the wait for the
+# first S, the write-back. Blocks of one warpgroup, two to an SM, overlap one block's fixed costs
+# with the other's products, and they are still not enough.
+#
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.95–0.97× at D = 64 and 0.67–0.80× at
+# D = 128. The gap is what overlapping the softmax with the products is worth, and it is largest
+# where the products are the larger part of a tile.
 
 # %% [markdown]
 # ## 10 · The profile: is the tensor pipe busier?
@@ -393,16 +398,19 @@ plots.idea_metrics(only=["09_wgmma"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is *less* busy — 49 % → 37 % — in less time (0.058 → 0.052 ms).** The
+# * **The tensor pipe is *less* busy — 49 % → 41 % — in less time (0.058 → 0.047 ms).** The
 #   counter measures the cycles the pipe is working, not the work it does in them. The kernels do
-#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (37 × 0.052) ≈ 1.5
+#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (41 × 0.047) ≈ 1.5
 #   times the work of one of `mma.sync`: the two-thirds-of-peak ceiling of `mma.sync`, seen from
 #   the other side. A metric that counts activity, not throughput, can fall when a kernel gets
 #   better.
-# * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 14 % now:
-#   the 256 `mma.sync` and 80 `ldmatrix` of a D = 128 loop trip became 16 `wgmma`. Shared-memory
-#   wavefronts fell by a fifth and load bank conflicts to zero (the hardware's swizzle).
-# * **New waits:** `barrier` (2.5 → 11.7 %) and `mio_throttle` (2.8 → 9.8 %). Each tile, all 256
+# * **Two blocks an SM:** achieved occupancy 11.6 % → 22.8 %, the second block `pick()` fits at
+#   D = 64.
+# * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 13 % now:
+#   the `mma.sync` and `ldmatrix` of a loop trip became a few `wgmma` (16 at D = 128, against 256
+#   `mma.sync` and 80 `ldmatrix`). Shared-memory wavefronts fell by 38 % and load bank conflicts by
+#   two thirds (12 180 → 4 270): the hardware's swizzle.
+# * **New waits:** `barrier` (2.6 → 12.7 %) and `mio_throttle` (2.8 → 12.7 %). Each tile, all 256
 #   threads issue their `cp.async` copies and meet at `__syncthreads`: the slower warpgroup and the
 #   copy queue now decide when the tensor cores get the next tile. That is what stage 10 removes.
 
@@ -497,7 +505,7 @@ labs.check("09.descriptor", answer)
 # inside the warpgroup as in question 3.
 
 # %% [markdown]
-# **Instructor's answer.** *5.* 48 a tile at D = 128, 24 at D = 64 with 64-key tiles: one per
+# **Instructor's answer.** *5.* 48 a tile at D = 128, 32 at D = 64 with 128-key tiles: one per
 # 32-bit half of every descriptor the loop uses, Q's, K's and V's. Each `HGMMA` waits for the moves that
 # produce its descriptor, and the moves sit among the products that should be issued back to
 # back; the loop also grows by a tenth (945 instead of 865 instructions at D = 128). Measured on

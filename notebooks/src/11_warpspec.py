@@ -219,9 +219,13 @@ hp.register_figure(consumer_options=(3,), D=64)
 hp.register_budget(consumers=2, blocks=2)
 
 # %% [markdown]
-# So stage 11 runs two consumers at D = 128 and three at D = 64, the warpgroups stage 10 computes
-# with there, each now without the copies, and under the mask on short sequences at D = 64 stage
-# 10's own shape. `pick()` says where:
+# So stage 11 runs two consumers at D = 128, the warpgroups stage 10 computes with there, each now
+# without the copies. At D = 64 it runs three consumers of 128-key tiles in one block, and under the
+# mask on short sequences two blocks of two consumers with 64-key tiles. Neither is stage 10's shape
+# at D = 64: two blocks an SM of two warpgroups with 128-key tiles, 122 registers a thread with
+# P·V retired before S. A producer in each of two blocks leaves each consumer at most
+# (240 − 24) / 2 = 108 registers, even with the smallest producer `setmaxnreg` allows. The
+# producer's warpgroup costs registers, and at D = 64 that decides the shape. `pick()` says where:
 
 # %%
 nb.show_source("11_warpspec", "pick")
@@ -454,12 +458,15 @@ plots.scaling(last="11_warpspec")
 
 # %% [markdown]
 # One more count for the discussion. Under the causal mask, how many query-key scores a block
-# computes per head: stage 10 at D = 64 below N = 4096 runs 64-key tiles, and a warpgroup skips the
-# tiles past its own last row; stage 11 runs the tiles its `pick()` launches (64 keys for two
-# consumers below N = 2048, 128 for three from there), and every consumer computes every tile up
-# to the item's last row:
+# computes per head, each stage with the tiles its `pick()` launches at D = 64 (stage 10: 64-key
+# tiles below N = 1024, 128-key from there, two warpgroups; stage 11: 64-key tiles for two
+# consumers below N = 2048, 128 for three from there). A warpgroup of either computes the key tiles
+# up to its own last row:
 
 # %%
+src10 = fl.stage("10_tma").source.read_text()
+
+
 def scores_computed(N, BC, rows=64, groups=2, skip=False):
     """Query-key scores computed for one head under the causal mask: items of `groups` warpgroups
     of `rows` rows; a warpgroup computes the key tiles up to its item's last row, or with `skip`
@@ -472,27 +479,31 @@ def scores_computed(N, BC, rows=64, groups=2, skip=False):
     return total
 
 
-def stage11_scores(N):
-    """scores_computed for stage 11's shape at D = 64 under the mask, as its pick() launches it."""
-    keys, _, consumers, *_ = map(int, picks.launched(src11, 64, True, N))
-    return scores_computed(N, keys, groups=consumers, skip=True)
+def stage_scores(src, N):
+    """scores_computed for a stage's shape at D = 64 under the mask, as its pick() launches it
+    (keys per tile, then stage 10's warpgroups or stage 11's buffers and consumers)."""
+    args = list(map(int, picks.launched(src, 64, True, N)))
+    groups = args[2] if src is src11 else args[1]
+    return scores_computed(N, args[0], groups=groups, skip=True)
 
 
-pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
-           for N in (512, 1024, 2048)}, name="stage 11 / stage 10 scores, D = 64, causal").round(3)
+pd.Series({N: stage_scores(src11, N) / stage_scores(src10, N) for N in (512, 1024, 2048, 4096)},
+          name="stage 11 / stage 10 scores, D = 64, causal").round(3)
 
 # %% [markdown]
 # ### Discussion
 #
 # **Time.** Predicted 0.95–1.04× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
-# 1.00–1.18×, on average 1.07× at D = 64 and 1.10× at D = 128 (the run recorded in `data/` gave
-# the same table to within 0.02). The prediction holds at D = 128. At D = 64 the gain does not
-# fade with N, and under the mask on short sequences the two stages are level.
+# 1.04–1.18× at D = 128 (1.08× on average), and at D = 64 0.91–1.01× (0.97×): there stage 11 is
+# slower than stage 10 at every length but the two longest without the mask. The run recorded in
+# `data/` gave the same table to within 0.02. The prediction holds at D = 128 and misses at D = 64,
+# because at D = 64 the model compared the same block in both stages, and the stages no longer run
+# the same block.
 #
-# * **At D = 128 the gain fades, but less than the model says.** It is 1.18× at N = 512 and still
-#   1.08–1.09× from N = 4096 on, with the mask or without, where the model gives 1.01 for long
-#   items. An item of 128 tiles pays one prologue; what is left is per tile, and the model had
+# * **At D = 128 the gain fades, but less than the model says.** It is 1.10–1.18× at N = 512 and
+#   still 1.04–1.07× from N = 4096 on, with the mask or without, where the model gives 1.01 for
+#   long items. An item of 128 tiles pays one prologue; what is left is per tile, and the model had
 #   none because, with its copies quicker than a tile's math, stage 10's ring was never short of
 #   data. Give the model copies slightly slower than a tile's math (below) and stage 10's
 #   warpgroups wait a little before every tile while stage 11's do not: K and V on their own
@@ -500,27 +511,27 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 #   (two of K and two of V against stage 10's three pairs). Under a whole GPU's load that is
 #   plausible; these measurements alone do not separate it from the other per-tile change, the
 #   copy instructions and the wait on `empty` gone from warpgroup 0's path.
-# * **At D = 64 on long sequences both compute with three warpgroups of 64 rows** (without the
-#   mask from N = 2048, under it from N = 4096), and the copies leaving the computing warps are
-#   worth 1.07–1.15×, as much as at D = 128. Under the mask at N = 2048, where stage 10 still runs
-#   two warpgroups of 64-key tiles, stage 11's three consumers are 1.06× faster, although with
-#   128-key tiles they compute 9 % more scores on the diagonal (the count above).
-# * **At N = 512 and 1024, D = 64 is close:** 1.01× and 1.05× without the mask, 1.00× and 1.02×
-#   with it. Without the mask, stage 11's third consumer computes the rows past the end (section 3:
-#   a ninth more rows at these N). Under the mask both stages run the same shape, two warpgroups of
-#   64-key tiles and two blocks on each SM, and compute the same scores (the count above: 1.000).
-#   What is left is what the two kernels do differently, and it nearly cancels: stage 11 has a
-#   producer that loads the next item during this one, while each of its consumers retires its
-#   P·V before the next S (104 registers, section 3) and writes O from its registers rather than
-#   through shared memory. Timed in turn five times over in one process, stage 11 was 1.004–1.007×
-#   stage 10 at N = 512 and 1.018–1.020× at 1024 (`data/runs/edge-cells-20261127T074551Z.log`).
-#   With every consumer running all of its item's tiles instead of stopping at its own last row,
-#   as stage 10's warpgroups do, it measures 0.95× and 0.97×
-#   (`data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`).
+# * **At D = 64 the producer's registers decide.** Stage 10 runs four warpgroups on each SM, two
+#   blocks of two, with 128-key tiles. Stage 11 cannot (section 3): it runs three consumers of
+#   128-key tiles in one block, or under the mask on short sequences two blocks of two consumers
+#   with 64-key tiles. Three computing warpgroups an SM instead of four, or tiles half as wide,
+#   cost more than the copies leaving the computing warps save, except on the longest sequences
+#   without the mask (1.01× from N = 8192). Under the mask the count above adds to it: with 128-key
+#   tiles for 192-row items, stage 11 computes 6 % more scores than stage 10 at N = 2048 and 4096.
+#   At N = 1024 it computes 6 % fewer, with 64-key tiles, and is still 0.96× stage 10: half-width
+#   tiles pay the per-tile work (the barriers, the loop, the waits) twice per key.
+# * **Without the mask at N = 512 and 1024 (0.91–0.92×)** there is also the work past the end:
+#   three consumers make N = 512 2⅔ items of 192 rows and N = 1024 5⅓, and the last item's idle
+#   consumers still compute rows that are never stored (section 4).
+#
+# The lesson is the cost side of specialization. A producer warpgroup gives the computing warps
+# their time back, and takes registers from them. Where registers set the shape, as at D = 64 on
+# this GPU, more plain warpgroups that each load their own tiles can do better. The scheduling of
+# the next stage is what has to win the time back.
 #
 # **The teaching config** is one launch of about 50 µs at D = 64, N = 1024: predicted 0.95–1.04×,
-# measured 1.02× (1.01× in bf16; 1.02× in both in the recorded run), every row tight (the check
-# above): inside the band.
+# measured 0.91× (0.91× in bf16; 0.92× and 0.93× in the recorded run), every row tight (the check
+# above): below the band, for the reason above.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
 # launch function spend about 0.1 ms per call on the H100's host (checks, the output and the
@@ -531,7 +542,7 @@ pd.Series({N: stage11_scores(N) / scores_computed(N, 64, skip=True)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.87–1.14× here (the same in the recorded run): level with
+# **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.14× in the recorded run): level with
 # it or ahead from N = 4096 on (1.00–1.14×; at D = 64, 1.02–1.13×), and 0.87–0.98× at N = 512,
 # where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
 # FlashAttention-2 backend (`sdpa_flash`) it is 1.37–2.30× faster.
@@ -568,23 +579,23 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is busier**, 40.0 % → 46.5 % of the time, in about the same time (0.0486 →
-#   0.0480 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
+# * **The tensor pipe is as busy, 46.6 % → 46.5 % of the time, over a longer time** (0.0435 →
+#   0.0486 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
 #   rows, and N = 1024 is 5⅓ items of 192 rows: its tensor cores also multiply the 128 rows past the
-#   end, a ninth more work in the same time.
-# * **Waiting rose, against the prediction:** `long_scoreboard` about 10 → 12 %, `barrier` 4 → 9 %,
-#   `short_scoreboard` 5 → 6 % of warp time. Count the warps before reading the shares. A stage 11
-#   block keeps thirteen warps alive — twelve consumer warps and the producer's warp 0 (its other
-#   three warps exit at once) — where stage 10 ran about fourteen on an SM (occupancy 22.6 % →
-#   19.9 % of 64 warps). The producer's warp is a thirteenth of the warp time, and it spends nearly
-#   all of it waiting on `empty` barriers, as its red lane in section 5 did: by itself about 7 of
-#   these points. Its waiting is not time lost — it has nothing else to do — but a share of warp
-#   time cannot tell it from a consumer's. The rest is the consumers', whose three warpgroups wait
-#   for the same tiles and, at each warpgroup-wide `wgmma`, for their four warps. Nsight Compute's
-#   source view, which splits the stall samples by instruction, would say which waits belong to
-#   which role.
-# * Fewer warps compete to issue: `not_selected` fell from about 15 % to 10 %, and
-#   `math_pipe_throttle` from about 3 % to 1.5 %.
+#   end, a ninth more work, and stage 10's four warpgroups an SM are three.
+# * **Waiting rose, against the prediction:** `long_scoreboard` 9.4 → 12.5 %, `barrier` 8.8 →
+#   9.4 %, `short_scoreboard` 3.1 → 5.8 % of warp time. Count the warps before reading the shares.
+#   A stage 11 block keeps thirteen warps alive — twelve consumer warps and the producer's warp 0
+#   (its other three warps exit at once) — where stage 10 ran two blocks of eight on an SM
+#   (occupancy 22.6 % → 19.8 % of 64 warps). The producer's warp is a thirteenth of the warp time,
+#   and it spends nearly all of it waiting on `empty` barriers, as its red lane in section 5 did:
+#   by itself about 7 of these points. Its waiting is not time lost — it has nothing else to do —
+#   but a share of warp time cannot tell it from a consumer's. The rest is the consumers', whose
+#   three warpgroups wait for the same tiles and, at each warpgroup-wide `wgmma`, for their four
+#   warps. Nsight Compute's source view, which splits the stall samples by instruction, would say
+#   which waits belong to which role.
+# * Fewer warps compete to issue: `not_selected` fell from 14.1 % to 10.5 %, and
+#   `math_pipe_throttle` from 3.2 % to 1.4 %.
 #
 # The prediction's mistake is the lesson of a specialized kernel: its warps have different jobs,
 # and a waiting producer is doing its job. Read stall shares by role, not for the block.
@@ -758,6 +769,9 @@ labs.check("11.registers", answer)
 #   Under the mask on short sequences at D = 64, two such blocks share an SM, 104 registers for
 #   each consumer, as stage 10's two blocks did.
 # - K and V on their own barriers let K go back to the producer as soon as S has read it.
+# - The producer's registers have a price. At D = 64 stage 10's two blocks an SM of two warpgroups
+#   with 128-key tiles do not fit with a producer in each block, and stage 11 is 0.91–1.01× stage
+#   10 there; at D = 128, where both run two computing warpgroups, it is 1.04–1.18×.
 # - In a specialized kernel a waiting warp may be doing its job: read stall reasons by role.
 # - The next schedule, consumers taking turns at the tensor cores, pays only once a consumer's
 #   softmax is shorter than the other's products. Here, read from the SM clock, it is longer:
