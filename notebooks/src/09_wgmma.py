@@ -523,6 +523,9 @@ labs.check("09.descriptor", answer)
 #   across the next tile's start costs a buffer.
 # - Descriptors live in uniform registers: the warpgroup index they depend on must be visibly the
 #   same across the warp (read from lane 0), or every tile pays for moving them there.
+# - Registers set the shape: at D = 64 two blocks an SM of 128-key tiles fit 128 registers a
+#   thread once each warpgroup retires its P·V before issuing the next S, and the second block's
+#   products run while the first block waits or exponentiates.
 
 # %%
 nb.reached("09_wgmma")

@@ -423,6 +423,8 @@ labs.check("10.parity", answer)
 # - Full and empty barriers per buffer replace `__syncthreads`: each warpgroup runs at its own
 #   pace within the ring's slack.
 # - The async proxy (TMA, `wgmma`) needs a fence only where ordinary stores feed it.
+# - Shared memory is counted to the byte: 56 bytes of mbarriers decide whether two blocks fit an
+#   SM, so they live in the padding that aligns the tiles.
 
 # %%
 nb.reached("10_tma")
