@@ -498,7 +498,7 @@ pd.Series({N: stage_scores(src11, N) / stage_scores(src10, N) for N in (512, 102
 # 1.04–1.20× at D = 128 (1.10× on average), and at D = 64 0.90–1.01× (0.96×): there stage 11 is
 # slower than stage 10 at every length but the two longest without the mask. The run recorded in
 # `data/` gave the same table to within 0.02. The prediction holds at D = 128 and misses at D = 64,
-# because at D = 64 the model compared the same block in both stages, and the stages no longer run
+# because at D = 64 the model compared the same block in both stages, and the two stages do not run
 # the same block.
 #
 # * **At D = 128 the gain fades, but less than the model says.** It is 1.11–1.20× at N = 512 and
