@@ -254,6 +254,7 @@ template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
   auto kernel = wgmma_kernel<T, D, BC, WGS, STAGES, BLOCKS>;
+  static_assert(smem_fits(Cfg::SMEM_BYTES, BLOCKS), "BLOCKS blocks of this shape do not fit an SM");
   FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
   dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(

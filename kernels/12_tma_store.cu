@@ -461,6 +461,7 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   if ((err = make_map(&maps.o, p->o, p->dtype, p, p->layout.o, 64, &oo))) return err;
   if (ok.x != ov.x || ok.y != ov.y || ok.z != ov.z)
     return "stage 12 needs k and v with strides in the same order";
+  static_assert(smem_fits(Cfg::SMEM_BYTES, BLOCKS), "BLOCKS blocks of this shape do not fit an SM");
   FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
   FLASHLAB_TRY(cudaMemsetAsync(p->workspace, 0, sizeof(int), stream));  // the work counter
   const long long items = (long long)flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H;

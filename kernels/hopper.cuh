@@ -10,6 +10,14 @@
 #include <cuda_fp16.h>
 #include <type_traits>
 
+// ---- Blocks an SM: an sm_90 SM has 228 KiB of shared memory and keeps 1 KiB of it for each
+// resident block (CUDA C++ Programming Guide, compute capability 9.0). A shape that pick() runs
+// BLOCKS blocks an SM must fit them all: a byte over, and the GPU quietly runs one block fewer.
+constexpr int SM90_SMEM_BYTES = 228 * 1024, SM90_SMEM_RESERVED_PER_BLOCK = 1024;
+constexpr bool smem_fits(int smem_bytes, int blocks) {
+  return blocks * (smem_bytes + SM90_SMEM_RESERVED_PER_BLOCK) <= SM90_SMEM_BYTES;
+}
+
 // ---- wgmma: a warpgroup (4 consecutive warps, 128 threads) multiplies 64 x N x 16 per instruction
 
 // The 64-bit shared-memory matrix descriptor (PTX ISA, "Matrix Descriptor Format"):
