@@ -71,7 +71,8 @@ SOURCE = {
                                 "(next / STAGES - 1) & 1);"),
     "release": ("10_tma.cu", "if (j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % "
                              "STAGES));"),
-    "ahead": ("10_tma.cu", "constexpr int AHEAD = STAGES - 2;"),
+    "ahead": ("10_tma.cu", "constexpr int AHEAD = RETIRE ? STAGES - 1 : STAGES - 2;"),
+    "first_tiles": ("10_tma.cu", "for (int st = 0; st < STAGES - 1 && st < n_tiles; st++) {"),
     "producer_regs": ("11_warpspec.cu", "static constexpr int PRODUCER_REGS = CONSUMERS == 3 || "
                                         "BLOCKS == 2 ? 32 : 40;"),
     "consumer_regs": ("11_warpspec.cu", "static constexpr int CONSUMER_REGS = (ENTRY_REGS * (1 + "
@@ -642,10 +643,11 @@ def _per_wg(value, warpgroups, name):
 
 
 def ring_schedule(n_tiles=8, stages=3, load=1.0, compute=1.5, latency=1.0, warpgroups=2):
-    """A discrete-event model of 10_tma.cu's K/V loop. Tile j lives in buffer j % stages; the
-    elected thread (thread 0, in warpgroup 0) issues tiles 0..AHEAD-1 before the loop
-    (`constexpr int AHEAD = STAGES - 2;`) and, at iteration j, right after issuing its S wgmma,
-    tile j + AHEAD into the buffer of tile j - 2, once that tile is released:
+    """A discrete-event model of 10_tma.cu's K/V loop (its shapes without RETIRE). Tile j lives in
+    buffer j % stages; the elected thread (thread 0, in warpgroup 0) issues tiles 0..stages-2
+    with Q before the loop, while no P V holds a buffer, and, at iteration j, right after issuing
+    its S wgmma, tile j + AHEAD (AHEAD = stages - 2) into the buffer of tile j - 2 unless it came
+    with Q, once that tile is released:
     `if (next >= STAGES) mbar_wait(empty + 8 * nb, (next / STAGES - 1) & 1);`. A copy starts
     arriving `latency` after its issue, then streams for `load` (copies share the link in issue
     order); full[b] completes when the last byte lands, and a warpgroup waits for it with
@@ -677,7 +679,7 @@ def ring_schedule(n_tiles=8, stages=3, load=1.0, compute=1.5, latency=1.0, warpg
         link = max(when + latency, link) + load
         arrive[j] = link
 
-    for j in range(min(ahead, n_tiles)):
+    for j in range(min(stages - 1, n_tiles)):
         copy(j, 0.0)
     start = np.zeros((warpgroups, n_tiles))
     end = np.zeros((warpgroups, n_tiles))
@@ -689,7 +691,7 @@ def ring_schedule(n_tiles=8, stages=3, load=1.0, compute=1.5, latency=1.0, warpg
             s_done = st + comp[w] / 2
             res = s_done
             nxt = j + ahead
-            if w == 0 and nxt < n_tiles:         # the elected thread, after issuing S(j)
+            if w == 0 and stages - 1 <= nxt < n_tiles:  # the elected thread, after issuing S(j)
                 when = st
                 if nxt >= stages:                # the buffer held tile j - 2
                     when = max(st, release[nxt - stages])
@@ -1136,11 +1138,11 @@ def elected_schedule(tiles=(4, 4, 4), stages=3, load=1.0, latency=1.0, mma=0.75,
     """Stage 10 on one SM, one block at a time (its shared memory at D = 128 leaves room for one):
     a block per work item, item k of tiles[k] K/V tiles. A block starts (`launch`: the block is
     placed, its barriers initialised), its elected thread (thread 0, in warpgroup 0) issues Q
-    (`q_load` of bytes) and the first AHEAD = stages - 2 tiles (K and V together, `load`), each
+    (`q_load` of bytes) and the first stages - 1 tiles (K and V together, `load`), each
     taking it `issue`. Each warpgroup, per tile: waits for full (Q too, before tile 0), S = Q Kᵀ
     (mma / 2), softmax, P V (mma / 2; the next S waits for it). Right after issuing S(j), the
     elected thread waits on empty for the buffer of tile j - 2 and issues tile j + AHEAD
-    (10_tma.cu's ring, as ring_schedule), so its warpgroup resumes only when both S and the
+    (AHEAD = stages - 2) unless it came with Q (10_tma.cu's ring, as ring_schedule), so its warpgroup resumes only when both S and the
     issue are done; a buffer is released when every warpgroup's S of the next tile has retired
     (the last one when its P V has). After its last tile a warpgroup stores its rows of O
     (`store`); the block ends when both have, and the next block starts."""
@@ -1162,7 +1164,7 @@ def elected_schedule(tiles=(4, 4, 4), stages=3, load=1.0, latency=1.0, mma=0.75,
         t += issue
         q_arrive = eng.issue(t, q_load, what="Q", item=k, tile=-1, buffer=0)
         arrive, release = {}, {}
-        for j in range(min(ahead, n)):
+        for j in range(min(stages - 1, n)):
             t += issue
             arrive[j] = eng.issue(t, load, what="KV", item=k, tile=j, buffer=j % stages)
         free = [t_block + launch] * warpgroups
@@ -1177,7 +1179,7 @@ def elected_schedule(tiles=(4, 4, 4), stages=3, load=1.0, latency=1.0, mma=0.75,
                 s_end = st + mma / 2
                 resume = s_end
                 nxt = j + ahead
-                if w == 0 and nxt < n:                    # the elected thread, after issuing S(j)
+                if w == 0 and stages - 1 <= nxt < n:      # the elected thread, after issuing S(j)
                     when = max(st, t)
                     if nxt >= stages:
                         when = max(when, release[nxt - stages])

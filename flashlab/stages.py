@@ -266,7 +266,7 @@ _STAGES = (
           "from shared memory through matrix descriptors, O += PV with P from registers, tiles in "
           "the 128-byte swizzle the descriptors name",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="wgmma_kernel", template=("T", "D", "BC", "WGS", "STAGES", "BLOCKS"),
+          kernel="wgmma_kernel", template=("T", "D", "BC", "WGS", "STAGES", "BLOCKS", "RETIRE"),
           min_cc=(9, 0), arch_specific=True,
           # bigger asynchronous tensor-core instructions: the tensor pipe busier, far fewer
           # instructions issued per FLOP
@@ -278,7 +278,7 @@ _STAGES = (
           "one elected thread issuing, completion counted on an mbarrier ring; no block barrier "
           "in the loop",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="tma_kernel", template=("T", "D", "BC", "WGS", "STAGES", "BLOCKS"),
+          kernel="tma_kernel", template=("T", "D", "BC", "WGS", "STAGES", "BLOCKS", "RETIRE"),
           min_cc=(9, 0), arch_specific=True,
           # one instruction per box instead of 16-byte copies from every thread, and warpgroups
           # that wait on mbarriers instead of meeting at __syncthreads

@@ -54,7 +54,7 @@ __device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int 
   }
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS>
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS, int RETIRE>
 __global__ void __launch_bounds__(128 * WGS, BLOCKS)
 wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
              T* __restrict__ O, const FlashlabLayout L, int N, float scale_log2, int causal) {
@@ -87,11 +87,14 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
   const int n_tiles = (last_key + BC - 1) / BC;
   // K/V buffers: tile j lives in buffer j % STAGES. Tile j's P V is still running while tile
   // j + 1 is started, so one buffer is always held by it: loads run AHEAD = STAGES - 2 tiles ahead.
-  constexpr int AHEAD = STAGES - 2;
-  static_assert(AHEAD >= 1, "wgmma_kernel needs STAGES >= 3");
+  // With RETIRE, each tile's P V retires before the next tile's barrier instead, and loads run one
+  // tile further ahead: on short sequences, waiting less for loads is worth more than that overlap.
+  // Before the first P V no buffer is held, so the first STAGES - 1 tiles are copied with Q.
+  constexpr int AHEAD = RETIRE ? STAGES - 1 : STAGES - 2;
+  static_assert(AHEAD >= 1, "wgmma_kernel needs STAGES >= 3, or STAGES >= 2 with RETIRE");
   load_tile_async<BR, D, THREADS>(Qs, Q, L.q.n, q0, N);
 #pragma unroll
-  for (int st = 0; st < AHEAD; st++) {
+  for (int st = 0; st < STAGES - 1; st++) {
     if (st < n_tiles) {
       load_tile_async<BC, D, THREADS>(Ks + st * Cfg::KV_BYTES, K, L.k.n, st * BC, N);
       load_tile_async<BC, D, THREADS>(Vs + st * Cfg::KV_BYTES, V, L.v.n, st * BC, N);
@@ -111,12 +114,16 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
 
   // This thread's copies of tile j have landed: publish them to the async proxy (wgmma), then
   // to every warp. Past this barrier every warpgroup has also retired tile j - 2's P V (at its
-  // wait for S of tile j - 1), so tile j - 2's buffer takes tile j + AHEAD.
+  // wait for S of tile j - 1; with RETIRE tile j - 1's, just before), so that tile's buffer takes
+  // tile j + AHEAD. At j = 0 the tiles up to STAGES - 2 are in flight; after it, AHEAD of them.
   auto arrive_and_load = [&](int j) {
-    cp_async_wait<AHEAD - 1>();
+    if (RETIRE) wgmma_wait<0>();
+    if (j == 0) cp_async_wait<STAGES - 2>();
+    else cp_async_wait<AHEAD - 1>();
     fence_proxy_async();
     __syncthreads();
     const int next = j + AHEAD;
+    if (next < STAGES - 1) return;  // copied with Q
     if (next < n_tiles) {
       load_tile_async<BC, D, THREADS>(Ks + (next % STAGES) * Cfg::KV_BYTES, K, L.k.n, next * BC, N);
       load_tile_async<BC, D, THREADS>(Vs + (next % STAGES) * Cfg::KV_BYTES, V, L.v.n, next * BC, N);
@@ -135,7 +142,7 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
 
     // S = Q K^T: KD wgmma of 64 x BC x 16, the first one overwriting S (accumulate = 0).
     float s[BC / 2];
-    if (BLOCKS == 2) wgmma_wait<0>();  // two blocks an SM: P V retired before S (registers)
+    if (BLOCKS == 2 && !RETIRE) wgmma_wait<0>();  // two blocks an SM: P V retired before S (registers)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) {
@@ -250,10 +257,10 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
   }
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1>
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1, int RETIRE = 0>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
-  auto kernel = wgmma_kernel<T, D, BC, WGS, STAGES, BLOCKS>;
+  auto kernel = wgmma_kernel<T, D, BC, WGS, STAGES, BLOCKS, RETIRE>;
   static_assert(smem_fits(Cfg::SMEM_BYTES, BLOCKS), "BLOCKS blocks of this shape do not fit an SM");
   FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
   dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
@@ -265,19 +272,21 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 }
 
 // PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers, blocks
-// an SM), measured on an H100 (tools/hopper_try.py). At D = 64, two blocks an SM of two
+// an SM, P V retired before the next barrier), measured on an H100 (tools/hopper_try.py). At D = 64, two blocks an SM of two
 // warpgroups and 128-key tiles, three buffers each (113 KiB): one block's barriers, loads and
 // stores run while the other's wgmma keep the tensor cores busy. In 128 registers a thread holds
 // S only once the last P V has retired, hence the wait before S when BLOCKS == 2. Under the mask
 // below N = 1024 the tiles on the diagonal are most of the work: there 64-key tiles with six
 // buffers, loads four tiles ahead. At D = 128 the 128-key tiles of 225 KiB, one block an SM;
-// under the mask, one warpgroup of 64-key tiles with three buffers (113 KiB), two blocks an SM.
+// under the mask, one warpgroup of 64-key tiles with three buffers (113 KiB), two blocks an SM;
+// below N = 1024 with loads two tiles ahead (RETIRE).
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
     if (p->causal && p->N < 1024) return launch<T, 64, 64, 2, 6>(p, s);
     return launch<T, 64, 128, 2, 3, 2>(p, s);
   }
+  if (p->causal && p->N < 1024) return launch<T, 128, 64, 1, 3, 1, 1>(p, s);
   if (p->causal) return launch<T, 128, 64, 1, 3>(p, s);
   return launch<T, 128, 128, 2, 3>(p, s);
 }

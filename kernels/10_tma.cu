@@ -62,7 +62,7 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap& map, u
   // END EXERCISE 10.tma_tile
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS>
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS, int RETIRE>
 __global__ void __launch_bounds__(128 * WGS, BLOCKS)
 tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabLayout L,
            int N, float scale_log2, int causal, const int3 order_q, const int3 order_kv) {
@@ -90,9 +90,11 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
   const int last_key = causal ? min(N, q0 + BR) : N;
   const int n_tiles = (last_key + BC - 1) / BC;
   // As in stage 09, tile j's P V still reads buffer j % STAGES while tile j + 1 starts: loads run
-  // AHEAD = STAGES - 2 tiles ahead.
-  constexpr int AHEAD = STAGES - 2;
-  static_assert(AHEAD >= 1, "tma_kernel needs STAGES >= 3");
+  // AHEAD = STAGES - 2 tiles ahead, or STAGES - 1 with RETIRE, where each warp retires tile j's
+  // P V and releases its buffer before it waits for tile j + 1. The first STAGES - 1 tiles are
+  // copied with Q.
+  constexpr int AHEAD = RETIRE ? STAGES - 1 : STAGES - 2;
+  static_assert(AHEAD >= 1, "tma_kernel needs STAGES >= 3, or STAGES >= 2 with RETIRE");
   const bool elected = threadIdx.x == 0;  // the one thread that issues every copy
   if (elected) {
     tma_prefetch_map(&maps.q);
@@ -109,7 +111,7 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
   if (elected) {
     mbar_arrive_expect_tx(q_full, Cfg::Q_BYTES);
     tma_tile<BR, D>(Qs, maps.q, q_full, q0, h, b, order_q);
-    for (int st = 0; st < AHEAD && st < n_tiles; st++) {
+    for (int st = 0; st < STAGES - 1 && st < n_tiles; st++) {
       mbar_arrive_expect_tx(full + 8 * st, 2 * Cfg::KV_BYTES);
       tma_tile<BC, D>(Ks + st * Cfg::KV_BYTES, maps.k, full + 8 * st, st * BC, h, b, order_kv);
       tma_tile<BC, D>(Vs + st * Cfg::KV_BYTES, maps.v, full + 8 * st, st * BC, h, b, order_kv);
@@ -125,10 +127,10 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
   mbar_wait(q_full, 0);
 
-  // While tile j's S is computed, the elected thread refills the buffer of tile j - 2 with tile
-  // j + AHEAD, once every warp has released it.
+  // While tile j's S is computed, the elected thread refills the buffer of tile j + AHEAD - STAGES
+  // with tile j + AHEAD (unless it came with Q), once every warp has released it.
   auto refill = [&](int j) {
-    if (elected && j + AHEAD < n_tiles) {
+    if (elected && j + AHEAD < n_tiles && j + AHEAD >= STAGES - 1) {
       const int next = j + AHEAD, nb = next % STAGES;
       if (next >= STAGES) mbar_wait(empty + 8 * nb, (next / STAGES - 1) & 1);
       mbar_arrive_expect_tx(full + 8 * nb, 2 * Cfg::KV_BYTES);
@@ -144,9 +146,13 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
   for (; j < n_mine; j++) {
     const int k0 = j * BC, buf = j % STAGES;
     float s[BC / 2];
+    if (RETIRE) {  // tile j - 1's P V retired: its buffer is free before tile j is waited for
+      wgmma_wait<0>();
+      if (j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % STAGES));
+    }
     mbar_wait(full + 8 * buf, (j / STAGES) & 1);  // tile j has landed
     const uint32_t Kt = Ks + buf * Cfg::KV_BYTES;
-    if (BLOCKS == 2) wgmma_wait<0>();  // two blocks an SM: P V retired before S (registers)
+    if (BLOCKS == 2 && !RETIRE) wgmma_wait<0>();  // two blocks an SM: P V retired before S (registers)
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) {
@@ -158,7 +164,7 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
     refill(j);
     wgmma_wait<0>();  // S, and the previous tile's P V issued before it: O is final up to tile j-1
     // Tile j - 1 is no longer read by this warp: release its buffer.
-    if (j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % STAGES));
+    if (!RETIRE && j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % STAGES));
     const uint32_t Vt = Vs + buf * Cfg::KV_BYTES;
 
     if (k0 + BC > N || (causal && k0 + BC - 1 > q0 + wg * 64)) {
@@ -312,10 +318,10 @@ static const char* make_map(CUtensorMap* map, const void* ptr, int dtype, const 
   return nullptr;
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1>
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1, int RETIRE = 0>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
-  auto kernel = tma_kernel<T, D, BC, WGS, STAGES, BLOCKS>;
+  auto kernel = tma_kernel<T, D, BC, WGS, STAGES, BLOCKS, RETIRE>;
   Maps maps;
   int3 oq, ok, ov;
   const char* err;
@@ -334,17 +340,19 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 }
 
 // PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers, blocks
-// an SM), measured on an H100 (tools/hopper_try.py). Stage 09's shapes where they fit: at
-// D = 64, two blocks an SM of two warpgroups and 128-key tiles (the mbarriers in the alignment's
-// padding, so that two fit), and under the mask below N = 1024 two warpgroups of 64-key tiles
-// with four buffers. At D = 128 the 128-key tiles of two warpgroups, one block an SM, with or
-// without the mask.
+// an SM, P V retired before the next tile), measured on an H100 (tools/hopper_try.py). Stage 09's
+// shapes where they fit: at D = 64, two blocks an SM of two warpgroups and 128-key tiles (the
+// mbarriers in the alignment's padding, so that two fit), and under the mask below N = 1024 two
+// warpgroups of 64-key tiles with four buffers. At D = 128 the 128-key tiles of two warpgroups,
+// one block an SM, except under the mask below N = 1024: there stage 09's one warpgroup of
+// 64-key tiles with loads two tiles ahead (RETIRE), two blocks an SM.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
     if (p->causal && p->N < 1024) return launch<T, 64, 64, 2, 4>(p, s);
     return launch<T, 64, 128, 2, 3, 2>(p, s);
   }
+  if (p->causal && p->N < 1024) return launch<T, 128, 64, 1, 3, 1, 1>(p, s);
   return launch<T, 128, 128, 2, 3>(p, s);
 }
 

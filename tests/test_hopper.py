@@ -250,7 +250,9 @@ def test_ring_invariants(kw):
     assert (df.arrive >= df.issue + latency + load - 1e-9).all()
     for j in range(stages, n):                                  # no refill before the release
         assert df.issue[j] >= df.release[j - stages] - 1e-9
-    for j in range(stages - 2, n):                              # issued at iteration j - AHEAD
+    for j in range(min(stages - 1, n)):                         # the first stages - 1: with Q
+        assert df.issue[j] == 0
+    for j in range(stages - 1, n):                              # issued at iteration j - AHEAD
         assert df.issue[j] >= df.compute_start_wg0[j - (stages - 2)] - 1e-9
     wgs = kw.get("warpgroups", 2)
     for w in range(wgs):

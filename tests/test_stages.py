@@ -73,8 +73,8 @@ def test_every_stage_carries_its_facts(st):
     assert st.unavailable(st.min_cc, toolkit=False) is None
     assert st.unavailable((st.min_cc[0], st.min_cc[1] - 1) if st.min_cc[1] else
                           (st.min_cc[0] - 1, 9), toolkit=False) is not None
-    assert set(st.template) <= {"T", "D", "BR", "BC", "WARPS", "WGS", "CONSUMERS", "BLOCKS", "WM", "STAGES",
-                                "Q_REGS", "OPTS"}
+    assert set(st.template) <= {"T", "D", "BR", "BC", "WARPS", "WGS", "CONSUMERS", "BLOCKS", "RETIRE",
+                                "WM", "STAGES", "Q_REGS", "OPTS"}
     assert not st.picks or "D" in st.template
     assert st.idea_metrics or st.number == 1, "which profile metrics does this stage's idea move?"
     assert "HMMA" in st.sass_evidence

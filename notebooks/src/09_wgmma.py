@@ -209,6 +209,7 @@ nb.show_lines("09_wgmma", r"// This thread.s copies of tile j have landed", r"//
 #   `j + 1` back to back. The `wait_group 0` after S covers both, so O is final before the rescale.
 #   The price is a buffer: while P·V of tile `j` still reads V of `j`, the loads may refill only
 #   the buffer of tile `j − 2`, so with `STAGES` buffers the loads run `STAGES − 2` tiles ahead.
+#   Before the first P·V no buffer is held, so the first `STAGES − 1` tiles are copied with Q.
 #   `pick()` chooses 3 buffers of 128 keys at D = 64 (113 KiB of shared memory, two blocks per
 #   SM) and at D = 128 (225 KiB, one block per SM). Two blocks of 256 threads leave 128 registers
 #   a thread: enough for S (64 a thread) and O (32) only once the last P·V, which still reads P
@@ -223,7 +224,10 @@ nb.show_lines("09_wgmma", r"// This thread.s copies of tile j have landed", r"//
 # Under the causal mask on short sequences the tiles on the diagonal, half masked, are most of
 # the work, and smaller ones pay: 64 keys at D = 64 below N = 1024 (6 buffers, loads four tiles
 # ahead), and at D = 128 blocks of one warpgroup with 3 buffers of 64 keys (113 KiB, two blocks
-# per SM), one block's first loads and last stores running beside the other block's products:
+# per SM), one block's first loads and last stores running beside the other block's products.
+# Below N = 1024 such a block has one to eight tiles, and waiting for loads costs it more than
+# P·V running on saves: with `RETIRE` each warpgroup retires its P·V before the next barrier, so
+# that buffer is free one tile sooner and the loads run `STAGES − 1` tiles ahead:
 
 # %%
 nb.show_lines("09_wgmma", r"// PICK", r"^}")

@@ -116,9 +116,10 @@ nb.show_lines("hopper.cuh", r"^// ---- mbarrier", r"^// ---- TMA")
 #
 # ## 4 · The ring
 #
-# Stage 10 keeps stage 09's buffers — tile `j` in buffer `j % STAGES`, loads `STAGES − 2` tiles
-# ahead because tile `j`'s P·V still reads its buffer while tile `j + 1` starts — and gives each
-# buffer two barriers:
+# Stage 10 keeps stage 09's buffers — tile `j` in buffer `j % STAGES`, the first `STAGES − 1`
+# copied with Q, then loads `STAGES − 2` tiles ahead because tile `j`'s P·V still reads its buffer
+# while tile `j + 1` starts (`STAGES − 1` with `RETIRE`, where each warp releases tile `j − 1`
+# before it waits for tile `j`) — and gives each buffer two barriers:
 #
 # * **full[b]** — 1 arrival (the elected thread's `arrive.expect_tx`) plus the tile's bytes:
 #   completes when the tile has landed. Consumers wait with parity `(j / STAGES) & 1`.
