@@ -346,8 +346,8 @@ plots.scaling(last="09_wgmma")
 # ### Discussion
 #
 # **Time.** Predicted 1.07× at the teaching config (D = 64) and more at D = 128. Measured, with
-# both stages timed in turn in this run: 1.23× at the teaching config; over the sweep 1.21–1.34× at
-# D = 64 (1.29× on average) and 1.15–1.41× at D = 128 (1.28×), more on long sequences than on short
+# both stages timed in turn in this run: 1.22× at the teaching config; over the sweep 1.20–1.34× at
+# D = 64 (1.29× on average) and 1.18–1.43× at D = 128 (1.32×), more on long sequences than on short
 # ones. The prediction missed, and by most at D = 64, where it expected least. The model made the
 # products faster and held everything else fixed; three things it left out:
 #
@@ -369,12 +369,17 @@ plots.scaling(last="09_wgmma")
 #   1.03–1.10× at D = 64, even without the mask, where it is never taken. That is why each
 #   warpgroup counts its own tiles and runs them in a loop of their own.
 #
-# Where the gain is smallest, 1.15× under the mask at D = 128 and N = 512, a block has one to
+# Where the gain is smallest, 1.18× under the mask at D = 128 and N = 512, a block has one to
 # eight tiles of 64 keys. Its fixed costs weigh most there: its first loads, the wait for the
 # first S, the write-back. Blocks of one warpgroup, two to an SM, overlap one block's fixed costs
-# with the other's products, and they are still not enough.
+# with the other's products, and loads two tiles ahead shorten its waits; it is still the
+# smallest gain, because there the bytes, not the products, set the pace. Q, K, V and O of the
+# sweep are 4 × 16 384 tokens × 2048 × 2 bytes = 268 MB, which take 80 µs at the H100's
+# 3.35 TB/s, and stage 09 takes about 135 µs for this config: more than half of its time is what
+# moving the data takes at the bandwidth's peak, and a faster tensor-core instruction cannot
+# shorten that part.
 #
-# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.95–0.97× at D = 64 and 0.67–0.80× at
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.95–0.97× at D = 64 and 0.72–0.81× at
 # D = 128. The gap is what overlapping the softmax with the products is worth, and it is largest
 # where the products are the larger part of a tile.
 
@@ -402,19 +407,19 @@ plots.idea_metrics(only=["09_wgmma"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is *less* busy — 49 % → 41 % — in less time (0.058 → 0.047 ms).** The
+# * **The tensor pipe is *less* busy — 49 % → 42 % — in less time (0.058 → 0.046 ms).** The
 #   counter measures the cycles the pipe is working, not the work it does in them. The kernels do
-#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (41 × 0.047) ≈ 1.5
+#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (42 × 0.046) ≈ 1.5
 #   times the work of one of `mma.sync`: the two-thirds-of-peak ceiling of `mma.sync`, seen from
 #   the other side. A metric that counts activity, not throughput, can fall when a kernel gets
 #   better.
-# * **Two blocks an SM:** achieved occupancy 11.6 % → 22.8 %, the second block `pick()` fits at
+# * **Two blocks an SM:** achieved occupancy 11.6 % → 22.9 %, the second block `pick()` fits at
 #   D = 64.
 # * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 13 % now:
 #   the `mma.sync` and `ldmatrix` of a loop trip became a few `wgmma` (16 at D = 128, against 256
 #   `mma.sync` and 80 `ldmatrix`). Shared-memory wavefronts fell by 38 % and load bank conflicts by
-#   two thirds (12 180 → 4 270): the hardware's swizzle.
-# * **New waits:** `barrier` (2.6 → 12.7 %) and `mio_throttle` (2.8 → 12.7 %). Each tile, all 256
+#   two thirds (12 267 → 4 157): the hardware's swizzle.
+# * **New waits:** `barrier` (2.7 → 12.2 %) and `mio_throttle` (2.7 → 12.8 %). Each tile, all 256
 #   threads issue their `cp.async` copies and meet at `__syncthreads`: the slower warpgroup and the
 #   copy queue now decide when the tensor cores get the next tile. That is what stage 10 removes.
 
