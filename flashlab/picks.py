@@ -11,7 +11,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from .stages import stages
+from .stages import stage, stages
 from .tables import TUNE_FIELDS
 
 FIELDS = TUNE_FIELDS
@@ -174,6 +174,18 @@ def launched(text, D, causal, N=None):
     pick() or it launches nothing for D. Stages 08 onwards have one."""
     block = _ANY_PICK.search(text)
     return _serving(segments_of(block.group(0)).get((D, bool(causal)), []), N) if block else None
+
+
+def shape(slug, D, causal, N=None):
+    """What stage `slug`'s pick() launches at head dim D, mask and sequence length N (None: the
+    longest), by name: {template argument: value} for the arguments after T and D, named as the
+    stage's registry entry names them (`template`); an argument pick() leaves at its default is
+    absent. None where the stage has no pick() or it launches nothing for D."""
+    st = stage(slug)
+    args = launched(st.source.read_text(), D, causal, N)
+    if args is None:
+        return None
+    return {name: int(v) if v.lstrip("-").isdigit() else v for name, v in zip(st.template[2:], args)}
 
 
 def boundary_probes(text) -> list:

@@ -35,3 +35,17 @@ def test_boundary_probes_fall_on_both_sides_of_every_n_boundary_of_a_pick():
     assert picks.boundary_probes(text) == [(64, True, 4095), (64, True, 4163)]
     assert picks.launched(text, 64, True, 4095) == ("128", "3", "2")
     assert picks.launched(text, 64, True, 4163) == ("128", "3", "3")
+
+
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if picks.launched(
+    st.source.read_text(), 64, True) is not None])
+def test_a_launched_shape_is_named_as_the_registry_names_the_template(slug):
+    st = fl.stage(slug)
+    for D in st.head_dims:
+        for causal in (False, True):
+            for N in (512, 4096):
+                args = picks.launched(st.source.read_text(), D, causal, N)
+                shape = picks.shape(slug, D, causal, N)
+                assert list(shape) == list(st.template[2:2 + len(args)])
+                assert [str(v).lower() for v in shape.values()] == [a.lower() for a in args]
+    assert picks.shape(slug, 96, False) is None  # no shape for a head dim the pick leaves out

@@ -291,15 +291,12 @@ hp.claim_figure(heads=4, tiles=8, blocks=8)
 # spread evenly):
 
 # %%
-src11 = fl.stage("11_warpspec").source.read_text()
-
-
 def items(D, N):
     """(heads, query tiles, rows, keys, N) of stage 11 under the mask, as its pick() runs it, and
     its blocks an SM."""
-    keys, _, consumers, *blocks = map(int, picks.launched(src11, D, True, N))
-    rows = 64 * consumers
-    return (16384 // N * (2048 // D), -(-N // rows), rows, keys, N), (blocks or [1])[0]
+    shape = picks.shape("11_warpspec", D, True, N)
+    rows = 64 * shape["CONSUMERS"]
+    return (16384 // N * (2048 // D), -(-N // rows), rows, shape["BC"], N), shape.get("BLOCKS", 1)
 
 
 causal_shapes = {(D, N): items(D, N) for D in (64, 128) for N in (512, 2048, 8192, 16384)}
@@ -464,9 +461,6 @@ plots.scaling(last="11_warpspec")
 # up to its own last row:
 
 # %%
-src10 = fl.stage("10_tma").source.read_text()
-
-
 def scores_computed(N, BC, rows=64, groups=2, skip=False):
     """Query-key scores computed for one head under the causal mask: items of `groups` warpgroups
     of `rows` rows; a warpgroup computes the key tiles up to its item's last row, or with `skip`
@@ -479,15 +473,16 @@ def scores_computed(N, BC, rows=64, groups=2, skip=False):
     return total
 
 
-def stage_scores(src, N):
-    """scores_computed for a stage's shape at D = 64 under the mask, as its pick() launches it
-    (keys per tile, then stage 10's warpgroups or stage 11's buffers and consumers)."""
-    args = list(map(int, picks.launched(src, 64, True, N)))
-    groups = args[2] if src is src11 else args[1]
-    return scores_computed(N, args[0], groups=groups, skip=True)
+def stage_scores(slug, N):
+    """scores_computed for a stage's shape at D = 64 under the mask, as its pick() launches it:
+    keys per tile, and warpgroups (stage 10) or consumers (stage 11) a block."""
+    shape = picks.shape(slug, 64, True, N)
+    groups = shape.get("CONSUMERS", shape.get("WGS"))
+    return scores_computed(N, shape["BC"], groups=groups, skip=True)
 
 
-pd.Series({N: stage_scores(src11, N) / stage_scores(src10, N) for N in (512, 1024, 2048, 4096)},
+pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
+           for N in (512, 1024, 2048, 4096)},
           name="stage 11 / stage 10 scores, D = 64, causal").round(3)
 
 # %% [markdown]
