@@ -490,15 +490,16 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 #
 # **Time.** Predicted 0.95–1.04× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run:
-# 1.04–1.20× at D = 128 (1.10× on average), and at D = 64 0.90–1.01× (0.96×): there stage 11 is
-# slower than stage 10 at every length but the two longest without the mask. The run recorded in
-# `data/` gave the same table to within 0.02. The prediction holds at D = 128 and misses at D = 64,
+# 1.05–1.16× at D = 128 (1.10× on average), and at D = 64 0.91–1.01× (0.97×): there stage 11 is
+# slower than stage 10 at every length but the two longest without the mask, and level with it
+# under the mask at N = 512. The run recorded in `data/` gave the same table to within 0.03. The prediction holds at D = 128 and misses at D = 64,
 # because at D = 64 the model compared the same block in both stages, and the two stages do not run
 # the same block.
 #
-# * **At D = 128 the gain fades, but less than the model says.** It is 1.11–1.20× at N = 512 and
-#   still 1.04–1.08× from N = 4096 on, with the mask or without, where the model gives 1.01 for
-#   long items. An item of 128 tiles pays one prologue; what is left is per tile, and the model had
+# * **At D = 128 the gain fades, but less than the model says.** It is 1.14–1.16× up to N = 1024
+#   (1.05× under the mask at N = 512, where stage 10 runs two blocks of one warpgroup an SM with
+#   loads two tiles ahead) and still 1.07–1.10× from N = 4096 on, with the mask or without, where
+#   the model gives 1.01 for long items. An item of 128 tiles pays one prologue; what is left is per tile, and the model had
 #   none because, with its copies quicker than a tile's math, stage 10's ring was never short of
 #   data. Give the model copies slightly slower than a tile's math (below) and stage 10's
 #   warpgroups wait a little before every tile while stage 11's do not: K and V on their own
@@ -515,7 +516,7 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 #   tiles for 192-row items, stage 11 computes 6 % more scores than stage 10 at N = 2048 and 4096.
 #   At N = 1024 it computes 6 % fewer, with 64-key tiles, and is still 0.96× stage 10: half-width
 #   tiles pay the per-tile work (the barriers, the loop, the waits) twice per key.
-# * **Without the mask at N = 512 and 1024 (0.90–0.92×)** there is also the work past the end:
+# * **Without the mask at N = 512 and 1024 (0.91–0.92×)** there is also the work past the end:
 #   three consumers make N = 512 2⅔ items of 192 rows and N = 1024 5⅓, and the last item's idle
 #   consumers still compute rows that are never stored (section 4).
 #
@@ -525,7 +526,7 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 # the next stage is what has to win the time back.
 #
 # **The teaching config** is one launch of about 50 µs at D = 64, N = 1024: predicted 0.95–1.04×,
-# measured 0.91× (0.91× in bf16; 0.92× and 0.93× in the recorded run), every row tight (the check
+# measured 0.93× (0.92× in bf16; 0.93× in both in the recorded run), every row tight (the check
 # above): below the band, for the reason above.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
@@ -537,10 +538,10 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 # reached before the call was queued (notebook 00). In a model, the same cost is why short
 # kernels are launched from CUDA graphs.
 #
-# **Against cuDNN** stage 11 runs at 0.87–1.13× here (0.87–1.14× in the recorded run): level with
-# it or ahead from N = 4096 on (1.00–1.13×; at D = 64, 1.02–1.13×), and 0.87–0.98× at N = 512,
+# **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.14× in the recorded run): level with
+# it or ahead from N = 4096 on (1.00–1.14×; at D = 64, 1.03–1.14×), and 0.87–0.98× at N = 512,
 # where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
-# FlashAttention-2 backend (`sdpa_flash`) it is 1.38–2.29× faster.
+# FlashAttention-2 backend (`sdpa_flash`) it is 1.38–2.30× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -574,23 +575,23 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is as busy, 46.6 % → 46.5 % of the time, over a longer time** (0.0435 →
-#   0.0480 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
+# * **The tensor pipe is about as busy, 45.8 % → 46.5 % of the time, over a longer time** (0.0428
+#   → 0.0478 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
 #   rows, and N = 1024 is 5⅓ items of 192 rows: its tensor cores also multiply the 128 rows past the
 #   end, a ninth more work, and stage 10's four warpgroups an SM are three.
-# * **Waiting rose, against the prediction:** `long_scoreboard` 9.4 → 12.3 %, `barrier` 8.8 →
-#   9.4 %, `short_scoreboard` 3.1 → 5.5 % of warp time. Count the warps before reading the shares.
+# * **Waiting rose, against the prediction:** `long_scoreboard` 10.8 → 11.9 %, `barrier` 8.8 →
+#   9.3 %, `short_scoreboard` 3.0 → 5.6 % of warp time. Count the warps before reading the shares.
 #   A stage 11 block keeps thirteen warps alive — twelve consumer warps and the producer's warp 0
 #   (its other three warps exit at once) — where stage 10 ran two blocks of eight on an SM
-#   (occupancy 22.6 % → 19.9 % of 64 warps). The producer's warp is a thirteenth of the warp time,
+#   (occupancy 22.5 % → 19.9 % of 64 warps). The producer's warp is a thirteenth of the warp time,
 #   and it spends nearly all of it waiting on `empty` barriers, as its red lane in section 5 did:
 #   by itself about 7 of these points. Its waiting is not time lost — it has nothing else to do —
 #   but a share of warp time cannot tell it from a consumer's. The rest is the consumers', whose
 #   three warpgroups wait for the same tiles and, at each warpgroup-wide `wgmma`, for their four
 #   warps. Nsight Compute's source view, which splits the stall samples by instruction, would say
 #   which waits belong to which role.
-# * Fewer warps compete to issue: `not_selected` fell from 14.1 % to 10.5 %, and
-#   `math_pipe_throttle` from 3.2 % to 1.4 %.
+# * Fewer warps compete to issue: `not_selected` fell from 13.5 % to 10.5 %, and
+#   `math_pipe_throttle` from 3.1 % to 1.4 %.
 #
 # The prediction's mistake is the lesson of a specialized kernel: its warps have different jobs,
 # and a waiting producer is doing its job. Read stall shares by role, not for the block.
@@ -765,8 +766,8 @@ labs.check("11.registers", answer)
 #   each consumer, as stage 10's two blocks did.
 # - K and V on their own barriers let K go back to the producer as soon as S has read it.
 # - The producer's registers have a price. At D = 64 stage 10's two blocks an SM of two warpgroups
-#   with 128-key tiles do not fit with a producer in each block, and stage 11 is 0.90–1.01× stage
-#   10 there; at D = 128, where both run two computing warpgroups, it is 1.04–1.20×.
+#   with 128-key tiles do not fit with a producer in each block, and stage 11 is 0.91–1.01× stage
+#   10 there; at D = 128, where both run two computing warpgroups, it is 1.05–1.16×.
 # - In a specialized kernel a waiting warp may be doing its job: read stall reasons by role.
 # - The next schedule, consumers taking turns at the tensor cores, pays only once a consumer's
 #   softmax is shorter than the other's products. Here, read from the SM clock, it is longer:
