@@ -105,6 +105,19 @@ def with_pick(text, choice) -> str:
 
 _ANY_PICK = re.compile(r"\nstatic const char\* pick\(.*?\n}\n", re.S)
 _ANY_LAUNCH = re.compile(r"launch<T, (\d+), ([^>]*)>")
+_LAUNCH_TEMPLATE = re.compile(r"template <([^>]*)>\nstatic const char\* launch\(")
+
+
+def launch_defaults(text) -> dict:
+    """{template argument: its default, as a string} of the `launch` function template in a
+    stage's source: the arguments a pick() may leave out (`int BLOCKS = 1, int RETIRE = 0`)."""
+    m = _LAUNCH_TEMPLATE.search(text)
+    out = {}
+    for part in (m.group(1).split(",") if m else []):
+        if "=" in part:
+            name, value = part.split("=")
+            out[name.split()[-1]] = value.strip()
+    return out
 
 
 def segments_of(block) -> dict:
@@ -179,13 +192,16 @@ def launched(text, D, causal, N=None):
 def shape(slug, D, causal, N=None):
     """What stage `slug`'s pick() launches at head dim D, mask and sequence length N (None: the
     longest), by name: {template argument: value} for the arguments after T and D, named as the
-    stage's registry entry names them (`template`); an argument pick() leaves at its default is
-    absent. None where the stage has no pick() or it launches nothing for D."""
+    stage's registry entry names them (`template`), those pick() leaves out at their defaults.
+    None where the stage has no pick() or it launches nothing for D."""
     st = stage(slug)
-    args = launched(st.source.read_text(), D, causal, N)
+    text = st.source.read_text()
+    args = launched(text, D, causal, N)
     if args is None:
         return None
-    return {name: int(v) if v.lstrip("-").isdigit() else v for name, v in zip(st.template[2:], args)}
+    named = {**launch_defaults(text), **dict(zip(st.template[2:], args))}
+    return {name: int(v) if v.lstrip("-").isdigit() else v
+            for name in st.template[2:] if (v := named.get(name)) is not None}
 
 
 def boundary_probes(text) -> list:

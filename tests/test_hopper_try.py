@@ -46,6 +46,20 @@ def test_a_launched_shape_is_named_as_the_registry_names_the_template(slug):
             for N in (512, 4096):
                 args = picks.launched(st.source.read_text(), D, causal, N)
                 shape = picks.shape(slug, D, causal, N)
-                assert list(shape) == list(st.template[2:2 + len(args)])
-                assert [str(v).lower() for v in shape.values()] == [a.lower() for a in args]
+                assert list(shape)[:len(args)] == list(st.template[2:2 + len(args)])
+                values = [str(v).lower() for v in shape.values()]
+                assert values[:len(args)] == [a.lower() for a in args]
+                defaults = picks.launch_defaults(st.source.read_text())
+                assert {k: str(v) for k, v in list(shape.items())[len(args):]} == {
+                    k: defaults[k] for k in st.template[2 + len(args):]}
     assert picks.shape(slug, 96, False) is None  # no shape for a head dim the pick leaves out
+
+
+def test_the_arguments_a_pick_leaves_out_are_the_launch_defaults():
+    """Stage 09 launches `launch<T, 128, 64, 1, 3>` and `launch<T, 128, 64, 1, 3, 1, 1>`: the
+    first is RETIRE = 0, and the kernel that runs is told apart from the second by it."""
+    text = fl.stage("09").source.read_text()
+    assert picks.launch_defaults(text) == {"BLOCKS": "1", "RETIRE": "0"}
+    assert picks.shape("09", 128, True, 2048)["RETIRE"] == 0
+    assert picks.shape("09", 128, True, 512)["RETIRE"] == 1
+    assert picks.launch_defaults(fl.stage("08").source.read_text()) == {}
