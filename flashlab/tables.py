@@ -278,6 +278,13 @@ def ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"].fillna("ok") == "ok"]
 
 
+def without_ptxas(df: pd.DataFrame) -> pd.DataFrame:
+    """The stage rows that ran but carry no ptxas report (registers empty): the run could not
+    tell which kernel ran there, and its log says `no ptxas report`."""
+    df = ok(df)
+    return df[(df["kind"] == "stage") & df["registers"].isna()]
+
+
 def at_config(df: pd.DataFrame, cfg: Config) -> pd.DataFrame:
     """The rows of df measured at config cfg."""
     return df[(df["B"] == cfg.B) & (df["H"] == cfg.H) & (df["N"] == cfg.N) & (df["D"] == cfg.D)

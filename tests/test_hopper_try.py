@@ -41,15 +41,16 @@ def test_boundary_probes_fall_on_both_sides_of_every_n_boundary_of_a_pick():
     st.source.read_text(), 64, True) is not None])
 def test_a_launched_shape_is_named_as_the_registry_names_the_template(slug):
     st = fl.stage(slug)
+    text = st.source.read_text()
+    defaults = picks.launch_defaults(text)
     for D in st.head_dims:
         for causal in (False, True):
             for N in (512, 4096):
-                args = picks.launched(st.source.read_text(), D, causal, N)
+                args = picks.launched(text, D, causal, N)
                 shape = picks.shape(slug, D, causal, N)
                 assert list(shape)[:len(args)] == list(st.template[2:2 + len(args)])
                 values = [str(v).lower() for v in shape.values()]
                 assert values[:len(args)] == [a.lower() for a in args]
-                defaults = picks.launch_defaults(st.source.read_text())
                 assert {k: str(v) for k, v in list(shape.items())[len(args):]} == {
                     k: defaults[k] for k in st.template[2 + len(args):]}
     assert picks.shape(slug, 96, False) is None  # no shape for a head dim the pick leaves out

@@ -27,13 +27,9 @@ def same_kernels(commit) -> bool:
     return done.returncode == 0
 
 
-def missing(df) -> pd.DataFrame:
-    return df[(df["kind"] == "stage") & (df["status"] == "ok") & df["registers"].isna()]
-
-
 def filled(df) -> pd.DataFrame:
     out = []
-    for commit, rows in missing(df).groupby("commit"):
+    for commit, rows in tables.without_ptxas(df).groupby("commit"):
         if not same_kernels(commit):
             print(f"{commit}: kernels/ changed since; left as recorded")
             continue
