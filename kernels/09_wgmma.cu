@@ -88,7 +88,8 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
   // K/V buffers: tile j lives in buffer j % STAGES. Tile j's P V is still running while tile
   // j + 1 is started, so one buffer is always held by it: loads run AHEAD = STAGES - 2 tiles ahead.
   // With RETIRE, each tile's P V retires before the next tile's barrier instead, and loads run one
-  // tile further ahead: on short sequences, waiting less for loads is worth more than that overlap.
+  // tile further ahead: with few buffers or few tiles, waiting less for loads is worth more than
+  // that overlap.
   // Before the first P V no buffer is held, so the first STAGES - 1 tiles are copied with Q.
   constexpr int AHEAD = RETIRE ? STAGES - 1 : STAGES - 2;
   static_assert(AHEAD >= 1, "wgmma_kernel needs STAGES >= 3, or STAGES >= 2 with RETIRE");
@@ -272,22 +273,22 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 }
 
 // PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers, blocks
-// an SM, P V retired before the next barrier), measured on an H100 (tools/hopper_try.py). At D = 64, two blocks an SM of two
-// warpgroups and 128-key tiles, three buffers each (113 KiB): one block's barriers, loads and
-// stores run while the other's wgmma keep the tensor cores busy. In 128 registers a thread holds
-// S only once the last P V has retired, hence the wait before S when BLOCKS == 2. Under the mask
-// below N = 1024 the tiles on the diagonal are most of the work: there 64-key tiles with six
-// buffers, loads four tiles ahead. At D = 128 the 128-key tiles of 225 KiB, one block an SM;
-// under the mask, one warpgroup of 64-key tiles with three buffers (113 KiB), two blocks an SM;
-// below N = 1024 with loads two tiles ahead (RETIRE).
+// an SM, P V retired before the next barrier), measured on an H100 (tools/hopper_try.py). At
+// D = 64, two blocks an SM of two warpgroups and 128-key tiles, three buffers each (113 KiB): one
+// block's barriers, loads and stores run while the other's wgmma keep the tensor cores busy. In
+// 128 registers a thread holds S only once the last P V has retired, hence the wait before S
+// when BLOCKS == 2. Under the mask below N = 1024 the tiles on the diagonal are most of the work:
+// there 64-key tiles with six buffers, loads four tiles ahead. At D = 128 the 128-key tiles of
+// 225 KiB, one block an SM; under the mask, where a block's start and end weigh more, two blocks
+// an SM of two warpgroups with 64-key tiles and two buffers (97 KiB): each P V retires before the
+// next barrier (RETIRE), so loads still run a tile ahead and S fits 128 registers a thread.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
     if (p->causal && p->N < 1024) return launch<T, 64, 64, 2, 6>(p, s);
     return launch<T, 64, 128, 2, 3, 2>(p, s);
   }
-  if (p->causal && p->N < 1024) return launch<T, 128, 64, 1, 3, 1, 1>(p, s);
-  if (p->causal) return launch<T, 128, 64, 1, 3>(p, s);
+  if (p->causal) return launch<T, 128, 64, 2, 2, 2, 1>(p, s);
   return launch<T, 128, 128, 2, 3>(p, s);
 }
 

@@ -344,15 +344,15 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 // shapes where they fit: at D = 64, two blocks an SM of two warpgroups and 128-key tiles (the
 // mbarriers in the alignment's padding, so that two fit), and under the mask below N = 1024 two
 // warpgroups of 64-key tiles with four buffers. At D = 128 the 128-key tiles of two warpgroups,
-// one block an SM, except under the mask below N = 1024: there stage 09's one warpgroup of
-// 64-key tiles with loads two tiles ahead (RETIRE), two blocks an SM.
+// one block an SM, except under the mask below N = 8192: there stage 09's two blocks an SM of
+// two warpgroups with 64-key tiles and two buffers, each P V retired before the next tile.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
     if (p->causal && p->N < 1024) return launch<T, 64, 64, 2, 4>(p, s);
     return launch<T, 64, 128, 2, 3, 2>(p, s);
   }
-  if (p->causal && p->N < 1024) return launch<T, 128, 64, 1, 3, 1, 1>(p, s);
+  if (p->causal && p->N < 8192) return launch<T, 128, 64, 2, 2, 2, 1>(p, s);
   return launch<T, 128, 128, 2, 3>(p, s);
 }
 

@@ -57,10 +57,11 @@ def test_a_launched_shape_is_named_as_the_registry_names_the_template(slug):
 
 
 def test_the_arguments_a_pick_leaves_out_are_the_launch_defaults():
-    """Stage 09 launches `launch<T, 128, 64, 1, 3>` and `launch<T, 128, 64, 1, 3, 1, 1>`: the
-    first is RETIRE = 0, and the kernel that runs is told apart from the second by it."""
+    """Stage 09 launches `launch<T, 128, 128, 2, 3>` and `launch<T, 128, 64, 2, 2, 2, 1>`: the
+    first leaves BLOCKS and RETIRE to their defaults, 1 and 0."""
     text = fl.stage("09").source.read_text()
     assert picks.launch_defaults(text) == {"BLOCKS": "1", "RETIRE": "0"}
-    assert picks.shape("09", 128, True, 2048)["RETIRE"] == 0
-    assert picks.shape("09", 128, True, 512)["RETIRE"] == 1
+    assert picks.shape("09", 128, False, 2048)["RETIRE"] == 0
+    assert picks.shape("09", 128, False, 2048)["BLOCKS"] == 1
+    assert picks.shape("09", 128, True, 2048)["RETIRE"] == 1
     assert picks.launch_defaults(fl.stage("08").source.read_text()) == {}
