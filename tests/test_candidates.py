@@ -23,6 +23,8 @@ SHAPES = {  # the shapes tools/candidates/README.md reports
 PATCHES = {
     "12_poly_exp2.patch": ("12_tma_store", ["D64:128,3,2,4;D128:128,2,2,4",
                                             "D64:128,3,2,2;D128:128,2,2,8"]),
+    "11_past_end.patch": ("11_warpspec", ["D64:128,4,3;D64c:64,4,2,2;D128:128,2,2",
+                                          "D64:128,4,3;D128:128,2,2"]),
 }
 
 

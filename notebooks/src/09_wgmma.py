@@ -221,13 +221,15 @@ nb.show_lines("09_wgmma", r"// This thread.s copies of tile j have landed", r"//
 #   for the rest (the other warpgroup's rows still need them). There is no test inside the tile
 #   loop; a skip branch there costs 3–10 % at D = 64 even where it is never taken.
 #
-# Under the causal mask on short sequences the tiles on the diagonal, half masked, are most of
-# the work, and smaller ones pay: 64 keys at D = 64 below N = 1024 (6 buffers, loads four tiles
-# ahead), and at D = 128 blocks of one warpgroup with 3 buffers of 64 keys (113 KiB, two blocks
-# per SM), one block's first loads and last stores running beside the other block's products.
-# Below N = 1024 such a block has one to eight tiles, and waiting for loads costs it more than
-# P·V running on saves: with `RETIRE` each warpgroup retires its P·V before the next barrier, so
-# that buffer is free one tile sooner and the loads run `STAGES − 1` tiles ahead:
+# Under the causal mask the tiles on the diagonal, half masked, weigh more, and so do a block's
+# start and end: its first loads, the wait for the first S, the write-back. At D = 64 below
+# N = 1024 `pick()` runs 64-key tiles (6 buffers, loads four tiles ahead). At D = 128 it runs two
+# blocks per SM of two warpgroups with 2 buffers of 64 keys (97 KiB each): each K/V tile serves
+# 128 query rows, and one block's start and end run beside the other block's products. With two
+# buffers, P·V running on would leave none to load into, so there each warpgroup retires its P·V
+# before the next barrier (`RETIRE`): that buffer is free one tile sooner, the loads run
+# `STAGES − 1` tiles ahead, and with no P·V in flight while S is computed the warpgroup fits in
+# the 128 registers a thread that two blocks of 256 threads leave:
 
 # %%
 nb.show_lines("09_wgmma", r"// PICK", r"^}")
@@ -345,9 +347,9 @@ plots.scaling(last="09_wgmma")
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted 1.07× at the teaching config (D = 64) and more at D = 128. Measured, with
-# both stages timed in turn in this run: 1.22× at the teaching config; over the sweep 1.20–1.34× at
-# D = 64 (1.29× on average) and 1.18–1.43× at D = 128 (1.32×), more on long sequences than on short
+# **Time.** Predicted 1.06× at the teaching config (D = 64) and more at D = 128. Measured, with
+# both stages timed in turn in this run: 1.23× at the teaching config; over the sweep 1.20–1.35× at
+# D = 64 (1.29× on average) and 1.25–1.53× at D = 128 (1.39×), more on long sequences than on short
 # ones. The prediction missed, and by most at D = 64, where it expected least. The model made the
 # products faster and held everything else fixed; three things it left out:
 #
@@ -369,18 +371,17 @@ plots.scaling(last="09_wgmma")
 #   1.03–1.10× at D = 64, even without the mask, where it is never taken. That is why each
 #   warpgroup counts its own tiles and runs them in a loop of their own.
 #
-# Where the gain is smallest, 1.18× under the mask at D = 128 and N = 512, a block has one to
-# eight tiles of 64 keys. Its fixed costs weigh most there: its first loads, the wait for the
-# first S, the write-back. Blocks of one warpgroup, two to an SM, overlap one block's fixed costs
-# with the other's products, and loads two tiles ahead shorten its waits; it is still the
-# smallest gain, because there the bytes, not the products, set the pace. Q, K, V and O of the
-# sweep are 4 × 16 384 tokens × 2048 × 2 bytes = 268 MB, which take 80 µs at the H100's
-# 3.35 TB/s, and stage 09 takes about 135 µs for this config: more than half of its time is what
-# moving the data takes at the bandwidth's peak, and a faster tensor-core instruction cannot
-# shorten that part.
+# Under the mask at D = 128 the gain is largest, 1.34–1.53×, and the block's shape is most of it.
+# Timed in turn on the H100 over the sweep's causal configs at D = 128, blocks of one warpgroup
+# with three buffers of 64 keys, also two to an SM, ran 0.87–0.93× as fast as this shape: each
+# of their K/V tiles serves 64 query rows instead of 128, so every row costs twice the loads, and
+# two warpgroups on an SM instead of four leave fewer softmaxes to fill the gaps between products.
+# Where the gain is smallest, 1.20× under the mask at D = 64 and N = 512, a block has two to eight
+# tiles of 64 keys, and at D = 64 each tile's products are half as long as at D = 128 for the same
+# barrier, softmax and loads: the block's fixed costs weigh most there.
 #
-# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.95–0.97× at D = 64 and 0.72–0.81× at
-# D = 128. The gap is what overlapping the softmax with the products is worth, and it is largest
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.95–0.97× at D = 64, and at D = 128
+# 0.73–0.74× without the mask and 0.84–0.93× under it. The gap is what overlapping the softmax with the products is worth, and it is largest
 # where the products are the larger part of a tile.
 
 # %% [markdown]
@@ -407,9 +408,9 @@ plots.idea_metrics(only=["09_wgmma"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is *less* busy — 49 % → 42 % — in less time (0.058 → 0.046 ms).** The
+# * **The tensor pipe is *less* busy — 49 % → 42 % — in less time (0.058 → 0.047 ms).** The
 #   counter measures the cycles the pipe is working, not the work it does in them. The kernels do
-#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (42 × 0.046) ≈ 1.5
+#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (42 × 0.047) ≈ 1.5
 #   times the work of one of `mma.sync`: the two-thirds-of-peak ceiling of `mma.sync`, seen from
 #   the other side. A metric that counts activity, not throughput, can fall when a kernel gets
 #   better.
@@ -418,8 +419,8 @@ plots.idea_metrics(only=["09_wgmma"])
 # * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 13 % now:
 #   the `mma.sync` and `ldmatrix` of a loop trip became a few `wgmma` (16 at D = 128, against 256
 #   `mma.sync` and 80 `ldmatrix`). Shared-memory wavefronts fell by 38 % and load bank conflicts by
-#   two thirds (12 267 → 4 157): the hardware's swizzle.
-# * **New waits:** `barrier` (2.7 → 12.2 %) and `mio_throttle` (2.7 → 12.8 %). Each tile, all 256
+#   almost two thirds (11 881 → 4 364): the hardware's swizzle.
+# * **New waits:** `barrier` (2.6 → 12.1 %) and `mio_throttle` (2.8 → 12.9 %). Each tile, all 256
 #   threads issue their `cp.async` copies and meet at `__syncthreads`: the slower warpgroup and the
 #   copy queue now decide when the tensor cores get the next tile. That is what stage 10 removes.
 
@@ -534,7 +535,8 @@ labs.check("09.descriptor", answer)
 #   same across the warp (read from lane 0), or every tile pays for moving them there.
 # - Registers set the shape: at D = 64 two blocks an SM of 128-key tiles fit 128 registers a
 #   thread once each warpgroup retires its P·V before issuing the next S, and the second block's
-#   products run while the first block waits or exponentiates.
+#   products run while the first block waits or exponentiates. Under the mask at D = 128 the same
+#   holds for two blocks of two warpgroups with 64-key tiles, where it is worth 1.07–1.14×.
 
 # %%
 nb.reached("09_wgmma")
