@@ -146,11 +146,26 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
     out(table(df))
     out(f"log: {log_path}")
     out("figures: " + ", ".join(str(f) for f in figs))
+    unreported = unreported_registers(df, env["time"])
+    if unreported:
+        out(unreported)
+        failed.append("ptxas")
     if failed:
         out("FAILED: " + ", ".join(failed))
     df.attrs["failed"] = failed
     df.attrs["replayed"] = replayed
     return df
+
+
+def unreported_registers(df, started) -> str:
+    """A line naming the stage rows this run (started at `started`) recorded without registers,
+    because the ptxas report of the kernel that ran could not be found; "" when there are none.
+    The timings stand, but the run fails so that the gap is seen (tools/fill_registers.py)."""
+    rows = tables.without_ptxas(tables.since(df, started))
+    if rows.empty:
+        return ""
+    return (f"no ptxas report: {len(rows)} rows of {', '.join(sorted(rows['stage'].unique()))} "
+            f"carry no registers (the log says which kernel was not found)")
 
 
 def _record_crash(slug, env, code):

@@ -285,6 +285,12 @@ def without_ptxas(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df["kind"] == "stage") & df["registers"].isna()]
 
 
+def since(df: pd.DataFrame, time: str) -> pd.DataFrame:
+    """The rows recorded at or after `time`, a UTC stamp as env.now() writes it
+    (2026-11-27T14:41:20Z): a run's own rows, from the time it started."""
+    return df[df["time"].astype(str) >= time]
+
+
 def at_config(df: pd.DataFrame, cfg: Config) -> pd.DataFrame:
     """The rows of df measured at config cfg."""
     return df[(df["B"] == cfg.B) & (df["H"] == cfg.H) & (df["N"] == cfg.N) & (df["D"] == cfg.D)

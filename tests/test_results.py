@@ -346,3 +346,23 @@ def test_nothing_recorded_comes_from_a_dirty_tree():
         if "commit" in df:
             dirty = df[df["commit"].astype(str).str.endswith("-dirty")]
             assert dirty.empty, f"{table.name}: {len(dirty)} rows from a dirty tree"
+
+
+def test_a_run_that_recorded_rows_without_registers_says_so_and_fails():
+    """`flashlab run` ends with a line naming the stages whose rows it recorded without a ptxas
+    report (and counts as failed); rows recorded before it started, baselines and rows that did
+    not run are not its business."""
+    from flashlab.runner import unreported_registers
+    start = "2026-11-27T14:41:20Z"
+    df = pd.DataFrame([
+        dict(stage="09_wgmma", kind="stage", status="ok", registers=float("nan"), time="2026-11-27T14:41:58Z"),
+        dict(stage="09_wgmma", kind="stage", status="ok", registers=122.0, time="2026-11-27T14:42:00Z"),
+        dict(stage="10_tma", kind="stage", status="ok", registers=float("nan"), time="2026-11-27T12:21:23Z"),
+        dict(stage="11_warpspec", kind="stage", status="failed check", registers=float("nan"), time="2026-11-27T14:43:00Z"),
+        dict(stage="sdpa_cudnn", kind="sdpa", status="ok", registers=float("nan"), time="2026-11-27T14:44:00Z"),
+    ])
+    assert list(tables.since(df, start)["time"]) == [t for t in df["time"] if t >= start]
+    line = unreported_registers(df, start)
+    assert line.startswith("no ptxas report: 1 rows of 09_wgmma")
+    assert "10_tma" not in line and "11_warpspec" not in line and "sdpa" not in line
+    assert unreported_registers(df[df["registers"].notna() | (df["kind"] != "stage")], start) == ""
