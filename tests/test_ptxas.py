@@ -304,3 +304,24 @@ def test_parse_normalises_cuxxfilt_template_spelling(monkeypatch):
     (r,) = ptxas.parse(report, "sm_90")
     assert r.kernel.startswith("void coarsened_kernel<64, 64, 64>")
     assert ptxas.template_args(r.kernel) == ["64", "64", "64"]
+
+
+def test_two_kernels_that_differ_only_in_an_argument_pick_leaves_out_are_told_apart(tmp_path):
+    """`launch<T, 128, 64, 1, 3>` leaves RETIRE to its default (0); the kernel it runs is the
+    `…, 1, 3, 1, 0>` one, not the `…, 1, 3, 1, 1>` that `launch<T, 128, 64, 1, 3, 1, 1>` runs."""
+    import types
+    src = tmp_path / "09_defaults.cu"
+    src.write_text(
+        "template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1,\n"
+        "          int RETIRE = 0>\n"
+        "static const char* launch(const FlashlabProblem* p, cudaStream_t s) { return 0; }\n\n"
+        "// PICK: two shapes\ntemplate <typename T>\n"
+        "static const char* pick(const FlashlabProblem* p, cudaStream_t s) {\n"
+        "  if (p->causal && p->N < 1024) return launch<T, 128, 64, 1, 3, 1, 1>(p, s);\n"
+        "  return launch<T, 128, 64, 1, 3>(p, s);\n}\n")
+    st = types.SimpleNamespace(slug="09_defaults", source=src, template=fl.stage("09").template)
+    kernels = [ptxas.KernelResources(f"wgmma_kernel<__half, 128, 64, 1, 3, 1, {r}>(int)",
+                                     "sm_90a", 120 + r, 0, 0, 0, 0) for r in (0, 1)]
+    at = {N: ptxas.kernel_at(st, kernels, fl.Config(1, 1, N, 128, True, "fp16")).registers
+          for N in (512, 2048)}
+    assert at == {512: 121, 2048: 120}

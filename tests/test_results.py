@@ -354,13 +354,14 @@ def test_a_run_that_recorded_rows_without_registers_says_so_and_fails():
     not run are not its business."""
     from flashlab.runner import unreported_registers
     start = "2026-11-27T14:41:20Z"
-    df = pd.DataFrame([
-        dict(stage="09_wgmma", kind="stage", status="ok", registers=float("nan"), time="2026-11-27T14:41:58Z"),
-        dict(stage="09_wgmma", kind="stage", status="ok", registers=122.0, time="2026-11-27T14:42:00Z"),
-        dict(stage="10_tma", kind="stage", status="ok", registers=float("nan"), time="2026-11-27T12:21:23Z"),
-        dict(stage="11_warpspec", kind="stage", status="failed check", registers=float("nan"), time="2026-11-27T14:43:00Z"),
-        dict(stage="sdpa_cudnn", kind="sdpa", status="ok", registers=float("nan"), time="2026-11-27T14:44:00Z"),
-    ])
+    nan = float("nan")
+    df = pd.DataFrame([  # stage, kind, status, registers, time
+        ("09_wgmma", "stage", "ok", nan, "2026-11-27T14:41:58Z"),
+        ("09_wgmma", "stage", "ok", 122.0, "2026-11-27T14:42:00Z"),
+        ("10_tma", "stage", "ok", nan, "2026-11-27T12:21:23Z"),  # before the run
+        ("11_warpspec", "stage", "failed check", nan, "2026-11-27T14:43:00Z"),
+        ("sdpa_cudnn", "sdpa", "ok", nan, "2026-11-27T14:44:00Z"),
+    ], columns=["stage", "kind", "status", "registers", "time"])
     assert list(tables.since(df, start)["time"]) == [t for t in df["time"] if t >= start]
     line = unreported_registers(df, start)
     assert line.startswith("no ptxas report: 1 rows of 09_wgmma")
