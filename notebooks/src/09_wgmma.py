@@ -211,7 +211,7 @@ nb.show_lines("09_wgmma", r"// This thread.s copies of tile j have landed", r"//
 #   the buffer of tile `j − 2`, so with `STAGES` buffers the loads run `STAGES − 2` tiles ahead.
 #   Before the first P·V no buffer is held, so the first `STAGES − 1` tiles are copied with Q.
 #   `pick()` chooses 3 buffers of 128 keys at D = 64 (113 KiB of shared memory, two blocks per
-#   SM) and at D = 128 (225 KiB, one block per SM). Two blocks of 256 threads leave 128 registers
+#   SM) and at D = 128 without the mask (225 KiB, one block per SM). Two blocks of 256 threads leave 128 registers
 #   a thread: enough for S (64 a thread) and O (32) only once the last P·V, which still reads P
 #   from registers, has retired. So with two blocks an SM (`BLOCKS == 2`) a warpgroup waits for it
 #   before issuing S; the other block's products keep the tensor cores busy meanwhile.
@@ -381,8 +381,8 @@ plots.scaling(last="09_wgmma")
 # barrier, softmax and loads: the block's fixed costs weigh most there.
 #
 # Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.95–0.97× at D = 64, and at D = 128
-# 0.73–0.74× without the mask and 0.84–0.93× under it. The gap is what overlapping the softmax with the products is worth, and it is largest
-# where the products are the larger part of a tile.
+# 0.73–0.74× without the mask and 0.84–0.93× under it. The gap is what overlapping the softmax
+# with the products is worth, and it is largest where the products are the larger part of a tile.
 
 # %% [markdown]
 # ## 10 · The profile: is the tensor pipe busier?
