@@ -152,7 +152,9 @@ def resources(source, arch="sm_90"):
         return [KernelResources(**d) for d in json.loads(cached.read_text())]
     found = parse(compile_cubin(source, arch).report, arch)
     CACHE.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps([asdict(r) for r in found]))
+    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps([asdict(r) for r in found]))
+    os.replace(tmp, cached)  # as sass.py does: a reader never finds half a file
     return found
 
 
