@@ -18,3 +18,13 @@ def figures_dir() -> Path:
 
 def runs_dir() -> Path:
     return data_dir() / "runs"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file beside it and os.replace: a reader (another
+    process, a parallel test worker filling the same cache) finds the old file or the new one,
+    never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import build
+from . import build, paths
 from .build import NVCC_FLAGS
 from .paths import KERNELS
 from .stages import CTYPES
@@ -151,10 +151,7 @@ def resources(source, arch="sm_90"):
     if cached.exists():
         return [KernelResources(**d) for d in json.loads(cached.read_text())]
     found = parse(compile_cubin(source, arch).report, arch)
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps([asdict(r) for r in found]))
-    os.replace(tmp, cached)  # as sass.py does: a reader never finds half a file
+    paths.write_atomic(cached, json.dumps([asdict(r) for r in found]))
     return found
 
 

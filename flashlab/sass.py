@@ -24,7 +24,7 @@ from typing import NamedTuple, Optional
 
 import pandas as pd
 
-from . import ptxas
+from . import paths, ptxas
 from .tables import SASS
 
 CACHE = ptxas.CACHE.parent / "sass"
@@ -143,10 +143,7 @@ def disassemble(source, arch="sm_90") -> str:
                               env=_nvdisasm_env(tool))
     if proc.returncode != 0 or "Function :" not in proc.stdout:
         raise RuntimeError(f"cuobjdump -sass failed on {source} for {arch}:\n{proc.stderr}")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(proc.stdout)
-    os.replace(tmp, cached)  # two processes filling the cache never leave half a file
+    paths.write_atomic(cached, proc.stdout)
     return proc.stdout
 
 

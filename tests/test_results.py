@@ -367,3 +367,13 @@ def test_a_run_that_recorded_rows_without_registers_says_so_and_fails():
     assert line.startswith("no ptxas report: 1 rows of 09_wgmma")
     assert "10_tma" not in line and "11_warpspec" not in line and "sdpa" not in line
     assert unreported_registers(df[df["registers"].notna() | (df["kind"] != "stage")], start) == ""
+
+
+def test_a_cache_file_is_written_whole_and_leaves_no_temporary_file(tmp_path):
+    """paths.write_atomic (the ptxas and sass caches) replaces the file in one step."""
+    from flashlab import paths
+    target = tmp_path / "cache" / "09_wgmma-sm_90a-abc.json"
+    paths.write_atomic(target, "[1, 2]")
+    paths.write_atomic(target, "[3]")
+    assert target.read_text() == "[3]"
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
