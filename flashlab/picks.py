@@ -189,19 +189,26 @@ def launched(text, D, causal, N=None):
     return _serving(segments_of(block.group(0)).get((D, bool(causal)), []), N) if block else None
 
 
-def shape(slug, D, causal, N=None):
-    """What stage `slug`'s pick() launches at head dim D, mask and sequence length N (None: the
-    longest), by name: {template argument: value} for the arguments after T and D, named as the
-    stage's registry entry names them (`template`), those pick() leaves out at their defaults.
-    None where the stage has no pick() or it launches nothing for D."""
-    st = stage(slug)
-    text = st.source.read_text()
+def launched_by_name(text, template, D, causal, N=None):
+    """What the pick() in `text` launches at D, mask and N, by name: {template argument: value as
+    written} for the arguments after T and D, named by `template` (a registry entry's), those
+    pick() leaves out at the `launch` template's defaults. None where it launches nothing."""
     args = launched(text, D, causal, N)
     if args is None:
         return None
-    named = {**launch_defaults(text), **dict(zip(st.template[2:], args))}
-    return {name: int(v) if v.lstrip("-").isdigit() else v
-            for name in st.template[2:] if (v := named.get(name)) is not None}
+    named = {**launch_defaults(text), **dict(zip(template[2:], args))}
+    return {name: named[name] for name in template[2:] if name in named}
+
+
+def shape(slug, D, causal, N=None):
+    """What stage `slug`'s pick() launches at head dim D, mask and sequence length N (None: the
+    longest), by name and as numbers where they are (launched_by_name). None where the stage has
+    no pick() or it launches nothing for D."""
+    st = stage(slug)
+    named = launched_by_name(st.source.read_text(), st.template, D, causal, N)
+    if named is None:
+        return None
+    return {name: int(v) if v.lstrip("-").isdigit() else v for name, v in named.items()}
 
 
 def boundary_probes(text) -> list:

@@ -167,11 +167,9 @@ def kernel_at(stage, kernels, cfg):
     template arguments its registry entry names (T, D, and for a stage with a pick() table the
     candidate pick() launches at cfg's D, mask and N) must match. LookupError if none does."""
     want = {"T": CTYPES[cfg.dtype], "D": str(cfg.D)}
-    text = stage.source.read_text()
-    if (args := _picks().launched(text, cfg.D, cfg.causal, cfg.N)):
-        want.update(zip(stage.template[2:], args))  # what pick() launches at D, mask and N,
-        for name, value in _picks().launch_defaults(text).items():  # and what it leaves out
-            want.setdefault(name, value)
+    named = _picks().launched_by_name(stage.source.read_text(), stage.template, cfg.D,
+                                      cfg.causal, cfg.N)
+    want.update(named or {})  # what pick() launches at D, mask and N, defaults included
     want = {k: v for k, v in want.items() if k in stage.template}
     found = [r for r in kernels if all(
         dict(zip(stage.template, template_args(r.kernel))).get(k) == v for k, v in want.items())]
