@@ -275,17 +275,19 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 // PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers, blocks
 // an SM, P V retired before the next barrier), measured on an H100 (tools/hopper_try.py). At
 // D = 64, two blocks an SM of two warpgroups and 128-key tiles, three buffers each (113 KiB): one
-// block's barriers, loads and stores run while the other's wgmma keep the tensor cores busy. In
-// 128 registers a thread holds S only once the last P V has retired, hence the wait before S
-// when BLOCKS == 2. Under the mask below N = 1024 the tiles on the diagonal are most of the work:
-// there 64-key tiles with six buffers, loads four tiles ahead. At D = 128 the 128-key tiles of
-// 225 KiB, one block an SM; under the mask, where a block's start and end weigh more, two blocks
-// an SM of two warpgroups with 64-key tiles and two buffers (97 KiB): each P V retires before the
-// next barrier (RETIRE), so loads still run a tile ahead and S fits 128 registers a thread.
+// block's barriers, loads and stores run while the other's wgmma keep the tensor cores busy. In 128
+// registers a thread holds S only once the last P V has retired, hence the wait before S when
+// BLOCKS == 2. Under the mask below N = 2048 the tiles on the diagonal are most of the work: there
+// blocks of one warpgroup with two buffers of 64 keys (41 KiB), four blocks an SM, each P V retired
+// before the next barrier (RETIRE) so that loads still run a tile ahead: more, smaller blocks,
+// whose starts and ends run beside the other blocks' products. At D = 128 the 128-key tiles of
+// 225 KiB, one block an SM; under the mask, where a block's start and end weigh more, two blocks an
+// SM of two warpgroups with 64-key tiles and two buffers (97 KiB): each P V retires before the next
+// barrier (RETIRE), so loads still run a tile ahead and S fits 128 registers a thread.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
-    if (p->causal && p->N < 1024) return launch<T, 64, 64, 2, 6>(p, s);
+    if (p->causal && p->N < 2048) return launch<T, 64, 64, 1, 2, 4, 1>(p, s);
     return launch<T, 64, 128, 2, 3, 2>(p, s);
   }
   if (p->causal) return launch<T, 128, 64, 2, 2, 2, 1>(p, s);

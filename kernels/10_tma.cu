@@ -342,14 +342,16 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
 // PICK: the block shape per head dim, mask and length (keys per tile, warpgroups, buffers, blocks
 // an SM, P V retired before the next tile), measured on an H100 (tools/hopper_try.py). Stage 09's
 // shapes where they fit: at D = 64, two blocks an SM of two warpgroups and 128-key tiles (the
-// mbarriers in the alignment's padding, so that two fit), and under the mask below N = 1024 two
-// warpgroups of 64-key tiles with four buffers. At D = 128 the 128-key tiles of two warpgroups,
-// one block an SM, except under the mask below N = 8192: there stage 09's two blocks an SM of
-// two warpgroups with 64-key tiles and two buffers, each P V retired before the next tile.
+// mbarriers in the alignment's padding, so that two fit), and under the mask below N = 1024 four
+// blocks an SM of one warpgroup with two buffers of 64 keys, each P V retired before the next tile
+// (stage 09 keeps that shape to N = 2048; here the 128-key tiles are as fast from N = 1024). At
+// D = 128 the 128-key tiles of two warpgroups, one block an SM, except under the mask below
+// N = 8192: there stage 09's two blocks an SM of two warpgroups with 64-key tiles and two buffers,
+// each P V retired before the next tile.
 template <typename T>
 static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
   if (p->D == 64) {
-    if (p->causal && p->N < 1024) return launch<T, 64, 64, 2, 4>(p, s);
+    if (p->causal && p->N < 1024) return launch<T, 64, 64, 1, 2, 4, 1>(p, s);
     return launch<T, 64, 128, 2, 3, 2>(p, s);
   }
   if (p->causal && p->N < 8192) return launch<T, 128, 64, 2, 2, 2, 1>(p, s);

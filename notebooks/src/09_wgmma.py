@@ -222,14 +222,14 @@ nb.show_lines("09_wgmma", r"// This thread.s copies of tile j have landed", r"//
 #   loop; a skip branch there costs 3–10 % at D = 64 even where it is never taken.
 #
 # Under the causal mask the tiles on the diagonal, half masked, weigh more, and so do a block's
-# start and end: its first loads, the wait for the first S, the write-back. At D = 64 below
-# N = 1024 `pick()` runs 64-key tiles (6 buffers, loads four tiles ahead). At D = 128 it runs two
-# blocks per SM of two warpgroups with 2 buffers of 64 keys (97 KiB each): each K/V tile serves
-# 128 query rows, and one block's start and end run beside the other block's products. With two
-# buffers, P·V running on would leave none to load into, so there each warpgroup retires its P·V
-# before the next barrier (`RETIRE`): that buffer is free one tile sooner, the loads run
-# `STAGES − 1` tiles ahead, and with no P·V in flight while S is computed the warpgroup fits in
-# the 128 registers a thread that two blocks of 256 threads leave:
+# start and end: its first loads, the wait for the first S, the write-back. So there `pick()`
+# runs more blocks per SM, each with 2 buffers of 64 keys: at D = 64 below N = 2048, four blocks
+# of one warpgroup (41 KiB each); at D = 128, two blocks of two warpgroups (97 KiB each), where
+# each K/V tile serves 128 query rows. One block's start and end run beside the other blocks'
+# products. With two buffers, P·V running on would leave none to load into, so there each
+# warpgroup retires its P·V before the next barrier (`RETIRE`): that buffer is free one tile
+# sooner, the loads run `STAGES − 1` tiles ahead, and with no P·V in flight while S is computed
+# the warpgroup fits in the 128 registers a thread that 512 threads an SM leave:
 
 # %%
 nb.show_lines("09_wgmma", r"// PICK", r"^}")

@@ -456,9 +456,9 @@ plots.scaling(last="11_warpspec")
 # %% [markdown]
 # One more count for the discussion. Under the causal mask, how many query-key scores a block
 # computes per head, each stage with the tiles its `pick()` launches at D = 64 (stage 10: 64-key
-# tiles below N = 1024, 128-key from there, two warpgroups; stage 11: 64-key tiles for two
-# consumers below N = 2048, 128 for three from there). A warpgroup of either computes the key tiles
-# up to its own last row:
+# tiles for one warpgroup below N = 1024, 128-key for two from there; stage 11: 64-key tiles for
+# two consumers below N = 2048, 128 for three from there). A warpgroup of either computes the key
+# tiles up to its own last row:
 
 # %%
 def scores_computed(N, BC, rows=64, groups=2, skip=False):
