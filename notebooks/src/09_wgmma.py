@@ -347,9 +347,9 @@ plots.scaling(last="09_wgmma")
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted 1.06× at the teaching config (D = 64) and more at D = 128. Measured, with
-# both stages timed in turn in this run: 1.23× at the teaching config; over the sweep 1.20–1.35× at
-# D = 64 (1.29× on average) and 1.25–1.53× at D = 128 (1.39×), more on long sequences than on short
+# **Time.** Predicted 1.07× at the teaching config (D = 64) and more at D = 128. Measured, with
+# both stages timed in turn in this run: 1.22× at the teaching config; over the sweep 1.23–1.34× at
+# D = 64 (1.30× on average) and 1.26–1.52× at D = 128 (1.40×), more on long sequences than on short
 # ones. The prediction missed, and by most at D = 64, where it expected least. The model made the
 # products faster and held everything else fixed; three things it left out:
 #
@@ -371,17 +371,22 @@ plots.scaling(last="09_wgmma")
 #   1.03–1.10× at D = 64, even without the mask, where it is never taken. That is why each
 #   warpgroup counts its own tiles and runs them in a loop of their own.
 #
-# Under the mask at D = 128 the gain is largest, 1.34–1.53×, and the block's shape is most of it.
+# Under the mask at D = 128 the gain is largest, 1.35–1.52×, and the block's shape is most of it.
 # Timed in turn on the H100 over the sweep's causal configs at D = 128, blocks of one warpgroup
 # with three buffers of 64 keys, also two to an SM, ran 0.87–0.93× as fast as this shape: each
 # of their K/V tiles serves 64 query rows instead of 128, so every row costs twice the loads, and
 # two warpgroups on an SM instead of four leave fewer softmaxes to fill the gaps between products.
-# Where the gain is smallest, 1.20× under the mask at D = 64 and N = 512, a block has two to eight
-# tiles of 64 keys, and at D = 64 each tile's products are half as long as at D = 128 for the same
-# barrier, softmax and loads: the block's fixed costs weigh most there.
+# Where the gain is smallest, 1.23× at D = 64 and N = 512 without the mask, a block has four tiles
+# of 128 keys, and at D = 64 each tile's products are half as long as at D = 128 for the same
+# barrier, softmax and loads: the block's fixed costs weigh most there. Under the mask at D = 64
+# on short sequences the opposite trade pays: a block has one to eight tiles of 64 keys, so its
+# start and end are much of its time, and four blocks of one warpgroup on each SM stagger them
+# where two blocks of two warpgroups ran them together. Timed in turn on the H100, two warpgroups
+# with six buffers of 64 keys ran 0.95× as fast as this shape at N = 512 and 0.99× at 1024; from
+# N = 2048 on, 128-key tiles for two warpgroups are faster again.
 #
-# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.95–0.97× at D = 64, and at D = 128
-# 0.73–0.74× without the mask and 0.84–0.93× under it. The gap is what overlapping the softmax
+# Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.94–1.02× at D = 64, and at D = 128
+# 0.72–0.73× without the mask and 0.84–0.92× under it. The gap is what overlapping the softmax
 # with the products is worth, and it is largest where the products are the larger part of a tile.
 
 # %% [markdown]
@@ -419,8 +424,8 @@ plots.idea_metrics(only=["09_wgmma"])
 # * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 13 % now:
 #   the `mma.sync` and `ldmatrix` of a loop trip became a few `wgmma` (16 at D = 128, against 256
 #   `mma.sync` and 80 `ldmatrix`). Shared-memory wavefronts fell by 38 % and load bank conflicts by
-#   almost two thirds (11 881 → 4 364): the hardware's swizzle.
-# * **New waits:** `barrier` (2.6 → 12.1 %) and `mio_throttle` (2.8 → 12.9 %). Each tile, all 256
+#   almost two thirds (12 500 → 4 334): the hardware's swizzle.
+# * **New waits:** `barrier` (2.6 → 12.1 %) and `mio_throttle` (2.8 → 12.8 %). Each tile, all 256
 #   threads issue their `cp.async` copies and meet at `__syncthreads`: the slower warpgroup and the
 #   copy queue now decide when the tensor cores get the next tile. That is what stage 10 removes.
 

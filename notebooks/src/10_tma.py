@@ -269,24 +269,23 @@ with nb.unless_missing():
 # **Time.** Predicted 1.05–1.15×, more where tiles are short. Measured, with both stages timed in
 # turn in this run: 1.05× at the teaching config, at the bottom of the band, and 1.01–1.39× over
 # the sweep, 1.11× on average at D = 64 and 1.19× at D = 128. Roughly as predicted at the short
-# end, with one correction: the largest gains are at the longest sequences (1.32–1.39× at D = 128
+# end, with one correction: the largest gains are at the longest sequences (1.31–1.39× at D = 128
 # without the mask from N = 4096 on), not at the shortest tiles. A long sequence is many tiles per
 # block, and every one of them paid stage 09's barrier; a short one is mostly prologue (loading Q
 # and the first tiles) and epilogue, which TMA shortens little. At D = 64 the gain is smaller:
-# stage 09 already runs two blocks an SM there, and one block's barrier waits were partly hidden
-# behind the other's products. The smallest gain, 1.01× under the mask at D = 128 and N = 512, is
+# stage 09 already runs two blocks an SM there (four under the mask on short sequences), and one
+# block's barrier waits were partly hidden behind the others' products. The smallest gain, 1.01× under the mask at D = 128 and N = 512, is
 # where a block has one to four tiles of 64 keys and, with two buffers and each P·V retired before
 # the next tile, never more than one tile in flight: there is little waiting left for mbarriers to
 # shorten. Stage 10 runs stage 09's shape there (two blocks an SM of two warpgroups, 64-key tiles)
 # below N = 8192; from N = 8192 its own 128-key tiles, one block an SM, are as fast or faster.
 #
-# **bf16** runs as fast as fp16 (the time ratio above: 0.998): the same instruction, another
+# **bf16** runs as fast as fp16 (the time ratio above: 0.997): the same instruction, another
 # element type.
 #
-# **Against cuDNN**, PyTorch's fastest attention: 0.76–1.12×. At D = 128 from N = 2048 on,
-# 0.89–0.97× without the mask and 0.99–1.03× with it (0.88–0.97× and 0.99–1.04× in the recorded
-# run). At D = 64 stage 10 is level with cuDNN (0.99× under the mask at N = 512) or ahead of it at
-# every length. What is left is the scheduling: the tensor cores still wait while a warpgroup
+# **Against cuDNN**, PyTorch's fastest attention: 0.75–1.12×. At D = 128 from N = 2048 on,
+# 0.89–0.97× without the mask and 0.99–1.03× with it (0.88–0.97× and 0.99–1.03× in the recorded
+# run). At D = 64 stage 10 is ahead of cuDNN at every length (1.02–1.12×). What is left is the scheduling: the tensor cores still wait while a warpgroup
 # exponentiates, which costs most at D = 128, where the products are the larger part of a tile.
 
 # %% [markdown]
@@ -311,14 +310,14 @@ plots.stalls(only=["08_tuned", "09_wgmma", "10_tma"])
 # %% [markdown]
 # ### Discussion
 #
-# * **barrier** fell by more than a quarter, from 12.1 % to 9.0 % of warp time, as predicted, but not to
+# * **barrier** fell by more than a quarter, from 12.1 % to 8.9 % of warp time, as predicted, but not to
 #   zero: the loop has no `BAR.SYNC`. What remains is the start (the barriers must exist before
 #   anyone waits) and the warps of a warpgroup waiting for each other at each `wgmma`, which all
 #   four must issue together (`.sync.aligned`).
-# * **long_scoreboard** rose from 6.6 % to 10.1 %: a warp polling an mbarrier with `try_wait`
+# * **long_scoreboard** rose from 6.3 % to 10.2 %: a warp polling an mbarrier with `try_wait`
 #   (`SYNCS.PHASECHK`) waits on a memory operation, and is counted there. The wait moved from the
 #   barrier to the data itself, which is where it belongs.
-# * **mio_throttle** fell from 12.9 % to 10.4 %: the 16-byte copies no longer crowd the memory
+# * **mio_throttle** fell from 12.8 % to 10.2 %: the 16-byte copies no longer crowd the memory
 #   instruction queue.
 # * The **tensor pipe** is busy 46 % of the time (42 % in stage 09). More than half the time the
 #   tensor cores of an SM have nothing to do, because every warp of the block does everything:

@@ -186,9 +186,8 @@ hp.register_budget(consumers=2)
 # (64) and P (32 packed pairs) — so at the launch cap of 168 it would have 8 left for everything
 # else; after `setmaxnreg` it has 72.
 #
-# **Three consumers** make 192 query rows a block, as stage 10 runs at D = 64 on long sequences.
-# A block of 512 threads starts at 128 registers a thread. With the producer at 40, a consumer gets
-# (512 − 40) / 3 → 152, and ptxas cannot keep a `wgmma`'s accumulators in flight while the next
+# **Three consumers** make 192 query rows a block. A block of 512 threads starts at 128 registers
+# a thread. With the producer at 40, a consumer gets (512 − 40) / 3 → 152, and ptxas cannot keep a `wgmma`'s accumulators in flight while the next
 # one is issued. It says so when it compiles such a kernel: *"Potential Performance Loss:
 # wgmma.mma_async instructions are serialized due to insufficient register resources"* (its notes
 # C7511 and C7512). It does so at D = 64 as well, where the accumulators (128) would fit in 152: a
@@ -233,9 +232,8 @@ nb.show_source("11_warpspec", "pick")
 # %% [markdown]
 # Under the causal mask below N = 2048 at D = 64 an item has only a few key tiles, and three
 # consumers pay least: N = 512 is 2⅔ items of 192 rows, and the last item's third consumer runs
-# every key tile of the sequence for rows past N that are never stored. There stage 11 runs what
-# stage 10 runs: two warpgroups of 64 rows with 64-key tiles, two blocks on each SM, each block now
-# with its producer. Timed in turn on an H100 (fp16, `data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`),
+# every key tile of the sequence for rows past N that are never stored. There stage 11 runs two
+# blocks on each SM, each of two consumers of 64 rows with 64-key tiles and a producer. Timed in turn on an H100 (fp16, `data/runs/hopper-try-20261127T0731Z-two-blocks-own-tiles.log`),
 # at N = 512 and 1024 under the mask: 235 and 310 TFLOP/s with two blocks an SM, against 225 and
 # 304 for one block of two consumers with 128-key tiles. Without the mask the third consumer's
 # softmax gains more than its rows past the end cost: three consumers over two, 1.02× at N = 512
@@ -490,15 +488,15 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 #
 # **Time.** Predicted 0.95–1.04× at the teaching config, and over the sweep a gain that fades with
 # the length of an item. Measured over the sweep, with both stages timed in turn in this run: at
-# D = 128 1.06–1.14× without the mask and 0.93–1.09× under it (1.06× on average), and at D = 64
+# D = 128 1.06–1.15× without the mask and 0.94–1.09× under it (1.07× on average), and at D = 64
 # 0.91–1.02× (0.97×): there stage 11 is slower than stage 10 at every length but the two longest
-# without the mask, and level with it under the mask at N = 512. The run recorded in `data/` gave
+# without the mask. The run recorded in `data/` gave
 # the same table to within 0.02. The prediction holds at D = 128 without the mask and misses
 # elsewhere, because the model compared the same block in both stages, and where it misses the
 # two stages do not run the same block.
 #
 # * **At D = 128 without the mask the gain fades, but less than the model says.** It is
-#   1.12–1.14× up to N = 1024 and still 1.06–1.08× from N = 4096 on, where the model gives 1.01
+#   1.14–1.15× up to N = 1024 and still 1.06–1.09× from N = 4096 on, where the model gives 1.01
 #   for long items. An item of 128 tiles pays one prologue; what is left is per tile, and the
 #   model had none because, with its copies quicker than a tile's math, stage 10's ring was never
 #   short of data. Give the model copies slightly slower than a tile's math (below) and stage 10's
@@ -507,7 +505,7 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 #   (two of K and two of V against stage 10's three pairs). Under a whole GPU's load that is
 #   plausible; these measurements alone do not separate it from the other per-tile change, the
 #   copy instructions and the wait on `empty` gone from warpgroup 0's path.
-# * **At D = 128 under the mask the gain grows with the length:** 0.93× at N = 512, 0.97× at
+# * **At D = 128 under the mask the gain grows with the length:** 0.94× at N = 512, 0.97× at
 #   1024, then 1.02–1.09×. Below N = 8192 stage 10 runs two blocks an SM of two warpgroups with
 #   64-key tiles: four computing warpgroups an SM, and tiles on the diagonal half as wide. Stage
 #   11 runs one block of two consumers with 128-key tiles. It cannot run two: a producer and two
@@ -518,14 +516,17 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 #   than the copies leaving the computing warps; from N = 2048 the loop is long enough for
 #   specialization to win.
 # * **At D = 64 the producer's registers decide.** Stage 10 runs four warpgroups on each SM, two
-#   blocks of two, with 128-key tiles. Stage 11 cannot (section 3): it runs three consumers of
-#   128-key tiles in one block, or under the mask on short sequences two blocks of two consumers
-#   with 64-key tiles. Three computing warpgroups an SM instead of four, or tiles half as wide,
-#   cost more than the copies leaving the computing warps save, except on the longest sequences
-#   without the mask (1.01× from N = 8192). Under the mask the count above adds to it: with 128-key
-#   tiles for 192-row items, stage 11 computes 6 % more scores than stage 10 at N = 2048 and 4096.
-#   At N = 1024 it computes 6 % fewer, with 64-key tiles, and is still 0.96× stage 10: half-width
-#   tiles pay the per-tile work (the barriers, the loop, the waits) twice per key.
+#   blocks of two with 128-key tiles (under the mask at N = 512, four blocks of one with 64-key
+#   tiles). Stage 11 cannot (section 3): it runs three consumers of 128-key tiles in one block, or
+#   under the mask on short sequences two blocks of two consumers with 64-key tiles. Three computing
+#   warpgroups an SM instead of four, or tiles half as wide, cost more than the copies leaving the
+#   computing warps save, except on the longest sequences without the mask (1.02× from N = 8192).
+#   Under the mask the count above adds to it: with 128-key tiles for 192-row items, stage 11
+#   computes 6 % more scores than stage 10 at N = 2048 and 4096. At N = 1024 it computes 6 % fewer,
+#   with 64-key tiles, and is still 0.96× stage 10: half-width tiles pay the per-tile work (the
+#   barriers, the loop, the waits) twice per key. At N = 512 both run 64-key tiles and compute as
+#   many scores; stage 11's two blocks of two consumers and a producer run 0.95× as fast as stage
+#   10's four blocks of one warpgroup, which give no registers to a producer.
 # * **Without the mask at N = 512 and 1024 (0.91–0.92×)** there is also the work past the end:
 #   three consumers make N = 512 2⅔ items of 192 rows and N = 1024 5⅓, and the last item's idle
 #   consumers still compute rows that are never stored (section 4).
@@ -536,7 +537,7 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 # the next stage is what has to win the time back.
 #
 # **The teaching config** is one launch of about 50 µs at D = 64, N = 1024: predicted 0.95–1.04×,
-# measured 0.93× (0.92× in bf16; 0.93× and 0.92× in the recorded run), every row tight (the check
+# measured 0.93× (0.92× in bf16; 0.93× and 0.93× in the recorded run), every row tight (the check
 # above): below the band, for the reason above.
 #
 # Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
@@ -549,9 +550,9 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 # kernels are launched from CUDA graphs.
 #
 # **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.14× in the recorded run): level with
-# it or ahead from N = 4096 on (1.00–1.14×; at D = 64, 1.03–1.13×), and 0.87–0.98× at N = 512,
+# it or ahead from N = 4096 on (1.00–1.13×; at D = 64, 1.03–1.13×), and 0.87–0.98× at N = 512,
 # where an item is a few tiles and everything that is not the loop weighs most. Against PyTorch's
-# FlashAttention-2 backend (`sdpa_flash`) it is 1.37–2.30× faster.
+# FlashAttention-2 backend (`sdpa_flash`) it is 1.38–2.31× faster.
 #
 # The model again, with a copy that takes longer than a tile's math to arrive (latency 1.5 and
 # bytes 0.75 against 2 of math):
@@ -585,22 +586,22 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 # %% [markdown]
 # ### Discussion
 #
-# * **The tensor pipe is about as busy, 45.8 % → 46.6 % of the time, over a longer time** (0.0428
-#   → 0.0481 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
+# * **The tensor pipe is about as busy, 46.1 % → 46.4 % of the time, over a longer time** (0.0438
+#   → 0.0477 ms under Nsight Compute). At this shape stage 11 computes with three consumers of 64
 #   rows, and N = 1024 is 5⅓ items of 192 rows: its tensor cores also multiply the 128 rows past the
 #   end, a ninth more work, and stage 10's four warpgroups an SM are three.
-# * **Waiting rose, against the prediction:** `long_scoreboard` 10.8 → 12.0 %, `barrier` 8.8 →
-#   9.5 %, `short_scoreboard` 3.0 → 5.5 % of warp time. Count the warps before reading the shares.
+# * **Waiting rose, against the prediction:** `long_scoreboard` 10.1 → 12.3 %, `barrier` 9.0 →
+#   9.4 %, `short_scoreboard` 3.1 → 5.5 % of warp time. Count the warps before reading the shares.
 #   A stage 11 block keeps thirteen warps alive — twelve consumer warps and the producer's warp 0
 #   (its other three warps exit at once) — where stage 10 ran two blocks of eight on an SM
-#   (occupancy 22.5 % → 19.8 % of 64 warps). The producer's warp is a thirteenth of the warp time,
+#   (occupancy 22.6 % → 19.9 % of 64 warps). The producer's warp is a thirteenth of the warp time,
 #   and it spends nearly all of it waiting on `empty` barriers, as its red lane in section 5 did:
 #   by itself about 7 of these points. Its waiting is not time lost — it has nothing else to do —
 #   but a share of warp time cannot tell it from a consumer's. The rest is the consumers', whose
 #   three warpgroups wait for the same tiles and, at each warpgroup-wide `wgmma`, for their four
 #   warps. Nsight Compute's source view, which splits the stall samples by instruction, would say
 #   which waits belong to which role.
-# * Fewer warps compete to issue: `not_selected` fell from 13.5 % to 10.5 %, and
+# * Fewer warps compete to issue: `not_selected` fell from 13.6 % to 10.5 %, and
 #   `math_pipe_throttle` from 3.1 % to 1.4 %.
 #
 # The prediction's mistake is the lesson of a specialized kernel: its warps have different jobs,
@@ -777,7 +778,7 @@ labs.check("11.registers", answer)
 # - K and V on their own barriers let K go back to the producer as soon as S has read it.
 # - The producer's registers have a price. Stage 10's two blocks an SM of two warpgroups do not
 #   fit with a producer in each block: at D = 64 (128-key tiles) stage 11 is 0.91–1.02× stage 10,
-#   and at D = 128 under the mask on short sequences (64-key tiles) 0.93–0.97×; at D = 128 where
+#   and at D = 128 under the mask on short sequences (64-key tiles) 0.94–0.97×; at D = 128 where
 #   both run two computing warpgroups an SM, it is 1.02–1.14×.
 # - In a specialized kernel a waiting warp may be doing its job: read stall reasons by role.
 # - The next schedule, consumers taking turns at the tensor cores, pays only once a consumer's

@@ -288,43 +288,43 @@ plots.scaling(last="12_tma_store")
 # **Time.** The prediction was a gain that shrinks as items grow, about 1.1× at N = 512 and 1.05×
 # at N = 1024, plus section 5's at D = 64. Measured, with stages 11 and 12 and the two baselines
 # timed in turn at each config (the run recorded in `data/`, stages 08–10 beside them, gave the same
-# table to within 0.01): 1.13–1.16× at N = 512 and 1.07–1.11× at N = 1024, then 1.04–1.08× at
+# table to within 0.02): 1.14–1.16× at N = 512 and 1.08–1.12× at N = 1024, then 1.05–1.08× at
 # N = 2048 and 1.00–1.06× from N = 4096 on. That is the predicted shape, a little above the
 # model at the short end at both head dims: 1.15× at N = 512 where the model gives 1.11.
 #
-# * **At D = 64 without the mask** the store and the rows past the end add up to 1.15× and 1.11×
-#   at N = 512 and 1024, and fade to 1.00–1.01× from N = 8192, where a sequence is 43–85 items and
+# * **At D = 64 without the mask** the store and the rows past the end add up to 1.16× and 1.12×
+#   at N = 512 and 1024, and fade to 1.00× from N = 8192, where a sequence is 43–85 items and
 #   only the last one has rows past its end. There stage 12 runs stage 11's kernel with another
 #   store, and the two tie.
 # * **At D = 64 under the mask** both stages run two blocks of two consumers at N = 512 and 1024,
-#   and only the store differs: 1.13× and 1.07×. From N = 2048 both run three consumers, and the
+#   and only the store differs: 1.14× and 1.08×. From N = 2048 both run three consumers, and the
 #   consumers past the end, which ran the longest item of all in stage 11, add to the store: 1.08×
 #   at N = 2048 and 1.06× at 4096, fading to 1.01–1.02× as the last item's share of the work
 #   falls.
 # * **Where it missed.** At D = 128, where only the store changes, the model says 1.01–1.03× from
-#   N = 4096 on. Without the mask the measured cells agree: 1.02–1.04×, with 160-key tiles
-#   adding their 1.00–1.02× (section 5). Under the mask they agree too (1.01–1.04×), though a
+#   N = 4096 on. Without the mask the measured cells agree: 1.03–1.04×, with 160-key tiles
+#   adding their 1.00–1.02× (section 5). Under the mask they agree too (1.02–1.04×), though a
 #   causal item is on average half as long as a non-causal one. At long N the GPU's clock moves by
 #   a few per cent from second to second, which is why the run times the kernels together, run by
 #   run in turn: timed one after the other, each for its own third of a second, the same two
 #   kernels can come out in either order at one cell.
 #
 # **The teaching config** (D = 64, N = 1024: 8 tiles an item, three consumers in both stages):
-# 1.08× in fp16 and 1.07× in bf16 here, 1.09× and 1.08× in the recorded run, every row tight (the check
-# above): inside the predicted band of 1.05–1.15×.
+# 1.07× in fp16 and in bf16 here, 1.08× and 1.07× in the recorded run, every row tight (the
+# check above): inside the predicted band of 1.05–1.15×.
 #
 # **Against stage 10.** At D = 64 stage 10 runs four warpgroups an SM with 128-key tiles, a shape
-# the producer's registers keep stages 11 and 12 from (notebook 11). There stage 12 is 1.00–1.12×
+# the producer's registers keep stages 11 and 12 from (notebook 11). There stage 12 is 1.00–1.07×
 # stage 10 in the recorded run: the store and the consumers past the end win back what the
 # registers cost on short sequences, and the two are level from N = 4096 on (1.00–1.02×). At
-# D = 128 stage 12 is 1.07–1.32× stage 10.
+# D = 128 stage 12 is 1.07–1.33× stage 10.
 #
-# **Against cuDNN** stage 12 runs at 1.01–1.16× here (1.01–1.15× in the recorded run): ahead at
-# every config of the sweep. The margin is widest at D = 64 (1.05–1.14×), where three consumers keep more softmaxes beside the
-# tensor cores, and narrowest at D = 128 on short sequences without the mask (1.01–1.02× at
+# **Against cuDNN** stage 12 runs at 1.01–1.15× here (1.00–1.15× in the recorded run): ahead at
+# every config of the sweep. The margin is widest at D = 64 (1.06–1.13×), where three consumers
+# keep more softmaxes beside the tensor cores, and narrowest at D = 128 on short sequences without the mask (1.01–1.02× at
 # N = 512 to 2048). There an item is a few tiles, the two consumers start
 # and end it together, and cuDNN's warpgroups take turns (section 10) where these do not. Stage
-# 11 was 0.87–1.14×. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.57–2.32× faster.
+# 11 was 0.87–1.14×. Against FlashAttention-2 (`sdpa_flash`) stage 12 is 1.59–2.33× faster.
 
 # %% [markdown]
 # ## 9 · The profile
@@ -354,17 +354,17 @@ plots.idea_metrics(only=["12_tma_store"])
 # * **The stores are gone from the load/store path**, as predicted: stage 11's 8 sectors per store
 #   request (the half-filled sectors of section 1) become no request at all. The only global
 #   stores left are the TMA's, which Nsight Compute does not count as the SM's requests.
-# * **The kernel is 1.09× faster under the profiler** (0.0481 → 0.0441 ms), the tensor pipe busy
-#   about as much of the time (46.6 % → 46.7 %). Both compute with three consumers here, so the
+# * **The kernel is 1.07× faster under the profiler** (0.0477 → 0.0444 ms), the tensor pipe busy
+#   about as much of the time (46.4 % → 46.7 %). Both compute with three consumers here, so the
 #   tensor cores do a ninth less work in stage 12, whose consumers past the end of the sequence
 #   compute nothing (section 5): the same share of a shorter time is the products that remain.
 # * **Fewer short waits:** `short_scoreboard` (waiting for shared memory and other variable-latency
-#   units) 5.5 % → 3.3 %, and `lg_throttle` (a full queue of global memory instructions) goes
+#   units) 5.5 % → 3.2 %, and `lg_throttle` (a full queue of global memory instructions) goes
 #   to zero. `long_scoreboard` rose (12 → 16 %). Polling an mbarrier is counted there, and the
 #   consumers past the end poll the `full` barrier of every tile they hand back: a likely reason,
 #   not measured on its own.
-# * **A surprise: bank conflicts on shared-memory stores,** about 2.6 thousand against stage 11's
-#   63, where section 2's bank map promises none. They are few: the kernel issues tens of
+# * **A surprise: bank conflicts on shared-memory stores,** about 2.4 thousand against stage 11's
+#   52, where section 2's bank map promises none. They are few: the kernel issues tens of
 #   thousands of warp-wide `st.shared` for O at this config, so they add a few per cent to those
 #   stores' wavefronts, and O's stores are a small part of all shared-memory traffic
 #   (`smem_wavefronts`). The addresses are not the cause: each instruction's 32 words are in 32
@@ -517,7 +517,7 @@ labs.check("12.store_sectors", answer)
 # - The buffer goes back to the producer only after `cp.async.bulk.wait_group.read`, at the next
 #   item's first tile.
 # - The gain is largest where items are short, 1.15× at N = 512 (about 1.1× by the model of a
-#   block), and fades as N grows; against cuDNN the stage runs at 1.00–1.16× over the sweep, ahead
+#   block), and fades as N grows; against cuDNN the stage runs at 1.00–1.15× over the sweep, ahead
 #   at every config.
 # - A consumer whose rows lie past the end of the sequence runs no tile: with it, three consumers
 #   of 64 rows pay at D = 64 on every sequence but the short causal ones, where stage 11's two
