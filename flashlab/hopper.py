@@ -1144,8 +1144,9 @@ def elected_schedule(tiles=(4, 4, 4), stages=3, load=1.0, latency=1.0, mma=0.75,
     elected thread waits on empty for the buffer of tile j - 2 and issues tile j + AHEAD
     (AHEAD = stages - 2) unless it came with Q (10_tma.cu's ring, as ring_schedule), so its
     warpgroup resumes only when both S and the issue are done; a buffer is released when every
-    warpgroup's S of the next tile has retired (the last one when its P V has). After its last tile a warpgroup stores its rows of O
-    (`store`); the block ends when both have, and the next block starts."""
+    warpgroup's S of the next tile has retired (the last one when its P V has). After its last
+    tile a warpgroup stores its rows of O (`store`); the block ends when both have, and the next
+    block starts."""
     _check_times(load=load, latency=latency, mma=mma, softmax=softmax, q_load=q_load,
                  store=store, launch=launch, issue=issue)
     if stages < 3:
