@@ -308,6 +308,18 @@ _STAGES = (
           idea_metrics=("global_store_sectors_per_request", "tensor_pipe_pct"),
           sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "UTMASTG": True, "STG": False,
                 "STS": True, "SYNCS": True, "USETMAXREG": True, "LDL": False, "STL": False}),
+    Stage(13, "13_lazy_rescale", "Lazy rescale",
+          "after an item's first key tile, the exponentials are taken against the running "
+          "maximum as it stands, without waiting for the tile's own; O is rescaled only when a "
+          "row's maximum grows by more than 2^8, and that tile is then taken the classic way",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
+          kernel="lazy_rescale_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS"),
+          min_cc=(9, 0), arch_specific=True,
+          # the exponentials no longer wait behind the shuffles of the row maximum, and a tile
+          # has no rescale of O: less waiting on the short scoreboard, the tensor pipe busier
+          idea_metrics=("stall_short_scoreboard", "tensor_pipe_pct"),
+          sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "UTMASTG": True, "STG": False,
+                "STS": True, "SYNCS": True, "USETMAXREG": True, "LDL": False, "STL": False}),
 )
 
 

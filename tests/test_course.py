@@ -43,7 +43,8 @@ def test_the_labs_are_registered_in_stage_order():
     assert [ex.id for ex in labs.LABS] == ["01.bank_wavefronts", "02.sectors", "03.occupancy",
                                            "05.fragment_owner", "06.bank_map",
                                            "07.pipeline_period", "08.tuning", "09.descriptor",
-                                           "10.parity", "11.registers", "12.store_sectors"]
+                                           "10.parity", "11.registers", "12.store_sectors",
+                                           "13.lazy_bound"]
     assert all(ex.kind == "lab" and ex.points > 0 and ex.title.endswith("?") for ex in labs.LABS)
     stages = [ex.stage for ex in exercises.EXERCISES]
     assert stages == sorted(stages)

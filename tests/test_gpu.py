@@ -10,6 +10,8 @@ import torch
 
 import flashlab as fl
 from flashlab import picks
+from flashlab.check import tolerance
+from flashlab.reference import reference, rel_err
 
 pytestmark = pytest.mark.gpu
 STAGES = [st.slug for st in fl.stages()]
@@ -94,6 +96,30 @@ def test_bad_input_is_a_value_error(built, slug):
     # the context is still healthy afterwards
     q = torch.randn(1, 1, 8, 64, device="cuda", dtype=dtype_of(slug))
     assert torch.isfinite(attn(q, q, q)).all()
+
+
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.fast])
+def test_scores_that_grow_along_the_keys(built, slug):
+    """Keys whose norm grows along the sequence: every row's maximum keeps rising, so each tile
+    takes the rescale path (stage 13's classic fallback among them), and large scores. Against
+    float64, with the same tolerance as fl.check."""
+    attn = attn_for(built, slug)
+    st = fl.stage(slug)
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    for dt in st.dtypes:
+        dtype = fl.inputs.dtype_of(dt)
+        for D in st.head_dims:
+            for causal in (False, True):
+                for N, growth in ((1000, 8.0), (4096, 30.0)):
+                    x = [torch.randn(2, 3, N, D, device="cuda", generator=gen) for _ in range(3)]
+                    x[1] *= (1 + growth * torch.arange(N, device="cuda") / N)[:, None]
+                    q, k, v = (t.to(dtype) for t in x)
+                    ref = reference(q, k, v, causal)
+                    out = attn(q, k, v, causal=causal)
+                    err = rel_err(out, ref)
+                    tol = tolerance(q, k, v, causal, ref)
+                    assert torch.isfinite(out).all(), (dt, D, causal, N)
+                    assert err <= tol, (dt, D, causal, N, err, tol)
 
 
 @pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if not st.any_head_dim])

@@ -515,7 +515,8 @@ FIGURES = [lambda: hp.accumulator_figure(64), lambda: hp.accumulator_figure(128)
            lambda: hp.register_figure(), lambda: hp.register_figure((1, 2), D=64),
            lambda: hp.claim_figure(), lambda: hp.claim_figure(heads=3, tiles=5, blocks=4,
                                                               causal=False),
-           lambda: hp.warpspec_timeline(), lambda: hp.warpspec_timeline(tiles=(2, 5), latency=2.0)]
+           lambda: hp.warpspec_timeline(), lambda: hp.warpspec_timeline(tiles=(2, 5), latency=2.0),
+           lambda: hp.lazy_figure(), lambda: hp.lazy_figure(D=64, BC=64)]
 
 
 @pytest.mark.parametrize("make", FIGURES)
@@ -529,5 +530,49 @@ def test_frames_are_dataframes():
     for df in (hp.accumulator_owner(), hp.a_fragment_owner(), hp.swizzle_banks(128),
                hp.ring_schedule(), hp.kernel_descriptors(), hp.tma_boxes(),
                hp.register_budget(), hp.claim_schedule(), hp.warpspec_schedule().work,
-               hp.warpspec_schedule().copies, hp.elected_schedule().work):
+               hp.warpspec_schedule().copies, hp.elected_schedule().work, hp.lazy_steps()):
         assert isinstance(df, pd.DataFrame) and len(df)
+
+
+# ---------------------------------------------------------------- stage 13: the lazy rescale
+
+def test_lazy_steps_drop_the_rescale_and_the_factor():
+    for D in (64, 128):
+        steps = hp.lazy_steps(D=D)
+        saved = steps.at["total", "stage 12"] - steps.at["total", "stage 13"]
+        assert saved == D // 2 + 6 + 2 - 5  # O's rescale, m and alpha, two FMNMX; the vote added
+        assert steps.at["exponentials (MUFU.EX2)", "stage 13"] == 64
+
+
+def test_the_lazy_model_is_shorter_and_its_exponentials_start_at_once():
+    chain = hp.lazy_chain(D=128)
+    end = {s: max(a + n for _, a, n in steps) for s, steps in chain.items()}
+    assert end["stage 13"] < end["stage 12"]
+    assert dict((n, a) for n, a, _ in chain["stage 13"])["exponentials, sums, P"] == 0
+    assert dict((n, a) for n, a, _ in chain["stage 12"])["exponentials, sums, P"] > 100
+
+
+def test_lazy_fallbacks_random_inputs_never_and_growing_keys_often():
+    rng = np.random.default_rng(1)
+    q, k = rng.standard_normal((1024, 64)), rng.standard_normal((1024, 64))
+    for causal in (False, True):
+        r = hp.lazy_fallbacks(q, k, causal=causal)
+        assert r["classic"] == 0 and r["lazy"] > 0 and r["largest lazy P"] <= 2 ** hp.LAZY_UNITS
+    grow = hp.lazy_fallbacks(q, k * (1 + 30 * np.arange(1024) / 1024)[:, None])
+    assert grow["classic share"] > 0.5
+    assert grow["largest lazy P"] <= 2 ** hp.LAZY_UNITS
+
+
+def test_lazy_fallbacks_counts_a_jump_by_hand():
+    """Two tiles of one 16-row warp: a score 9 log2 units above the first tile's maximum is a
+    fallback, 7 is not."""
+    d = 4
+    q = np.zeros((16, d))
+    q[:, 0] = 1.0
+    scale_log2 = hp.LOG2E / 2  # 1 / sqrt(4), in log2 units
+    for jump, classic in ((9.0, 1), (7.0, 0)):
+        k = np.zeros((256, d))
+        k[:128, 0] = 1.0 / scale_log2   # first tile: every score 1 (log2 units)
+        k[200, 0] = (1.0 + jump) / scale_log2
+        r = hp.lazy_fallbacks(q, k, BC=128)
+        assert (r["classic"], r["lazy"]) == (classic, 1 - classic)

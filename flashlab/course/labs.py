@@ -583,6 +583,36 @@ def _store_sectors(ex, answer):
     return _result(ex, False, f"Wrong: you said {got}; it is {truth}. " + why + hint)
 
 
+LAZY_UNITS = 8  # stage 13's threshold: a score may exceed the running maximum by this (log2)
+FP16_MAX = 65504.0
+
+
+def _lazy_bound(ex, answer):
+    top = 2.0 ** LAZY_UNITS
+    overflow = math.log2(FP16_MAX)
+    truth = (int(top), 16)
+    why = (f"The lazy pass keeps a tile only if no score exceeds m by more than {LAZY_UNITS} "
+           f"(log2 units), so every exponential 2^(s - m) it wrote is at most 2^{LAZY_UNITS} = "
+           f"{int(top)}. fp16's largest finite value is 65 504, 2^{overflow:.4f}: an "
+           f"exponential 16 units above m, 2^16 = 65 536, no longer fits, so {LAZY_UNITS} leaves "
+           f"a factor of 2^{16 - LAZY_UNITS} to spare (bf16 reaches 2^128).")
+    try:
+        got = tuple(_number(v) for v in answer)
+        if len(got) != 2:
+            raise TypeError
+    except (TypeError, _Unreadable):
+        return _result(ex, False, "Set `answer` to two numbers: (the largest P the lazy pass "
+                                  "writes, the log2 units above m where an fp16 P overflows).")
+    if close(got[0], top, abs_=0.5) and close(got[1], overflow, abs_=0.01):
+        return _result(ex, True, f"Right: {truth}. " + why)
+    hint = ""
+    if close(got[0], LAZY_UNITS, abs_=0.01):
+        hint = f" {LAZY_UNITS} is the exponent; P holds 2 to that power."
+    elif close(got[1], 15, abs_=0.01):
+        hint = " 2^15 = 32 768 still fits in fp16; 2^16 does not."
+    return _result(ex, False, f"Wrong: you said {got}; it is {truth}. " + why + hint)
+
+
 # ---------------------------------------------------------------- the registry
 
 _LABS = (
@@ -710,6 +740,16 @@ _LABS = (
         "tile? (`hp.o_store_requests` counts them; predict first.) Set `answer` to "
         "(instructions, sectors from registers, sectors by the TMA).",
         _store_sectors),
+    Lab(Exercise("13.lazy_bound", "13_lazy_rescale", "lab",
+                 "The lazy pass: how large can P get, and where would fp16 overflow?", POINTS),
+        "After an item's first key tile, stage 13 takes each exponential against the running "
+        "maximum m as it stands, P = 2^(s - m) in log2 units, and keeps the tile only when no "
+        f"score s of the warp's rows exceeds m by more than {LAZY_UNITS}; otherwise it takes "
+        "the tile again the classic way, with the new maximum. P goes to the tensor cores in "
+        "16 bits. What is the largest value the lazy pass can write into P, and how many log2 "
+        "units above m may a score lie before its exponential no longer fits in fp16 (largest "
+        "finite value 65 504)? Set `answer` to (largest P, units above m).",
+        _lazy_bound),
 )
 _BY_ID = {lab.exercise.id: lab for lab in _LABS}
 LABS = tuple(lab.exercise for lab in _LABS)

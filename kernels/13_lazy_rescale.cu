@@ -1,0 +1,552 @@
+// Stage 13 — a lazy rescale: the exponentials stop waiting for the row maximum.
+//
+// In stage 12 a consumer's softmax of a tile runs as a chain: the row maximum of the tile (a
+// chain of FMNMX and two shuffles), then the new running maximum m and O's factor
+// alpha = 2^(m_old - m_new), then the exponentials 2^(s - m_new) and their sums, then O *= alpha
+// (D/2 FMULs a thread) before P V. None of the 64 exponentials may start before the maximum is
+// known, and O is rescaled at every tile although the maximum of a row stops moving after the
+// first few tiles.
+// Here a tile after an item's first is softmaxed lazily (the `fast` lambda below):
+//  * the exponentials are taken against the running maximum m as it stands, 2^(s - m), with no
+//    wait for the tile's own maximum; they go straight into P (16-bit) and the row sums;
+//  * the tile's row maximum is still found, beside them, and only checked: if no score of the
+//    warp's rows exceeds m by more than 8 (log2 units), every exponential is at most 2^8, P and
+//    l are exact as they are, and O keeps its scale: no alpha, no rescale;
+//  * otherwise (a warp vote) the tile is taken again the classic way, from the raw scores S, which
+//    the lazy pass left untouched: the new maximum, O rescaled, P rebuilt.
+// A row's running maximum may then stay up to 8 below the true one: O and l both carry the same
+// factor of up to 2^8, and O / l at the end is unchanged. With two blocks an SM (D = 64 under the
+// mask on short sequences) a consumer has 104 registers, too few to keep S while P is built: that
+// shape keeps stage 12's softmax. Everything else is stage 12's.
+#include <algorithm>
+#include <cmath>
+#include <cuda.h>           // CUtensorMap (a type only: the driver function is fetched at run time)
+#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
+#include "common.cuh"
+#include "hopper.cuh"
+#include "ptx.cuh"
+
+template <int D, int BC, int STAGES, int CONSUMERS_, int BLOCKS_>
+struct Tiles {
+  static constexpr int CONSUMERS = CONSUMERS_;     // warpgroups that compute, 64 rows each
+  static constexpr int BLOCKS = BLOCKS_;           // blocks an SM
+  static constexpr int BR = 64 * CONSUMERS;        // query rows per work item
+  static constexpr int THREADS = 128 * (1 + CONSUMERS);
+  static constexpr int Q_BYTES = BR * D * 2, KV_BYTES = BC * D * 2;
+  // 2 x Q + STAGES x (K, V) on 1024-byte boundaries, then the mbarriers and the 2 item indices.
+  static constexpr int BARRIERS = 4 + 4 * STAGES;  // q_full[2], q_empty[2], k/v_full[], k/v_empty[]
+  static constexpr int SMEM_BYTES = 2 * Q_BYTES + 2 * STAGES * KV_BYTES + 8 * BARRIERS + 8 + 1024;
+  // Registers per thread after setmaxnreg, in multiples of 8. setmaxnreg moves registers within
+  // the block: it starts with the launch cap for every thread, 65536 / BLOCKS / THREADS rounded
+  // down to a multiple of 8 (168 for one block of three warpgroups, 128 of four, 80 for each of
+  // two blocks of three). The consumers share what the producer leaves: 232 each for two
+  // consumers (the producer keeps 40, what its loop needs at D = 128 without spilling); for
+  // three, the producer gives up all but 32 so that each consumer gets 160 (with 152 ptxas
+  // serializes the wgmma, C7512; 160 is enough at D = 64, not at D = 128); with two blocks an
+  // SM, 32 again, and each consumer gets 104.
+  static constexpr int ENTRY_REGS = 65536 / BLOCKS / THREADS / 8 * 8;
+  static constexpr int PRODUCER_REGS = CONSUMERS == 3 || BLOCKS == 2 ? 32 : 40;
+  static constexpr int CONSUMER_REGS = (ENTRY_REGS * (1 + CONSUMERS) - PRODUCER_REGS) / CONSUMERS / 8 * 8;
+  static_assert(PRODUCER_REGS + CONSUMERS * CONSUMER_REGS <= ENTRY_REGS * (1 + CONSUMERS),
+                "more registers than the block has");
+};
+
+// The tensor maps of q, k and v (stage 10's), and of o: boxes of 64 rows, one consumer's.
+struct Maps {
+  CUtensorMap q, k, v, o;
+};
+
+// Copy a box of shared memory at src to the tensor at coordinates (c0 innermost .. c3); rows
+// outside the tensor are not written. The copies issued since the last commit form a bulk group;
+// wait_group.read 0 returns once every group has read its shared memory (src may be reused).
+__device__ __forceinline__ void tma_store_4d(const void* map, uint32_t src, int c0, int c1, int c2,
+                                             int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// Named barrier `id` (1..15; 0 is __syncthreads'): waits for `threads` threads.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// Move this warpgroup's register allocation down to / up to N per thread (all 128 threads).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// Copy rows [row, row + ROWS) of (batch b, head h) into a tile (stage 10's).
+template <int ROWS, int D>
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap& map, uint32_t bar,
+                                         int row, int h, int b, int3 order) {
+  auto at = [&](int k) { return order.x == k ? row : order.y == k ? h : b; };
+#pragma unroll
+  for (int blk = 0; blk < D / 64; blk++)
+    tma_load_4d(dst + blk * ROWS * 128, &map, bar, blk * 64, at(1), at(2), at(3));
+}
+
+// Work item `item` of `tiles` query tiles per head: its batch x head index bh and first row q0.
+__device__ __forceinline__ void work_tile(int item, int tiles, int causal, int BR, int& bh,
+                                          int& q0) {
+  // The items of one head are consecutive; under the causal mask the longest tile comes first.
+  bh = item / tiles;
+  const int qt = item % tiles;
+  q0 = (causal ? tiles - 1 - qt : qt) * BR;
+}
+
+template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS>
+__global__ void __launch_bounds__(Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>::THREADS, BLOCKS)
+lazy_rescale_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, int N, int BH,
+                 float scale_log2, int causal, const int3 order_q, const int3 order_kv,
+                 const int3 order_o, int* __restrict__ next_item) {
+  using Cfg = Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>;
+  constexpr int BR = Cfg::BR;
+  constexpr int KD = D / 16;   // k-steps of S = Q K^T
+  constexpr int KS = BC / 16;  // k-steps of O += P V
+  constexpr int NS = BC / 8, NO = D / 8;  // 8-column tiles of S and O held per thread
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t Qs = (smem_u32(smem_raw) + 1023) & ~1023u;  // 2 Q tiles
+  const uint32_t Ks = Qs + 2 * Cfg::Q_BYTES;                 // STAGES K tiles
+  const uint32_t Vs = Ks + STAGES * Cfg::KV_BYTES;           // STAGES V tiles
+  const uint32_t q_full = Vs + STAGES * Cfg::KV_BYTES, q_empty = q_full + 16;  // mbarriers
+  const uint32_t k_full = q_empty + 16, v_full = k_full + 8 * STAGES;
+  const uint32_t k_empty = v_full + 8 * STAGES, v_empty = k_empty + 8 * STAGES;
+  int* work = reinterpret_cast<int*>(smem_raw + (v_empty + 8 * STAGES - smem_u32(smem_raw)));
+  const int tiles = (N + BR - 1) / BR, items = tiles * BH;
+  const int wg = threadIdx.x / 128;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 2; s++) {
+      mbar_init(q_full + 8 * s, 1);                      // the producer's arrive(.expect_tx)
+      mbar_init(q_empty + 8 * s, CONSUMERS);             // one per consumer, O's store read
+    }
+    for (int s = 0; s < STAGES; s++) {
+      mbar_init(k_full + 8 * s, 1);
+      mbar_init(v_full + 8 * s, 1);
+      mbar_init(k_empty + 8 * s, 4 * CONSUMERS);
+      mbar_init(v_empty + 8 * s, 4 * CONSUMERS);
+    }
+    fence_mbar_init();
+  }
+  __syncthreads();  // the barriers exist before anyone waits on them; the roles split here
+
+  if (wg == 0) {  // ---- the producer
+    setmaxnreg_dec<Cfg::PRODUCER_REGS>();
+    if (threadIdx.x == 0) {
+      tma_prefetch_map(&maps.q);
+      tma_prefetch_map(&maps.k);
+      tma_prefetch_map(&maps.v);
+      tma_prefetch_map(&maps.o);
+      int ring = 0, item = blockIdx.x;  // a block's first item is its own; the rest it claims
+      for (int it = 0;; it++) {
+        const int slot = it & 1;  // item it's Q buffer, free once item it - 2 has been stored
+        if (it >= 2) mbar_wait(q_empty + 8 * slot, ((it >> 1) - 1) & 1);
+        work[slot] = item < items ? item : -1;  // published by the arrive below
+        if (item >= items) {
+          mbar_arrive(q_full + 8 * slot);  // no bytes: the consumers wake, read -1 and stop
+          break;
+        }
+        int bh, q0;
+        work_tile(item, tiles, causal, BR, bh, q0);
+        const int b = bh / L.H, h = bh % L.H;
+        const int last_key = causal ? min(N, q0 + BR) : N, n_tiles = (last_key + BC - 1) / BC;
+        mbar_arrive_expect_tx(q_full + 8 * slot, Cfg::Q_BYTES);
+        tma_tile<BR, D>(Qs + slot * Cfg::Q_BYTES, maps.q, q_full + 8 * slot, q0, h, b, order_q);
+        // K and V in the order the consumers need them: K_0, then K_j with V_{j-1} (a consumer
+        // multiplies P_{j-1} V_{j-1} right after S_j), then the last V.
+        auto load = [&](uint32_t tiles_at, uint32_t full, uint32_t empty, const CUtensorMap& map,
+                        int j) {
+          const int r = ring + j, buf = r % STAGES;
+          if (r >= STAGES) mbar_wait(empty + 8 * buf, (r / STAGES - 1) & 1);  // slot released
+          mbar_arrive_expect_tx(full + 8 * buf, Cfg::KV_BYTES);
+          tma_tile<BC, D>(tiles_at + buf * Cfg::KV_BYTES, map, full + 8 * buf, j * BC, h, b, order_kv);
+        };
+        for (int j = 0; j < n_tiles; j++) {
+          load(Ks, k_full, k_empty, maps.k, j);
+          if (j > 0) load(Vs, v_full, v_empty, maps.v, j - 1);
+        }
+        load(Vs, v_full, v_empty, maps.v, n_tiles - 1);
+        ring += n_tiles;
+        item = gridDim.x + atomicAdd(next_item, 1);  // claimed after the copies: one register fewer
+      }
+    }
+    return;
+  }
+
+  // ---- the consumers: stage 10's math on 64 rows each, item after item
+  setmaxnreg_inc<Cfg::CONSUMER_REGS>();
+  const int cw = __shfl_sync(0xffffffffu, wg, 0) - 1;  // uniform: see stage 09
+  const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+
+  // The work item being computed: its Q buffer (slot), batch x head, first row, K/V tiles, and
+  // this thread's rows r0 and r0 + 8. begin_item waits for the next one's Q, and its index.
+  int it = 0, slot = 0, bh = 0, q0 = 0, n_tiles = 0, n_mine = 0, r0 = 0, wg_row0 = 0;
+  uint32_t Qw = 0;
+  auto begin_item = [&]() -> bool {
+    slot = it & 1;
+    mbar_wait(q_full + 8 * slot, (it >> 1) & 1);
+    const int item = work[slot];
+    if (item < 0) return false;
+    work_tile(item, tiles, causal, BR, bh, q0);
+    const int last_key = causal ? min(N, q0 + BR) : N;
+    n_tiles = (last_key + BC - 1) / BC;
+    r0 = q0 + cw * 64 + warp * 16 + g;
+    wg_row0 = q0 + cw * 64;
+    // Under the mask this warpgroup's 64 rows need only the keys up to its own last row: with
+    // 192-row items, the first consumers' rows end one 128-key tile before the item's do.
+    // (The trip count differs between warpgroups but not within one: cw is uniform.)
+    n_mine = causal ? min(n_tiles, (min(N, wg_row0 + 64) + BC - 1) / BC) : n_tiles;
+    // A warpgroup whose rows all lie past the end of the sequence (the last item's third consumer
+    // when 192 does not divide N) has nothing to compute: it only hands the tiles back.
+    if (wg_row0 >= N) n_mine = 0;
+    Qw = Qs + slot * Cfg::Q_BYTES + cw * 64 * 128;
+    it++;
+    return true;
+  };
+
+  float o[D / 2];              // O accumulator, m64nD: o[4d .. 4d+3] is 8-column tile d
+  float m[2], l[2], alpha[2];  // running max and sum of rows r0, r0 + 8; O's rescale factor
+  uint32_t p[KS][4];           // P as the A fragments of O += P V
+
+  // Stage 10's steps, each named: the mask and online softmax of a tile of S (alpha: the
+  // factor O must take before P V is added), P packed to 16 bits, the two products with their
+  // descriptors (an address field in 16-byte units: a k-step's descriptor is the tile's first
+  // plus its offset >> 4), and the normalised store of O.
+  auto mask = [&](float (&s)[BC / 2], int k0) {  // keys past N, and past the diagonal
+    if (k0 + BC > N || (causal && k0 + BC - 1 > wg_row0)) {
+#pragma unroll
+      for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + (i >= 2 ? 8 : 0);
+          if (key >= N || (causal && key > row)) s[4 * n + i] = -INFINITY;
+        }
+    }
+  };
+  auto softmax = [&](float (&s)[BC / 2], int k0) {
+    mask(s, k0);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[4 * n + 2 * hh], s[4 * n + 2 * hh + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[hh], mx * scale_log2);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      alpha[hh] = exp2_approx(m[hh] - m_use);
+      m[hh] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < NS; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          float& x = s[4 * n + 2 * hh + e];
+          x = exp2_approx(fmaf(x, scale_log2, -m_use));
+        }
+        sum += s[4 * n + 2 * hh] + s[4 * n + 2 * hh + 1];
+      }
+      l[hh] = fmaf(l[hh], alpha[hh], sum);
+    }
+  };
+  auto pack = [&](const float (&s)[BC / 2]) {
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      p[ks][0] = pack2<T>(s[8 * ks], s[8 * ks + 1]);
+      p[ks][1] = pack2<T>(s[8 * ks + 2], s[8 * ks + 3]);
+      p[ks][2] = pack2<T>(s[8 * ks + 4], s[8 * ks + 5]);
+      p[ks][3] = pack2<T>(s[8 * ks + 6], s[8 * ks + 7]);
+    }
+  };
+  // The lazy softmax of a tile after an item's first: true when it is done, false when some row
+  // of the warp needs the classic path (the caller then runs softmax(), the rescale and pack()
+  // on S, which this pass leaves as it found it, apart from the mask).
+  auto fast = [&](float (&s)[BC / 2], int k0) -> bool {
+    mask(s, k0);
+    // BEGIN EXERCISE 13.lazy_softmax: the exponentials 2^(s scale_log2 - m) against the running
+    // maximum m of each row half as it stands (hh = 0: row r0, 1: row r0 + 8), packed into P as
+    // pack() would and summed per row half; beside them the tile's raw row maximum. Return false
+    // when any row of the warp has a score more than 8 above m (log2 units), before l changes;
+    // else add the sums to l and return true.
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+      for (int q = 0; q < 4; q++) {  // P's register q of k-step ks: columns 8 ks + 2 q, + 1
+        const int hh = q & 1, i = 8 * ks + 2 * q;
+        const float e0 = exp2_approx(fmaf(s[i], scale_log2, -m[hh]));
+        const float e1 = exp2_approx(fmaf(s[i + 1], scale_log2, -m[hh]));
+        sum[hh] += e0 + e1;
+        mx[hh] = fmaxf(mx[hh], fmaxf(s[i], s[i + 1]));
+        p[ks][q] = pack2<T>(e0, e1);
+      }
+    bool grow = false;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float x = mx[hh];
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      grow |= x * scale_log2 > m[hh] + 8.f;  // some exponential above 2^8
+    }
+    if (__any_sync(0xffffffffu, grow)) return false;  // one path per warp
+    l[0] += sum[0];
+    l[1] += sum[1];
+    return true;
+    // STUB: // TODO: every tile after an item's first adds nothing to O or l.
+    // STUB: for (int ks = 0; ks < KS; ks++) p[ks][0] = p[ks][1] = p[ks][2] = p[ks][3] = 0u;
+    // STUB: return true;
+    // END EXERCISE 13.lazy_softmax
+  };
+  auto qk = [&](float (&s)[BC / 2], int buf) {
+    const uint64_t dq = wgmma_desc(Qw, 16, 1024);
+    const uint64_t dk = wgmma_desc(Ks + buf * Cfg::KV_BYTES, 16, 1024);
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;
+      wgmma_ss<T, BC>(s, dq + ((blk * BR * 128 + in_row) >> 4),
+                      dk + ((blk * BC * 128 + in_row) >> 4), kk > 0);
+    }
+  };
+  auto pv = [&](int buf) {
+    const uint64_t dv = wgmma_desc(Vs + buf * Cfg::KV_BYTES, BC * 128, 1024);
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) wgmma_rs<T, D, 1>(o, p[ks], dv + ((ks * 16 * 128) >> 4), 1);
+  };
+  // O / l of a finished item into this warpgroup's part of its Q buffer (the layout the TMA
+  // wrote Q in, 128-byte swizzle), then one thread copies it out with the TMA.
+  auto store = [&](int bh_done, int q0_done, const float (&l_done)[2]) {
+    float inv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float sum = l_done[hh];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
+    }
+    const int row = warp * 16 + g;  // this thread's rows row and row + 8 of the 64
+#pragma unroll
+    for (int d = 0; d < NO; d++) {
+      uint32_t at;
+      // Row `row`, columns 8 d + 2 t and 8 d + 2 t + 1, in the layout the TMA wrote Q in
+      // (stage 12's exercise): box d / 8, 16-byte chunk d % 8 XOR row % 8.
+      at = Qw + (d / 8) * BR * 128 + row * 128 + (((d % 8) ^ (row % 8)) << 4) + 4 * t;
+      st_shared_u32(at, pack2<T>(o[4 * d] * inv[0], o[4 * d + 1] * inv[0]));
+      st_shared_u32(at + 8 * 128, pack2<T>(o[4 * d + 2] * inv[1], o[4 * d + 3] * inv[1]));  // row + 8
+    }
+    fence_proxy_async();
+    named_sync(1 + cw, 128);
+    if (threadIdx.x % 128 == 0) {
+      const int b = bh_done / L.H, h = bh_done % L.H, r = q0_done + cw * 64;
+      auto at = [&](int k) { return order_o.x == k ? r : order_o.y == k ? h : b; };
+#pragma unroll
+      for (int blk = 0; blk < D / 64; blk++)
+        tma_store_4d(&maps.o, Qw + blk * BR * 128, blk * 64, at(1), at(2), at(3));
+      bulk_commit();
+    }
+  };
+
+  int ring = 0, prev_slot = -1;
+  while (begin_item()) {
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.f;
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+    int j = 0;
+    for (; j < n_mine; j++, ring++) {
+      const int buf = ring % STAGES;
+      float s[BC / 2];
+      mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);
+      // With two blocks an SM a consumer has 104 registers: too few to hold S while P_{j-1} V_{j-1}
+      // still reads P from them (ptxas would serialize every wgmma, C7512). So it retires that
+      // product first; the other block's warpgroups keep the tensor cores busy meanwhile.
+      if (BLOCKS == 2) wgmma_wait<0>();
+      wgmma_fence();
+      qk(s, buf);
+      wgmma_commit();
+      wgmma_wait<0>();  // S_j, and the P V of tile j-1 before it
+      // K_j and V_{j-1} are no longer read.
+      if (lane == 0) {
+        mbar_arrive(k_empty + 8 * buf);
+        if (j > 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
+      }
+      if (j == 0 && prev_slot >= 0 && threadIdx.x % 128 == 0) {
+        bulk_wait_read();  // the previous item's O has left its Q buffer
+        mbar_arrive(q_empty + 8 * prev_slot);
+      }
+      // An item's first tile sets m; two blocks an SM have no registers to spare for the lazy pass.
+      if (j == 0 || BLOCKS == 2 || !fast(s, j * BC)) {
+        softmax(s, j * BC);
+#pragma unroll
+        for (int d = 0; d < NO; d++) {
+          o[4 * d] *= alpha[0];
+          o[4 * d + 1] *= alpha[0];
+          o[4 * d + 2] *= alpha[1];
+          o[4 * d + 3] *= alpha[1];
+        }
+        pack(s);
+      }
+      mbar_wait(v_full + 8 * buf, (ring / STAGES) & 1);
+      wgmma_fence();
+      pv(buf);
+      wgmma_commit();  // no wait: P V runs on while the warps go on to the next tile
+    }
+    wgmma_wait<0>();
+    if (n_mine > 0) {
+      if (lane == 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
+      store(bh, q0, l);  // rows past N: the TMA would drop them anyway
+    } else if (prev_slot >= 0 && threadIdx.x % 128 == 0) {
+      bulk_wait_read();  // no first tile to release the previous item's Q buffer at: do it here
+      mbar_arrive(q_empty + 8 * prev_slot);
+    }
+    prev_slot = slot;
+    // The item's tiles past this warpgroup's rows go back unread. Each waits for its data first:
+    // the producer refilled that buffer only once every consumer had released its previous use,
+    // so this arrival counts toward this use, not the one before.
+    for (; j < n_tiles; j++, ring++) {
+      const int buf = ring % STAGES;
+      mbar_wait(k_full + 8 * buf, (ring / STAGES) & 1);
+      mbar_wait(v_full + 8 * buf, (ring / STAGES) & 1);
+      if (lane == 0) {
+        mbar_arrive(k_empty + 8 * buf);
+        mbar_arrive(v_empty + 8 * buf);
+      }
+    }
+  }
+  if (threadIdx.x % 128 == 0) bulk_wait_read();  // shared memory stays until O has been read
+}
+
+// cuTensorMapEncodeTiled is a driver function: fetched once through the runtime, so the
+// extension needs no -lcuda.
+static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  if (fn == nullptr) {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) == cudaSuccess &&
+        found == cudaDriverEntryPointSuccess)
+      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }
+  return fn;
+}
+
+// The tensor map of one (B, H, N, D) tensor (stage 10's).
+static const char* make_map(CUtensorMap* map, const void* ptr, int dtype, const FlashlabProblem* p,
+                            FlashlabStrides s, int rows, int3* order) {
+  auto fn = encode_tiled();
+  if (fn == nullptr) return "cuTensorMapEncodeTiled is not available from this CUDA driver";
+  const long long esz = 2, size[3] = {p->N, p->H, p->B};
+  long long stride[3] = {s.n * esz, s.h * esz, s.b * esz};
+  long long extent = (long long)p->D * esz;  // a dim of size 1: any stride past the others
+  for (int i = 0; i < 3; i++) extent = std::max(extent, stride[i] * size[i]);
+  for (int i = 0; i < 3; i++)
+    if (size[i] == 1) stride[i] = (extent + 15) / 16 * 16;
+  int idx[3] = {0, 1, 2};  // N, H, B sorted by stride (stable)
+  for (int i = 1; i < 3; i++)
+    for (int k = i; k > 0 && stride[idx[k]] < stride[idx[k - 1]]; k--) std::swap(idx[k], idx[k - 1]);
+  cuuint64_t dims[4] = {(cuuint64_t)p->D}, strides[3];
+  cuuint32_t box[4] = {64, 1, 1, 1}, elem[4] = {1, 1, 1, 1};
+  int where[3];
+  for (int k = 0; k < 3; k++) {
+    dims[k + 1] = size[idx[k]];
+    strides[k] = stride[idx[k]];
+    if (idx[k] == 0) box[k + 1] = rows;
+    where[idx[k]] = k;
+  }
+  *order = make_int3(where[0] + 1, where[1] + 1, where[2] + 1);  // map dims 1-3
+  CUresult r = fn(map, dtype == FLASHLAB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                  4, const_cast<void*>(ptr), dims, strides, box, elem,
+                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return flashlab_say("cuTensorMapEncodeTiled failed (error %d)", (int)r);
+  return nullptr;
+}
+
+// The SMs: the persistent grid is BLOCKS blocks for each.
+static int sm_count() {
+  static int sms = 0;
+  if (sms == 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      sms = 0;
+  }
+  return sms > 0 ? sms : 132;
+}
+
+template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS = 1>
+static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
+  using Cfg = Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>;
+  auto kernel = lazy_rescale_kernel<T, D, BC, STAGES, CONSUMERS, BLOCKS>;
+  Maps maps;
+  int3 oq, ok, ov, oo;
+  const char* err;
+  if ((err = make_map(&maps.q, p->q, p->dtype, p, p->layout.q, Cfg::BR, &oq))) return err;
+  if ((err = make_map(&maps.k, p->k, p->dtype, p, p->layout.k, BC, &ok))) return err;
+  if ((err = make_map(&maps.v, p->v, p->dtype, p, p->layout.v, BC, &ov))) return err;
+  if ((err = make_map(&maps.o, p->o, p->dtype, p, p->layout.o, 64, &oo))) return err;
+  if (ok.x != ov.x || ok.y != ov.y || ok.z != ov.z)
+    return "stage 13 needs k and v with strides in the same order";
+  static_assert(smem_fits(Cfg::SMEM_BYTES, BLOCKS), "BLOCKS blocks of this shape do not fit an SM");
+  FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
+  FLASHLAB_TRY(cudaMemsetAsync(p->workspace, 0, sizeof(int), stream));  // the work counter
+  const long long items = (long long)flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H;
+  dim3 grid((unsigned)std::min<long long>(items, (long long)BLOCKS * sm_count()));
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
+      maps, p->layout, p->N, p->B * p->H, p->scale * 1.4426950408889634f, p->causal,
+      oq, ok, oo, (int*)p->workspace);
+  FLASHLAB_TRY(cudaGetLastError());
+  return nullptr;
+}
+
+// PICK: the shape per head dim, mask and sequence length (keys per tile, K/V buffers, consumer
+// warpgroups, blocks an SM): stage 12's, measured on an H100 (tools/hopper_try.py). Two
+// consumers of 64 rows and 128-key tiles, as many buffers as fit, except:
+// - at D = 64, three consumers (192 rows an item) with four buffers: a third softmax runs while
+//   the tensor cores would wait. Under the mask too, since a consumer runs only the key tiles its
+//   own rows need and one whose rows lie past the end of the sequence runs none; but below
+//   N = 2048 there, stage 11's two blocks an SM of two consumers with 64-key tiles;
+// - at D = 128 without the mask, 160-key tiles from N = 4096 (two buffers still fit: 225 KB):
+//   each tile's fixed costs are spread over more keys. On shorter sequences the last tile's
+//   padding costs more than that.
+template <typename T>
+static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
+  if (p->D == 64) {
+    if (p->causal && p->N < 2048) return launch<T, 64, 64, 4, 2, 2>(p, s);
+    return launch<T, 64, 128, 4, 3>(p, s);
+  }
+  if (p->causal) return launch<T, 128, 128, 2, 2>(p, s);
+  if (p->N < 4096) return launch<T, 128, 128, 2, 2>(p, s);
+  return launch<T, 128, 160, 2, 2>(p, s);
+}
+
+extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
+  if (p->dtype != FLASHLAB_F16 && p->dtype != FLASHLAB_BF16)
+    return "stage 13 runs on the tensor cores in fp16 or bf16 only, not float32";
+  if (p->D != 64 && p->D != 128)
+    return flashlab_say("stage 13 is compiled for head dims 64 and 128, not %d", p->D);
+  return nullptr;
+}
+
+// The work counter the producers claim items from.
+extern "C" size_t flashlab_workspace_bytes(const FlashlabProblem*) { return sizeof(int); }
+
+extern "C" const char* flashlab_launch(const FlashlabProblem* p, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (p->dtype == FLASHLAB_BF16) return pick<__nv_bfloat16>(p, s);
+  return pick<__half>(p, s);
+}
