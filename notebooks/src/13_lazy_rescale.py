@@ -326,7 +326,7 @@ plots.idea_metrics(only=["13_lazy_rescale"])
 # softmax. Whether by enough is not measured here: section 2's model takes about a quarter off a
 # softmax that, with its rescale, packing and waits, would have to lose about two fifths to fit
 # under the other consumer's products. The two changes compose (the turns order the consumers,
-# the lazy pass shortens what each one hides), and trying them together is the project below:
+# the lazy pass shortens what each one hides), and trying them together is the last exercise below:
 # `tools/candidates/12_overlap.cu` has the turns.
 
 # %% [markdown]
@@ -377,7 +377,7 @@ labs.check("13.lazy_bound", answer)
 #
 #     flashlab grade --exercise 13.lazy_softmax
 #
-# ### Project: the turns, with a lazy softmax
+# ### A longer exercise: the turns, with a lazy softmax
 #
 # Put `fast()` into `tools/candidates/12_overlap.cu` (its rotated loop packs P at the top of the
 # next turn: the lazy pass must then write a second P while the first is still read by the P·V in
