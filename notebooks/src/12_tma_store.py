@@ -403,7 +403,9 @@ plots.idea_metrics(only=["12_tma_store"])
 # levers are the instructions around it: the row maximum, the row sum and the rescale of O.
 # Fewer of them is not enough by itself: row sums taken as packed fp16 pairs (in the kernel's
 # machine code, 34 `HADD2` in place of 74 `FADD`) measured 0.96–0.99× stage 12 at D = 64
-# (`data/runs/hopper-try-20261125T1749Z-d64-half-sums-three-consumers.log`).
+# (`data/runs/hopper-try-20261125T1749Z-d64-half-sums-three-consumers.log`). What the softmax
+# spends is one part; what it waits for is another. Every exponential of a tile waits for the
+# tile's row maximum, and O is rescaled at every tile: stage 13 takes both off the softmax's path.
 
 # %% [markdown]
 # ## Exercises
