@@ -323,11 +323,18 @@ plots.idea_metrics(only=["13_lazy_rescale"])
 # Notebook 12 ended with FlashAttention-3's two overlaps tying with stage 11: a consumer's softmax
 # (1 400–1 500 cycles beside the other consumer) was longer than the other consumer's products
 # (about 1 024 at D = 128) that the turns were to hide it under. Stage 13 shortens exactly that
-# softmax. Whether by enough is not measured here: section 2's model takes about a quarter off a
-# softmax that, with its rescale, packing and waits, would have to lose about two fifths to fit
-# under the other consumer's products. The two changes compose (the turns order the consumers,
-# the lazy pass shortens what each one hides), and trying them together is the last exercise below:
-# `tools/candidates/12_overlap.cu` has the turns.
+# softmax, by about a quarter in section 2's model, where it would have to lose about two fifths.
+# Both overlaps were built again on top of stage 13: two consumers, the lazy pass of S_j running
+# under P_{j−1}·V_{j−1} and writing a second P while the first is still read, a failed vote's
+# classic path at the top of the next turn, and the turns on named barriers. Timed in turn with
+# stage 13 (fp16, H100, `data/runs/hopper-try-20261127T2147Z-13-overlap-with-lazy-softmax.log`):
+#
+# * at D = 128 the in-warpgroup overlap alone ties with stage 13 (0.97–1.04×), and the turns cost
+#   3–12 % on top of it;
+# * at D = 64 two consumers lose to stage 13's three whatever the schedule (0.75–0.92×): two P's
+#   and S do not fit beside O in the 160 registers three consumers leave.
+#
+# A quarter off the softmax is not yet enough for the turns on this GPU.
 
 # %% [markdown]
 # ## Exercises
@@ -377,12 +384,14 @@ labs.check("13.lazy_bound", answer)
 #
 #     flashlab grade --exercise 13.lazy_softmax
 #
-# ### A longer exercise: the turns, with a lazy softmax
+# ### A longer exercise: why the turns still lose
 #
-# Put `fast()` into `tools/candidates/12_overlap.cu` (its rotated loop packs P at the top of the
-# next turn: the lazy pass must then write a second P while the first is still read by the P·V in
-# flight) and time it against stage 13 with `tools/hopper_try.py`. Where does the ping-pong start
-# to pay, if anywhere?
+# Section 9's overlaps, built on stage 13, lose 3–12 % with the turns at D = 128. Put the lazy pass
+# into `tools/candidates/12_overlap.cu` (its rotated loop packs P at the top of the next turn, so
+# the lazy pass must write a second P while the first is still read by the P·V in flight), time
+# it against stage 13 with `tools/hopper_try.py`, and read a consumer's turn on the SM clock with
+# `tools/hopper_trace.py` (notebook 11's table). Which step of a turn is now the longest, and how
+# short would it have to be for the turns to pay?
 
 # %% [markdown]
 # ## Questions for discussion
@@ -446,6 +455,8 @@ labs.check("13.lazy_bound", answer)
 #   than their share of lazy tiles: their first and last tiles, and the store, are untouched.
 # - On random inputs the classic path never runs after an item's first tile; on keys that grow
 #   along the sequence it runs at almost every tile, and the result is still exact.
+# - Built on the lazy softmax, FlashAttention-3's in-warpgroup overlap ties at D = 128 and its
+#   ping-pong still loses: a quarter off the softmax is not yet enough for the turns.
 
 # %%
 nb.reached("13_lazy_rescale")
