@@ -16,8 +16,10 @@
 //    the lazy pass left untouched: the new maximum, O rescaled, P rebuilt.
 // A row's running maximum may then stay up to 8 below the true one: O and l both carry the same
 // factor of up to 2^8, and O / l at the end is unchanged. With two blocks an SM (D = 64 under the
-// mask on short sequences) a consumer has 104 registers, too few to keep S while P is built: that
-// shape keeps stage 12's softmax. Everything else is stage 12's.
+// mask on short sequences) a consumer has 104 registers, too few to keep S while P is built: there
+// the lazy pass writes the exponentials over S, and a failed vote (taken over the warpgroup, since
+// the fallback issues a wgmma) computes S again from K, still in shared memory.
+// Everything else is stage 12's.
 #include <algorithm>
 #include <cmath>
 #include <cuda.h>           // CUtensorMap (a type only: the driver function is fetched at run time)
@@ -68,6 +70,16 @@ __device__ __forceinline__ void tma_store_4d(const void* map, uint32_t src, int 
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+// True in every thread of the warpgroup if `x` is true in any of its 128 threads: a named barrier
+// that ORs a predicate (bar.red.or.pred), so that all four warps take the same branch.
+__device__ __forceinline__ bool warpgroup_any(bool x, int id) {
+  uint32_t r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, 128, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(r) : "r"((uint32_t)x), "r"(id) : "memory");
+  return r != 0;
 }
 // Named barrier `id` (1..15; 0 is __syncthreads'): waits for `threads` threads.
 __device__ __forceinline__ void named_sync(int id, int threads) {
@@ -310,6 +322,32 @@ lazy_rescale_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, i
     // STUB: return true;
     // END EXERCISE 13.lazy_softmax
   };
+  // The lazy pass with the exponentials written over S (two blocks an SM, below): false, with
+  // the whole warpgroup agreeing, when some score exceeds m by more than 8.
+  auto fast_inplace = [&](float (&s)[BC / 2], int k0) -> bool {
+    mask(s, k0);
+    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < BC / 2; i += 2) {
+      const int hh = (i / 2) & 1;
+      mx[hh] = fmaxf(mx[hh], fmaxf(s[i], s[i + 1]));
+      s[i] = exp2_approx(fmaf(s[i], scale_log2, -m[hh]));
+      s[i + 1] = exp2_approx(fmaf(s[i + 1], scale_log2, -m[hh]));
+      sum[hh] += s[i] + s[i + 1];
+    }
+    bool grow = false;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float x = mx[hh];
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      grow |= x * scale_log2 > m[hh] + 8.f;
+    }
+    if (warpgroup_any(grow, 4 + cw)) return false;  // the fallback issues a wgmma: all 4 warps
+    l[0] += sum[0];
+    l[1] += sum[1];
+    return true;
+  };
   auto qk = [&](float (&s)[BC / 2], int buf) {
     const uint64_t dq = wgmma_desc(Qw, 16, 1024);
     const uint64_t dk = wgmma_desc(Ks + buf * Cfg::KV_BYTES, 16, 1024);
@@ -377,17 +415,35 @@ lazy_rescale_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, i
       qk(s, buf);
       wgmma_commit();
       wgmma_wait<0>();  // S_j, and the P V of tile j-1 before it
-      // K_j and V_{j-1} are no longer read.
+      // K_j (with two blocks an SM, only after the softmax: see below) and V_{j-1} are no
+      // longer read.
       if (lane == 0) {
-        mbar_arrive(k_empty + 8 * buf);
+        if (BLOCKS == 1) mbar_arrive(k_empty + 8 * buf);
         if (j > 0) mbar_arrive(v_empty + 8 * ((ring - 1) % STAGES));
       }
       if (j == 0 && prev_slot >= 0 && threadIdx.x % 128 == 0) {
         bulk_wait_read();  // the previous item's O has left its Q buffer
         mbar_arrive(q_empty + 8 * prev_slot);
       }
-      // An item's first tile sets m; two blocks an SM have no registers to spare for the lazy pass.
-      if (j == 0 || BLOCKS == 2 || !fast(s, j * BC)) {
+      // An item's first tile sets m, the classic way.
+      bool lazy = false;  // this tile's P and l done by the lazy pass
+      if (BLOCKS == 1) {
+        lazy = j > 0 && fast(s, j * BC);
+      } else if (j > 0) {
+        // Two blocks an SM leave a consumer 104 registers, too few to keep S beside P: the lazy
+        // pass writes the exponentials over S, and on a failed vote S is computed again from K,
+        // still in shared memory (its buffer is released only after the softmax).
+        lazy = fast_inplace(s, j * BC);
+        if (!lazy) {
+          wgmma_fence();
+          qk(s, buf);
+          wgmma_commit();
+          wgmma_wait<0>();
+        }
+      }
+      if (BLOCKS == 2 && lane == 0) mbar_arrive(k_empty + 8 * buf);
+      if (BLOCKS == 2 && lazy) pack(s);
+      if (!lazy) {
         softmax(s, j * BC);
 #pragma unroll
         for (int d = 0; d < NO; d++) {

@@ -139,9 +139,14 @@ display(pd.DataFrame({"random": hp.lazy_fallbacks(q, k),
 #
 # ## 4 · What changed
 #
-# Against stage 12: the `fast` lambda, and the loop's softmax put under a condition. An item's
-# first tile, and the two-blocks shape (at D = 64 under the mask on short sequences, where a
-# consumer has 104 registers and cannot keep S while P is built), keep stage 12's path:
+# Against stage 12: the `fast` lambda, and the loop's softmax put under a condition; an item's
+# first tile keeps stage 12's path. The two-blocks shape (at D = 64 under the mask on short
+# sequences) leaves a consumer 104 registers, too few to keep S beside P, so it gets a second lazy
+# pass, `fast_inplace`: the exponentials written over S, and on a failed vote S computed again
+# from K, which stays in shared memory until the softmax is done (its `empty` barrier is arrived
+# at after it). That fallback issues a `wgmma`, which the four warps of a warpgroup issue
+# together, so its vote is taken over the warpgroup: `bar.red.or.pred` on a named barrier ORs a
+# predicate over 128 threads, where `__any_sync` covers one warp:
 
 # %%
 nb.show_diff("12_tma_store", "13_lazy_rescale", context=1)
@@ -159,8 +164,8 @@ nb.show_diff("12_tma_store", "13_lazy_rescale", context=1)
 #   lets each return to its products sooner. Section 2's model removes a quarter of a softmax,
 #   but the exponentials, which stay, are most of it: expect **1.03–1.08×** on long sequences.
 # * **Short sequences.** An item's first tile is classic, and at N = 512 an item is 4 tiles: a
-#   quarter of the gain. At D = 64 under the mask below N = 2048 (the two-blocks shape) nothing
-#   changes: 1.00×.
+#   quarter of the gain. At D = 64 under the mask below N = 2048 (the two-blocks shape, 64-key
+#   tiles) a tile's softmax is half as long, and the warpgroup's vote adds a barrier: 1.00–1.03×.
 # * **D = 128.** The tensor cores set the pace (products twice D = 64's for the same softmax):
 #   **1.00–1.03×**, though the rescale removed is twice as long.
 # * **Teaching config** (D = 64, N = 1024, 8 tiles an item, 7 of them lazy): **1.02–1.06×**.
@@ -183,7 +188,16 @@ with nb.unless_missing():
 # %% [markdown]
 # Static counts: the lazy kernel carries both softmaxes, so its `MUFU.EX2` count doubles (130
 # instead of 66 in the three-consumer kernel at D = 64), while a tile runs one of them. The
-# two-blocks kernel (`64, 64, 4, 2, 2`) is stage 12's, instruction for instruction.
+# two-blocks kernel (`64, 64, 4, 2, 2`) has a second group of `HGMMA` for S (the fallback's) and a
+# `BAR.RED.OR` (the warpgroup's vote):
+
+# %%
+with nb.unless_missing():
+    print("\n".join(nb.sass_lines("13_lazy_rescale", r"BAR\.RED|HGMMA", kernel=r"__half, 64, 64,")))
+
+# %% [markdown]
+# Four `HGMMA` for S, the vote, four more for S again, then four for P·V.
+#
 #
 # The order is what changed. In each kernel, from a tile's last `HGMMA` of S to the first shuffle
 # of its row maximum, how many exponentials issue? Then the end of stage 13's lazy pass, up to the
@@ -402,8 +416,9 @@ labs.check("13.lazy_bound", answer)
 #    the exponent arguments it has just computed?
 # 3. The vote makes the whole warp take the classic path when one of its 16 rows needs it. Why not
 #    let each thread decide for its own two rows?
-# 4. Stage 13 keeps the two-blocks shape's classic softmax. What would it take to fit the lazy
-#    pass in 104 registers?
+# 4. In the two-blocks shape a failed vote computes S again instead of keeping it. Why is that
+#    vote taken over the warpgroup with `bar.red.or.pred`, and not over the warp with
+#    `__any_sync` as in the other shapes?
 # 5. Attention in a trained model often puts its largest score on the first token. What does that
 #    do to the lazy path, causal and not?
 
@@ -427,11 +442,12 @@ labs.check("13.lazy_bound", answer)
 # S), which ptxas handles best when the branch is uniform. A vote costs one instruction.
 
 # %% [markdown]
-# **Instructor's answer.** *4.* The lazy pass keeps S (32 floats at 64 keys) while it builds P
-# (16 registers) beside O (32); the classic path needs neither at once. With both paths in the
-# loop, ptxas spills at 104 registers and serializes the `wgmma` (C7512). One way is a consumer
-# that never falls back inside the loop: on a failed vote it could recompute S with one more
-# Q·Kᵀ from the K tile still in shared memory, so that S need not stay live.
+# **Instructor's answer.** *4.* The fallback issues a `wgmma`, and a `wgmma` is issued by the
+# four warps of a warpgroup together (`.sync.aligned`). Decided per warp, one warp could take the
+# fallback and issue the product alone while the others went on: undefined, and in practice a
+# hang. The other shapes' fallback is per-thread arithmetic and shuffles within a warp, so a
+# warp's vote is enough there. The warpgroup's vote costs a barrier across its 4 warps at every
+# tile; the products already keep those warps close together.
 
 # %% [markdown]
 # **Instructor's answer.** *5.* Non-causal: the first key tile holds the sink, so the first tile,
