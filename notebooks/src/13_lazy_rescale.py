@@ -270,16 +270,16 @@ plots.scaling(last="13_lazy_rescale")
 # ### Discussion
 #
 # **Time.** The prediction was 1.03–1.08× at D = 64 on long sequences, 1.00–1.03× at D = 128,
-# little on short sequences and nothing where the two-blocks shape runs. Measured, stages 12 and 13
+# less on short sequences, 1.00–1.03× where the two-blocks shape runs. Measured, stages 12 and 13
 # and the two baselines timed in turn at each config (the run recorded in `data/`, stages 08–11
-# beside them, gave 0.998–1.058× over the same cells):
+# beside them, gave 0.999–1.056× over the same cells):
 #
 # * **D = 64 without the mask:** 1.01× at N = 512, rising with the length of an item to 1.06× at
 #   N = 16384. From N = 4096 on (1.04–1.06×) that is inside the band, towards its top.
-# * **D = 64 under the mask:** 1.00× at N = 512 and 1024, where the two-blocks shape keeps stage 12's
-#   softmax, as predicted; 1.03–1.06× from N = 2048, where three consumers run the lazy pass.
+# * **D = 64 under the mask:** 1.02× and 1.03× at N = 512 and 1024, where the two-blocks shape runs
+#   its in-place lazy pass: inside its band. From N = 2048, where three consumers run, 1.03–1.06×.
 # * **D = 128:** 1.01–1.03× without the mask, inside its band; under the mask 1.00–1.02×. At
-#   N = 16384 under the mask the two tie (1.00×, 0.998× in the recorded run), where without the
+#   N = 16384 under the mask the two tie (1.01×, 0.999× in the recorded run), where without the
 #   mask the lazy pass gains 1.02×. Long cells move by a few per cent from run to run
 #   (notebook 12), so this one does not rank the two.
 # * **Where it missed: short items.** At N = 1024 seven of an item's eight tiles are lazy, so the
@@ -290,11 +290,11 @@ plots.scaling(last="13_lazy_rescale")
 #
 # **The teaching config** (D = 64, N = 1024): 1.02× in fp16 and in bf16, every row tight.
 #
-# **Against cuDNN** stage 13 runs at 1.01–1.20× over the sweep here (1.007–1.202× in the recorded
+# **Against cuDNN** stage 13 runs at 1.01–1.20× over the sweep here (1.012–1.214× in the recorded
 # run), ahead at every config, and by the widest margins at D = 64, where the softmax sets the pace
-# (1.06–1.20×). The narrowest is still D = 128 at N = 512 (1.01×, with and without the mask). In the
-# recorded run stage 13 reaches 701 TFLOP/s at D = 128, N = 16384: 71 % of the H100's dense fp16
-# tensor peak of 989 TFLOP/s. Against FlashAttention-2 (`sdpa_flash`) it is 1.60–2.34× faster.
+# (1.09–1.20×). The narrowest is still D = 128 at N = 512 (1.01–1.02×, with and without the mask).
+# In the recorded run stage 13 reaches 686 TFLOP/s at D = 128, N = 16384: 69 % of the H100's dense
+# fp16 tensor peak of 989 TFLOP/s. Against FlashAttention-2 (`sdpa_flash`) it is 1.59–2.34× faster.
 
 # %% [markdown]
 # ## 8 · The profile
@@ -320,14 +320,14 @@ plots.idea_metrics(only=["13_lazy_rescale"])
 # ### Discussion
 #
 # * **Fewer waits behind the shuffles,** as predicted: `short_scoreboard` (waiting for a
-#   variable-latency result, a shuffle's among them) 3.2 % → 2.3 % of the warps' time.
-# * **The tensor pipe busier:** 46.7 % → 48.4 %, and the kernel 1.03× faster under the profiler
-#   (0.0444 → 0.0430 ms), close to the timing above (1.02×).
+#   variable-latency result, a shuffle's among them) 3.2 % → 2.8 % of the warps' time.
+# * **The tensor pipe busier:** 46.7 % → 48.3 %, and the kernel 1.04× faster under the profiler
+#   (0.0444 → 0.0429 ms), close to the timing above (1.02×).
 # * **Fewer instructions to issue:** `wait` (the fixed latencies ptxas writes into the instruction
-#   stream) 21.4 % → 20.2 %, `math_pipe_throttle` 1.5 % → 1.1 %, `selected` (issuing) 14.2 % →
-#   13.9 %: two exponentials and D / 2 multiplications fewer a tile.
+#   stream) 21.4 % → 20.3 %, `math_pipe_throttle` 1.5 % → 1.1 %, `selected` (issuing) 14.2 % →
+#   14.0 %: two exponentials and D / 2 multiplications fewer a tile.
 # * **More waiting on mbarriers:** `long_scoreboard`, where polling an mbarrier is counted, rose
-#   15.8 % → 16.7 %. Consumers that finish their softmax sooner reach the wait for the next K tile
+#   15.8 % → 16.9 %. Consumers that finish their softmax sooner reach the wait for the next K tile
 #   sooner; at this config (three consumers, N = 1024, four buffers) the producer is not always
 #   ahead. A likely reading, not measured on its own.
 
@@ -465,10 +465,14 @@ labs.check("13.lazy_bound", answer)
 #   range. Stage 13 takes a tile's exponentials against `m` as it stands and checks the tile's
 #   maximum beside them: if no score is more than 8 (log2 units) above `m`, P ≤ 256 and the tile
 #   is done, with no rescale. Otherwise a warp vote sends the warp through stage 12's softmax.
-# - Measured on the H100 (fp16, the sweep): 1.00–1.06× stage 12, most at D = 64 on long sequences
-#   (1.04–1.06×), 1.01–1.03× at D = 128 without the mask; 1.01–1.20× cuDNN, and 701 TFLOP/s
-#   (71 % of the tensor peak) at D = 128, N = 16384 in the recorded run. Short items gain less
-#   than their share of lazy tiles: their first and last tiles, and the store, are untouched.
+# - Measured on the H100 (fp16, the sweep): 1.00–1.06× stage 12 (ties at D = 128 under the mask
+#   at N = 512 and 16384), most at D = 64 on long sequences (1.04–1.06×); 1.01–1.20× cuDNN, and
+#   686 TFLOP/s (69 % of the tensor peak) at D = 128, N = 16384 in the recorded run. Short items
+#   gain less than their share of lazy tiles: their first and last tiles, and the store, are
+#   untouched.
+# - Where S cannot stay beside P (two blocks an SM, 104 registers) the lazy pass writes over S and
+#   a failed vote computes S again; since that fallback issues a `wgmma`, the vote is taken over
+#   the warpgroup (`bar.red.or.pred`), not the warp.
 # - On random inputs the classic path never runs after an item's first tile; on keys that grow
 #   along the sequence it runs at almost every tile, and the result is still exact.
 # - Built on the lazy softmax, FlashAttention-3's in-warpgroup overlap ties at D = 128 and its
