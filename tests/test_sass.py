@@ -230,9 +230,17 @@ def test_wgmma_descriptors_are_built_once_not_moved_every_tile(slug):
     In each kernel's K/V loop (sass.kv_loops) R2UR, a move from an ordinary register, is left
     only where stage 10 issues TMA copies from the loop: their tile coordinate, at most one per
     copy. With the index computed from threadIdx.x alone, stage
-    09's loop at D = 128 had 48 R2UR and stage 10's 68 beside its 4 copies."""
-    for kernel, kv in sass.kv_loops(sass.loops(fl.stage(slug).source, "sm_90a")).iterrows():
-        assert kv["R2UR"] <= kv["UTMALDG"], \
+    09's loop at D = 128 had 48 R2UR and stage 10's 68 beside its 4 copies. A loop that issues
+    S = Q K^T a second time on a rare path (stage 13's two-blocks fallback, which computes S
+    again after a failed vote) may move one value for that second S."""
+    st = fl.stage(slug)
+    for kernel, kv in sass.kv_loops(sass.loops(st.source, "sm_90a")).iterrows():
+        args = dict(zip(st.template, ptxas.template_args(kernel)))
+        D, BC = int(args["D"]), int(args["BC"])
+        per_tile = D // 16 + BC // 16  # S's k-steps, then P V's
+        assert kv["HGMMA"] in (per_tile, per_tile + D // 16), (kernel, kv["HGMMA"])
+        again = (kv["HGMMA"] - per_tile) // (D // 16)
+        assert kv["R2UR"] <= kv["UTMALDG"] + again, \
             f"{slug}: {kernel}'s K/V loop moves {kv['R2UR']} values with R2UR ({kv['UTMALDG']} copies)"
 
 
