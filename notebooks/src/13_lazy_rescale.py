@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Stage 13 — a lazy rescale: the exponentials stop waiting for the row maximum
 #
-# Every stage since 02 takes a key tile's softmax the same way, one step after another: the row
+# Every stage so far takes a key tile's softmax the same way, one step after another: the row
 # maximum of the tile, the new running maximum `m` and O's factor `α = 2^(m_old − m_new)`, then the
 # exponentials `2^(s − m)` and their sums, then `O *= α`. None of the exponentials may start
 # before the maximum is known, and O is rescaled at every tile. Yet after the first few tiles a
@@ -89,7 +89,8 @@ display(pd.concat({f"D = {d}": hp.lazy_steps(D=d) for d in (64, 128)}, axis=1))
 #    most 2^8 = 256, P and the sums are right as they are, and `l += sum`. O keeps its scale: no
 #    `alpha`, no rescale.
 # 4. Otherwise the warp takes the tile again the classic way: stage 12's softmax, the rescale and
-#    the packing, on S, which the lazy pass did not overwrite. `m` moves to the new maximum.
+#    the packing, on S, which the lazy pass did not overwrite (where registers are too few to keep
+#    it, section 4 computes S again). `m` moves to the new maximum.
 #
 # An item's first tile sets `m` the classic way. `m` may then lag behind a row's true maximum by
 # up to 8: O and l carry a factor of up to 2^8, P is at most 256, and fp16 would overflow only at
