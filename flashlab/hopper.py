@@ -1687,8 +1687,8 @@ def lazy_figure(D=128, BC=128):
         for name, start, length in steps:
             beside = "beside" in name
             yy, h = (y - 0.45, 0.35) if beside else (y, 0.7)
-            ax.add_patch(Rectangle((start, yy - h / 2 + (0.0 if beside else 0)), length, h,
-                                   fc=colors[name], ec="0.2", lw=0.8))
+            ax.add_patch(Rectangle((start, yy - h / 2), length, h, fc=colors[name], ec="0.2",
+                                   lw=0.8))
             if length > 100:
                 ax.text(start + length / 2, yy, name, ha="center", va="center", fontsize=TEXT)
             ends[stage] = max(ends.get(stage, 0), start + length)

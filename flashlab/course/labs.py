@@ -583,7 +583,7 @@ def _store_sectors(ex, answer):
     return _result(ex, False, f"Wrong: you said {got}; it is {truth}. " + why + hint)
 
 
-LAZY_UNITS = 8  # stage 13's threshold: a score may exceed the running maximum by this (log2)
+LAZY_UNITS = hp.LAZY_UNITS  # stage 13's threshold: a score may exceed the running maximum by this
 FP16_MAX = 65504.0
 
 
