@@ -1660,7 +1660,7 @@ def lazy_chain(D=128, BC=128, mufu=8, shuffle=30) -> dict:
     v = BC // 2
     exp_phase = max(v * mufu, 3 * v + v // 2 + 2)  # MUFU-paced; FFMA, FADD, F2FP fill the gaps
     s12, t = [], 0
-    for name, length in (("row maximum", steps.iloc[0]), ("shuffles", 2 * shuffle),
+    for name, length in (("row maximum", steps["row maximum (FMNMX)"]), ("shuffles", 2 * shuffle),
                          ("m, alpha", 2 * mufu), ("exponentials, sums, P", exp_phase),
                          ("rescale O", D // 2)):
         s12.append((name, t, int(length)))
