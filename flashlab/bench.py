@@ -133,6 +133,22 @@ def warm(fn, device="cuda", ms=WARMUP_MS, calls=WARMUP_CALLS) -> int:
     return n
 
 
+def host_ms(fn, calls=100, device="cuda") -> float:
+    """The host's own time for one call of fn in milliseconds: the median over `calls` calls of
+    how long the call takes to return (its work queued, the GPU not waited for), after a warm-up.
+    A GPU sleep ahead of them keeps the GPU from ever waiting, so no call finds the launch queue
+    drained or full: what is left is the Python and the driver calls of a launch."""
+    warm(fn, device, ms=0, calls=3)
+    _gpu_sleep(min(MAX_SLEEP_MS, max(1.0, calls * 0.2)), device)
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize(device)
+    return statistics.median(times) * 1e3
+
+
 def _estimate_ms(fn, device):
     """(GPU milliseconds, host milliseconds) of one flushed call: the events' time, and the time
     the host takes to queue flush, events and call."""

@@ -291,9 +291,10 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
     """One attention call as GPT-2 makes it (B, H, N, D = batch, heads, seq, head dim; causal),
     alone, in the model's layout ("bnhd": views of one (B, N, 3, H, D) projection, output into
     (B, N, H, D)) and in contiguous tensors: its kernels' GPU time per call (the profiler, over
-    `calls` calls: attention, and copies as other) and its wall time (bench.time_fn), which at
-    tens of microseconds is the Python call's own time as much as the GPU's."""
-    from .bench import flops, time_fn
+    `calls` calls: attention, and copies as other), its wall time (bench.time_fn: call after
+    call, what the GPU took per call) and the host's time per call (bench.host_ms: the Python
+    call and its launches, which a model pays whenever the GPU catches up with it)."""
+    from .bench import flops, host_ms, time_fn
     from .check import case_inputs
     from .inputs import dtype_of
 
@@ -308,11 +309,13 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
         call(q, k, v, is_causal=True)
         copies = adapter.copies if adapter is not None else 0
         t = time_fn(lambda: call(q, k, v, is_causal=True))
+        host = host_ms(lambda: call(q, k, v, is_causal=True))
         by = gpu_time_by_kind(lambda: call(q, k, v, is_causal=True), calls=calls)
         rows.append(dict(model="gpt2-attention", impl=impl, kind="baseline" if adapter is None
                          else "stage", layout=layout, dtype=dt, batch=batch, seq=seq, n_layer=1,
                          n_head=H, head_dim=D, forward_ms=t.median_ms, p20_ms=t.p20_ms,
-                         p80_ms=t.p80_ms, input_copies=copies, runs=t.runs, retimes=t.retimes,
+                         p80_ms=t.p80_ms, host_ms=host, input_copies=copies, runs=t.runs,
+                         retimes=t.retimes,
                          tokens_per_s=batch * seq / (t.median_ms * 1e-3),
                          tflops=flops(batch, H, seq, D, causal=True) / (by["attention"] * 1e-3) / 1e12,
                          attention_gpu_ms=by["attention"], matmul_gpu_ms=by["matmul"],
@@ -320,5 +323,5 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
                          attention_kernels=by["attention_kernels"], note=t.note, **env))
         log(f"  attention alone {impl:12} {dt} {layout:10} kernels {by['attention'] * 1e3:6.1f} µs "
             f"({rows[-1]['tflops']:.0f} TFLOP/s), copies {by['other'] * 1e3:5.1f} µs, wall "
-            f"{t.median_ms * 1e3:6.1f} µs, input copies {copies}")
+            f"{t.median_ms * 1e3:6.1f} µs, host {host * 1e3:5.1f} µs, input copies {copies}")
     return rows

@@ -159,13 +159,16 @@ class Attention:
     def __init__(self, stage: Stage, module):
         self.stage = stage
         self.module = module
+        # (B, H, N, D, dtype, causal, device) -> (dtype code, workspace bytes) of a problem this
+        # stage took: what the registry and the kernel file said of it, asked once per problem
+        self._plans = {}
 
     def __repr__(self):
         return f"<flashlab attention {self.stage.slug}>"
 
-    def __call__(self, q, k, v, causal=False, out=None, scale=None):
+    def _plan(self, q, causal):
+        """(dtype code, workspace bytes) for q's problem, or a ValueError saying why not."""
         st = self.stage
-        validate(st.slug, q, k, v, st.dtypes, out, row_strides=st.row_strides)
         if DTYPE_NAMES[q.dtype] in st.dtype_min_cc:  # bf16 on a T4, say: refused, never run
             why = st.unavailable(torch.cuda.get_device_capability(q.device), toolkit=False,
                                  dtype=DTYPE_NAMES[q.dtype])
@@ -175,22 +178,39 @@ class Attention:
             raise ValueError(f"{st.slug}: causal attention is not supported by this stage")
         B, H, N, D = q.shape
         code = DTYPE_CODES[q.dtype]
-        why = self.module.unsupported(B, H, N, D, code, bool(causal))
+        why = self.module.unsupported(B, H, N, D, code, causal)
         if why is not None:
             raise ValueError(f"{st.slug}: {why}")
+        return code, self.module.workspace_bytes(B, H, N, D, code, causal)
+
+    def __call__(self, q, k, v, causal=False, out=None, scale=None):
+        st = self.stage
+        validate(st.slug, q, k, v, st.dtypes, out, row_strides=st.row_strides)
+        causal = bool(causal)
+        B, H, N, D = q.shape
+        problem = (B, H, N, D, q.dtype, causal, q.device)
+        plan = self._plans.get(problem)
+        if plan is None:
+            plan = self._plans[problem] = self._plan(q, causal)
+        code, ws_bytes = plan
         scale = D ** -0.5 if scale is None else float(scale)
         if not (0 < scale < math.inf):  # stage 08 folds it into exp2 after taking the row max
             raise ValueError(f"{st.slug}: scale must be a positive finite number, got {scale}")
         out = torch.empty_like(q) if out is None else out
-        ws_bytes = self.module.workspace_bytes(B, H, N, D, code, bool(causal))
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
-        with torch.cuda.device(q.device):
-            stream = torch.cuda.current_stream(q.device).cuda_stream
-            layout = tuple(strides(t) for t in (q, k, v, out)) if st.row_strides else None
-            self.module.launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                               ws.data_ptr() if ws is not None else 0, B, H, N, D, code,
-                               bool(causal), scale, stream, layout)
+        layout = tuple(strides(t) for t in (q, k, v, out)) if st.row_strides else None
+        if q.get_device() == torch.cuda.current_device():  # no device switch to pay for
+            self._launch(q, k, v, out, ws, B, H, N, D, code, causal, scale, layout)
+        else:
+            with torch.cuda.device(q.device):
+                self._launch(q, k, v, out, ws, B, H, N, D, code, causal, scale, layout)
         return out
+
+    def _launch(self, q, k, v, out, ws, B, H, N, D, code, causal, scale, layout):
+        stream = torch.cuda.current_stream().cuda_stream
+        self.module.launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                           ws.data_ptr() if ws is not None else 0, B, H, N, D, code, causal,
+                           scale, stream, layout)
 
 
 # A scalar fp32 stage does no tensor-core work.

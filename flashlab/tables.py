@@ -221,12 +221,12 @@ MODEL = Table(
     "model.csv", key=["gpu", "model", "impl", "dtype", "batch", "seq", "layout"],
     columns=["model", "impl", "kind", "layout", "dtype", "batch", "seq", "n_layer", "n_head",
              "head_dim",
-             "max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
-             "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
+             "max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "host_ms",
+             "tokens_per_s", "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
              "attention_kernels", "runs", "retimes", "gpu", *SOFTWARE, "note"],
     ints=["batch", "seq", "n_layer", "n_head", "head_dim"],
-    floats=["max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "tokens_per_s",
-            "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
+    floats=["max_abs_diff", "max_abs_logit", "forward_ms", "p20_ms", "p80_ms", "host_ms",
+            "tokens_per_s", "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
             "runs", "retimes"],
     defaults={"layout": "model"})
 ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL)

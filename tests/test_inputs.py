@@ -181,3 +181,40 @@ def test_each_stage_builds_for_its_own_architecture():
     assert hopper.arch((9, 0)) == "sm_90a"
     assert "compute capability 9.0 only" in hopper.unavailable((10, 0))
     assert hopper.unavailable((9, 0), toolkit=False) is None
+
+
+def test_a_call_like_one_that_passed_skips_the_rules_and_any_other_runs_them(monkeypatch):
+    """validate remembers the description of each call that passed: the same tensors' shapes,
+    strides, dtypes, devices and alignments again skip the rules; a change to any of them, or
+    another stage or rule set, runs them."""
+    from flashlab import inputs
+    ran, real = [], inputs._description
+    monkeypatch.setattr(inputs, "_PASSED", set())
+    monkeypatch.setattr(inputs, "_check", lambda who, *args: ran.append(who))
+    monkeypatch.setattr(inputs, "_description",  # CPU tensors stand in for CUDA ones here
+                        lambda *a: real(*a, cuda_only=False))
+    q = t()
+    validate("x", q, q, q)
+    validate("x", q.clone(), q.clone(), q.clone())  # other memory, same description
+    assert ran == ["x"]
+    for other in (q.transpose(2, 3), q.half(), t(1, 2, 16, 8), misaligned(), q[:, :1]):
+        validate("x", q, q, other)
+    validate("y", q, q, q)
+    validate("x", q, q, q, dtypes=("fp16",))
+    validate("x", q, q, q, row_strides=True)
+    validate("x", q, q, q, out=q)
+    assert len(ran) == 1 + 5 + 4
+    assert real("x", (q, q, q), ("fp32",), False) is None  # not on a GPU: never remembered
+
+
+def test_every_rule_reads_only_what_the_description_holds():
+    """Each refused call differs from an accepted one of the same shape in its description, so
+    a remembered pass can never let a refused call through."""
+    from flashlab import inputs
+    q = t()
+    good = inputs._description("03_coarsened", (q, q, q), ("fp32",), False, cuda_only=False)
+    for what, args, kwargs, _ in BAD:
+        tensors = [*args, kwargs["out"]] if "out" in kwargs else list(args)
+        seen = inputs._description("03_coarsened", tensors, ("fp32",), False, cuda_only=False)
+        if what != "cpu tensors":  # the device rule is kept out of the cache by cuda_only
+            assert seen != good, what

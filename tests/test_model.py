@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import flashlab as fl
 from flashlab import model
 from flashlab.reference import reference
 
@@ -106,7 +107,7 @@ def test_gpt2_from_its_config_runs_on_the_adapter():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("slug", ["04_wmma", "05_mma", "06_swizzle", "07_cp_async", "08_tuned"])
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.fast])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gpt2_on_a_stage_agrees_with_sdpa_as_closely_as_eager_does(slug, dtype):
     if not torch.cuda.is_available():

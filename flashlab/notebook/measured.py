@@ -239,11 +239,12 @@ def published_minimal(missing_ok=True) -> pd.DataFrame:
 
 def attention_alone() -> pd.DataFrame:
     """One attention call at GPT-2's shape, alone, in the model's layout and contiguous, as
-    recorded on the notebook's GPU by in_a_model: kernel time, TFLOP/s, copies, wall time."""
+    recorded on the notebook's GPU by in_a_model: kernel time, TFLOP/s, copies, wall time per
+    call, and the host's own time per call."""
     rows = tables.model_rows(view.gpu(), model="gpt2-attention")
     out = rows[["impl", "dtype", "layout", "attention_gpu_ms", "tflops", "other_gpu_ms",
-                "forward_ms", "input_copies"]].copy()
-    for col in ("attention_gpu_ms", "other_gpu_ms", "forward_ms"):
+                "forward_ms", "host_ms", "input_copies"]].copy()
+    for col in ("attention_gpu_ms", "other_gpu_ms", "forward_ms", "host_ms"):
         out[col.replace("_ms", "_us")] = out.pop(col) * 1e3
     return out.rename(columns={"attention_gpu_us": "kernel_us", "other_gpu_us": "copies_us",
                                "forward_us": "wall_us"})
