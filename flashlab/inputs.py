@@ -20,7 +20,8 @@ def dtype_of(name) -> torch.dtype:
 def strides(t) -> tuple:
     """(batch, head, row) strides of a (B, H, N, D) tensor in elements, 0 for a dim of size 1
     (where torch's stride means nothing and may be anything)."""
-    return tuple(s if n > 1 else 0 for n, s in zip(t.shape[:3], t.stride()[:3]))
+    (B, H, N), (sb, sh, sn) = t.shape[:3], t.stride()[:3]
+    return (sb if B > 1 else 0, sh if H > 1 else 0, sn if N > 1 else 0)
 
 
 def span(t) -> int:

@@ -63,6 +63,11 @@ def test_a_stage_with_row_strides_reads_the_models_views_in_place():
     k_odd = torch.randn(2, 16, 4, 33)[..., :32].transpose(1, 2)  # rows 33 floats apart: unreadable
     ad(q, k_odd, v)
     assert ad.copies == 1                                      # so that one is copied
+    ad(q, k_odd, v)
+    assert ad.copies == 2                                      # every time: only passes are kept
+    q2, _, _ = qkv(strided=True)
+    ad(q2, k, v)
+    assert ad.copies == 2 and attn.seen[-1][0] == q2.stride()  # a view like one that passed
 
 
 @pytest.mark.parametrize("kwargs, words", [
