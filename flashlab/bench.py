@@ -4,9 +4,10 @@ CUDA-event-timed runs, and time again where two timings disagree.
 The runs are queued behind a GPU sleep, so that the GPU is still busy with earlier work while the
 host prepares each call, and a run the GPU had to wait for (its start event already passed when the
 call had been queued) is dropped: such a run times the host's launch work, not the kernel.
-triton.testing.do_bench queues the same flush / event / call sequence without that guard; with our
-Python wrapper (about 0.1 ms of host work per call on the H100's host, against a 0.05 ms kernel and
-a 0.09 ms flush) its medians came out bimodal, 0.052 or 0.075 ms for the same kernel."""
+triton.testing.do_bench queues the same flush / event / call sequence without that guard; with host
+work per call close to the kernel's time (flashlab's wrapper took about 0.1 ms on the H100's host
+when this was measured, and takes 24-60 us now, against a 0.05 ms kernel and a 0.09 ms flush), its
+medians came out bimodal, 0.052 or 0.075 ms for the same kernel."""
 import math
 import statistics
 import time

@@ -540,14 +540,14 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 # measured 0.93× (0.92× in bf16; 0.93× and 0.93× in the recorded run), every row tight (the check
 # above): below the band, for the reason above.
 #
-# Such a launch is shorter than the host's work to make it. This stage's Python wrapper and
-# launch function spend about 0.1 ms per call on the H100's host (checks, the output and the
-# counter's allocation, three tensor maps, a memset, the launch), against 0.05 ms of GPU time.
-# Timed naively, with an event before and after each call, the GPU sits idle waiting for the
-# host and the event pair measures Python: the same kernel then reads anywhere from 0.052 to
-# 0.079 ms. `fl.bench` queues its runs behind a GPU sleep and drops any run whose start the GPU
-# reached before the call was queued (notebook 00). In a model, the same cost is why short
-# kernels are launched from CUDA graphs.
+# Such a launch is barely longer than the host's work to make it. This stage's Python wrapper and
+# launch function spend 35–56 µs per call on the H100's host (checks, the output and the
+# counter's allocation, three tensor maps, a memset, the launch; notebook 99 records it), against
+# 0.05 ms of GPU time. Timed naively, with an event before and after each call, the GPU sits idle
+# whenever the host falls behind, and the event pair then measures Python as well as the kernel.
+# `fl.bench` queues its runs behind a GPU sleep and drops any run whose start the GPU reached
+# before the call was queued (notebook 00). In a model, the same cost is why short kernels are
+# launched from CUDA graphs.
 #
 # **Against cuDNN** stage 11 runs at 0.87–1.14× here (0.87–1.14× in the recorded run): level with
 # it or ahead from N = 4096 on (1.00–1.13×; at D = 64, 1.03–1.13×), and 0.87–0.98× at N = 512,

@@ -19,7 +19,7 @@
 #   answer off a profile of the pass
 #
 # **Prerequisites:** notebooks 05–08 (the kernels this one runs on any recent GPU; on a Hopper GPU
-# it runs stages 09–12 too); notebook 00's timing method and roofline.
+# it runs stages 09–13 too); notebook 00's timing method and roofline.
 #
 # **Time:** about 15 min to read, 30 min to work through.
 
@@ -139,9 +139,9 @@ print(f"stage 04's copies: {copy_gb:.2f} GB moved, {copy_gb / roof['copy_tbps']:
 
 # %% [markdown]
 # **Prediction:** attention is 7 % of the forward pass's FLOPs. With the matrix multiplies at the
-# ceiling it is 15–21 % of the pass's time for SDPA's two backends, 19 % for stage 08, 14 % for
-# stage 12 and 38 % for stage 04, whose copies add 0.3 ms more. So stage 08 should land within a few
-# percent of SDPA, stage 12 within one percent, and stage 04 a third slower. The logits of every
+# ceiling it is 15–21 % of the pass's time for SDPA's two backends, 18 % for stage 08, 14 % for
+# stage 13 and 38 % for stage 04, whose copies add 0.3 ms more. So stage 08 should land within a few
+# percent of SDPA, stage 13 within one percent, and stage 04 a third slower. The logits of every
 # stage fall within twice eager's difference, about 8 times larger in bf16.
 
 # %% [markdown]
@@ -164,43 +164,42 @@ plots.model_forward(rows)
 # ### Discussion
 #
 # **The logits held.** In fp16 eager's logits differ from SDPA's by 0.0049 at most, and every stage
-# lands at 0.0049–0.0051: not twice eager's difference but about once, the rounding of two correct
+# lands at 0.0049–0.0059: not twice eager's difference but about once, the rounding of two correct
 # attentions. In bf16 eager is 0.043 away and the stages 0.035–0.041, about 8.8 times the fp16
 # figures, as the 2³ from the mantissa widths said. The check on random tensors carried over to a
 # model that feeds each layer's output into the next.
 #
 # **The time prediction missed, and in the good direction for the lesson.** It assumed the matrix
-# multiplies run at the 761 TFLOP/s ceiling, 2.66 ms, and found attention 14–38 % of the pass. The
-# profile says otherwise. In fp16 the GPU was busy 14.7 ms with SDPA: matrix multiplies 9.5 ms (2.0
+# multiplies run at the 750 TFLOP/s ceiling, 2.70 ms, and found attention 14–38 % of the pass. The
+# profile says otherwise. In fp16 the GPU was busy 14.6 ms with SDPA: matrix multiplies 9.5 ms (2.0
 # TFLOP at about 210 TFLOP/s, 28 % of the ceiling: GPT-2's matrices are only 768 wide, and its
 # Conv1D layers add a bias in the same call), 4.5 ms of small kernels the FLOP count leaves out
 # (layer norms, GELU, residual adds, each a pass over the activations), and attention 0.56 ms: 3.8 %
 # of the GPU's time. With so little at stake:
-# - stages 07 and 08 (0.81 and 0.79 ms of attention) cost the pass about 2 % of GPU time against
-#   SDPA, and stages 05 and 06 (1.0 ms) 3.5 %;
-# - the Hopper stages take attention from 0.63 ms (stage 09) to 0.56 ms (stage 12), with stage 11
-#   (0.62 ms) behind stage 10 (0.58 ms), as in the sweep at D = 64, and the pass from 0.8 % over
-#   SDPA's GPU time to 0.3 %: stage 12's 14.68 ms against SDPA's 14.63 (level in bf16, 13.91
-#   against 13.92). Its attention is level with cuDNN's (0.557 against 0.559 ms); the other kernels
-#   of the pass vary by more than that from one pass to the next (the matrix multiplies took
-#   9.52–9.60 ms);
-# - stage 04 costs 16 % (20 % in bf16): 2.0 ms of attention and 1.0 ms more of "other", its 36
+# - stages 07 and 08 (0.81 and 0.78 ms of attention) cost the pass 1.5–1.8 % of GPU time against
+#   SDPA, and stages 05 and 06 (1.0 ms) 3 %;
+# - the Hopper stages take attention from 0.60 ms (stage 09) to 0.56 ms (stage 13), with stage 11
+#   (0.61 ms) behind stage 10 (0.59 ms), as in the sweep at D = 64, and the pass from 0.2–0.4 %
+#   over SDPA's GPU time (stages 09–11) to level: stage 13's 14.64 ms against SDPA's 14.64 (13.83
+#   against 13.85 in bf16). Its attention is level with cuDNN's in fp16 (0.559 against 0.562 ms)
+#   and 3 % shorter in bf16 (0.539 against 0.557); the other kernels of the pass vary by as much or
+#   more from one pass to the next (the matrix multiplies took 9.52–9.54 ms);
+# - stage 04 costs 16 % (19 % in bf16): 2.0 ms of attention and 1.0 ms more of "other", its 36
 #   copies. The copies took three times the predicted 0.30 ms: they gather 128-byte rows 4.6 KB
 #   apart, not one stream, and reached about 0.9 TB/s of the 3.0 the copy test gets;
 # - eager's matrix multiplies and softmax cost 72–76 %: it writes all 12 × 96 score matrices.
 #
 # SDPA chose cuDNN here (its kernel is named above: `…sm90_flash_fprop_wgmma_f16`), the backend
-# that led the sweep at this point, with Hopper's `wgmma` instructions. Stages 09–12 use them too;
-# at this sweep point stage 12 reached 1.05 of cuDNN's rate (350 against 332 TFLOP/s).
+# that led the sweep at this point among SDPA's, with Hopper's `wgmma` instructions. Stages 09–13
+# use them too; at this sweep point stage 13 reached 1.09 of cuDNN's rate (360 against 331 TFLOP/s).
 #
-# **The wall time is not the GPU's time.** The dots sit 0.6–4.4 ms to the right of the bars and
-# move between stages by more than any stage's whole attention: in bf16 stage 12's pass took
-# 18.1 ms of wall time and stage 11's 14.7, each with 13.9 ms of kernels. The difference is the GPU
+# **The wall time is not the GPU's time.** The dots sit 0.6–3.9 ms to the right of the bars and
+# move between stages by more than any stage's whole attention: in fp16 stage 07's pass took
+# 18.7 ms of wall time and stage 08's 16.3, each with 14.9 ms of kernels. The difference is the GPU
 # waiting for Python to launch the next kernel, which varies from pass to pass; the timer's notes
-# in `data/model.csv` say the GPU waited for the host in every timing, and call one of them (stage
-# 09 in bf16) unsettled after two re-timings. A kernel's effect on a model is measured in its kernels' time (the
-# profile), or after removing the launches (CUDA graphs), not by timing passes of a few
-# milliseconds.
+# in `data/model.csv` say the GPU waited for the host in every timing. A kernel's effect on a model
+# is measured in its kernels' time (the profile), or after removing the launches (CUDA graphs), not
+# by timing passes of a few milliseconds.
 
 # %% [markdown]
 # ## The profile: one attention call, alone
@@ -217,30 +216,34 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 # ### Discussion
 #
 # **Reading strided rows costs nothing measurable.** In the model's layout stage 08's kernel took
-# 63.7 µs, contiguous 64.3 µs; stages 05–12 differ by about 2 % at most, either way, as does cuDNN,
-# which also reads the views directly (the TMA of stages 10–12 takes the row stride in its tensor
+# 63.9 µs, contiguous 64.4 µs; stages 05–13 differ by about 2 % at most, either way, as does cuDNN,
+# which also reads the views directly (the TMA of stages 10–13 takes the row stride in its tensor
 # map). Each 16-byte load fetches a row segment of a K or V tile whichever way the rows are spaced,
 # and the tiles are read once per query tile from L2, so the spacing only changes addresses. Stage
-# 04 pays 60 µs per call for its three copies, 37 % on top of its 164 µs kernel.
+# 04 pays 60 µs per call for its three copies, 37 % on top of its 163 µs kernel.
 #
-# **The model's shape is not the sweep's.** Stage 08 reached 202 TFLOP/s here against 254 at the
-# sweep point with the same N, D and mask; cuDNN 288 against 332. The sweep runs B·H = 512 heads of
+# **The model's shape is not the sweep's.** Stage 08 reached 201 TFLOP/s here against 254 at the
+# sweep point with the same N, D and mask; cuDNN 284 against 331. The sweep runs B·H = 512 heads of
 # 1 024 tokens, the model 96: stage 08's 768 blocks of 128 query rows fill the H100's 132 SMs about
 # three times over, so the last, unevenly long causal blocks leave SMs idle for a larger share of
-# the call. Stage 12's persistent grid, 264 blocks (two an SM) that claim 768 items of 128 rows
-# longest first, loses as much as stage 08 (279 against 350 TFLOP/s, 20 % as for stage 08) and more
-# than cuDNN (13 %): the last items still end unevenly, and each block pays its start once per
-# call. Rates measured on one
-# shape predict another only as far as the grid fills the GPU alike.
+# the call. Stage 13's persistent grid, 264 blocks (two an SM) that claim 768 items of 128 rows
+# longest first, loses almost as much as stage 08 (292 against 360 TFLOP/s, 19 % where stage 08
+# loses 21 %) and more than cuDNN (14 %): the last items still end unevenly, and each block pays its
+# start once per call. It is still the fastest here, 1.03 of cuDNN's rate, where the sweep point
+# said 1.09. Rates measured on one shape predict another only as far as the grid fills the GPU
+# alike.
 #
-# **The timer hides the Python call; it does not remove it.** Timed call after call, stage 08 took
-# 68 µs per call for 64 µs of kernel, stage 12 51 µs for 46 and cuDNN 50 µs for 45. `time_fn` queues
-# the calls behind a short GPU sleep, so the GPU runs them back to back, and what shows is the
-# kernel plus the 3–5 µs between two kernels. The host's own time per call is not in these numbers:
-# flashlab's adapter and input checks take about 0.1 ms of it (90–114 µs per call of stages 10–12,
-# measured on this H100 with a clock around each call), twice stage 12's kernel at this shape. In
-# the model those launches queue behind other work, and the GPU still waits for them whenever Python
-# falls behind: the profile, not the wall time, decides between kernels.
+# **The timer hides the Python call; it does not remove it.** Timed call after call (`wall_us`),
+# stage 08 took 68 µs per call for 64 µs of kernel, stage 13 49 µs for 44 and cuDNN 50 µs for 45.
+# `time_fn` queues the calls behind a short GPU sleep, so the GPU runs them back to back, and what
+# shows is the kernel plus the 3–5 µs between two kernels. The host's own time per call is the last
+# column (`host_us`: how long the Python call takes to return, its kernel queued): about 30 µs for
+# SDPA, 24–60 µs for the stages, 36–39 µs for stage 13. That is checking the inputs (remembered per
+# layout, so a model's repeated calls are checked in a few microseconds), allocating the output,
+# and for stages 10–13 encoding three TMA tensor maps; stages 11–13 also zero the counter their
+# persistent blocks claim items from. Against a 44 µs kernel the host keeps ahead, but only just:
+# in the model those launches queue behind other work, and the GPU waits for them whenever Python
+# falls behind, so the profile, not the wall time, decides between kernels.
 
 # %% [markdown]
 # ## Exercises
@@ -298,9 +301,11 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 # - Inside GPT-2 every stage's logits stay within twice eager's difference from SDPA's, in fp16
 #   and bf16: the check on random tensors carried over to a whole model.
 # - Attention was 7 % of this forward pass's FLOPs and 4 % of its GPU time, so attention kernels up
-#   to 3.5× apart moved the pass's GPU time by 0–20 %; stage 12 left it level with SDPA's. GPT-2's
+#   to 4.3× apart moved the pass's GPU time by 0–19 %; stage 13 left it level with SDPA's. GPT-2's
 #   narrow matrix multiplies, the small kernels around them and the CPU launching them decide the
 #   rest.
 # - Reading strided rows cost nothing measurable; a smaller grid than the sweep's cost stage 08 a
-#   fifth of its rate (stage 12's persistent grid 19 %, cuDNN 15 %); copying the inputs cost stage
+#   fifth of its rate (stage 13's persistent grid 19 %, cuDNN 14 %); copying the inputs cost stage
 #   04 a third of its kernel time.
+# - A call's own host time (30 µs for SDPA, 36–39 µs for stage 13) is close to the kernel's at a
+#   model's shape: the GPU waits for Python whenever the launches fall behind.
