@@ -122,6 +122,35 @@ def test_scores_that_grow_along_the_keys(built, slug):
                     assert err <= tol, (dt, D, causal, N, err, tol)
 
 
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.fast])
+def test_a_stage_replays_inside_a_cuda_graph(built, slug):
+    """Captured once (torch.cuda.graph), replayed on new inputs copied into the same tensors: each
+    replay computes the new inputs' attention. Nothing the call does on the host (checks, tensor
+    maps, the launch) is repeated by a replay, and stages 11-13 zero their work counter inside the
+    graph, so every replay hands out every item again."""
+    attn = attn_for(built, slug)
+    dtype = dtype_of(slug)
+    for causal in (False, True):
+        q, k, v = (torch.randn(2, 3, 777, 64, device="cuda", dtype=dtype) for _ in range(3))
+        out = torch.empty_like(q)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warmed outside the capture, as torch.cuda.graph asks
+            attn(q, k, v, causal=causal, out=out)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            attn(q, k, v, causal=causal, out=out)
+        for _ in range(2):
+            for t in (q, k, v):
+                t.copy_(torch.randn_like(t))
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            ref = reference(q, k, v, causal)
+            assert rel_err(out, ref) <= tolerance(q, k, v, causal, ref), causal
+
+
 @pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if not st.any_head_dim])
 def test_unsupported_head_dims(built, slug):
     for D in sorted({32, 96, 256} - set(fl.stage(slug).head_dims)):
