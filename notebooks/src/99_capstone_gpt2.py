@@ -261,6 +261,15 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 # 3. **Break the strides on purpose.** In your copy of `kernels/05_mma.cu`, load K with `D` as its
 #    row stride instead of `L.k.n`. Predict which cases of `fl.check(fl.stage("05").build())` fail
 #    and which still pass, and why; then run it on a GPU. (Restore the line afterwards.)
+# 4. **Remove the launches.** Capture one forward pass in a CUDA graph. Build the model on a stage
+#    (`m = model.gpt2(model.register(NEWEST), n_layer=12).cuda().half()`, or `LAST` off Hopper),
+#    run it three times on a side stream (`torch.cuda.Stream()`) to warm it, then, under
+#    `torch.no_grad()`: `g = torch.cuda.CUDAGraph()` and `with torch.cuda.graph(g): logits =
+#    m(tokens, use_cache=False).logits`. `g.replay()` runs the pass again on whatever
+#    `tokens` holds, with no Python in between. Check the logits against an ordinary pass, time
+#    `g.replay` with `fl.bench.time_fn` for the stage and for SDPA, and set both against the wall
+#    time and the GPU time above. Which of a stage's host-side steps does a replay skip, and which
+#    GPU-side step must the graph hold for stages 11–13 to hand out their items again?
 
 # %% [markdown]
 # ## Questions for discussion
