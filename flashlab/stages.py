@@ -154,7 +154,8 @@ class Stage:
 
 
 # The current CUDA stream's handle as an int: torch's own raw getter where it has one (what
-# Triton's launcher calls, a tenth of the time of building a torch.cuda.Stream), else the public way.
+# Triton's launcher calls; it builds no torch.cuda.Stream object, which costs 3-6 us of host time
+# on the H100's host), else the public way.
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
