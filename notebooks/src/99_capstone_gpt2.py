@@ -21,7 +21,7 @@
 # **Prerequisites:** notebooks 05–08 (the kernels this one runs on any recent GPU; on a Hopper GPU
 # it runs stages 09–13 too); notebook 00's timing method and roofline.
 #
-# **Time:** about 15 min to read, 30 min to work through.
+# **Time:** about 15 min to read, 40 min to work through.
 
 # %%
 # %matplotlib inline
