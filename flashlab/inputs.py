@@ -66,8 +66,28 @@ def layout_problem(who: str, name: str, t, row_strides=False):
 # of its first element. A model calls attention with the same few layouts in every layer, so
 # validate keeps the descriptions of CUDA calls that passed (up to _PASSED_MAX) and runs the rules
 # again only for a new one: a few microseconds of host time per call instead of about thirty.
+# reads_in_place does the same for one tensor's layout.
 _PASSED: set = set()
+_IN_PLACE: set = set()
 _PASSED_MAX = 4096
+
+
+def _remember(passed: set, seen):
+    if len(passed) >= _PASSED_MAX:
+        passed.clear()
+    passed.add(seen)
+
+
+def reads_in_place(who: str, name: str, t, row_strides=False) -> bool:
+    """True where a stage can read (or write, name "out") t as it is: layout_problem finds
+    nothing, remembered per (name, shape, strides, dtype, alignment)."""
+    seen = (who, name, row_strides, t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
+    if seen in _IN_PLACE:
+        return True
+    if layout_problem(who, name, t, row_strides) is not None:
+        return False
+    _remember(_IN_PLACE, seen)
+    return True
 
 
 def _description(who, tensors, dtypes, row_strides, cuda_only=True):
@@ -94,9 +114,7 @@ def validate(who: str, q, k, v, dtypes=("fp32",), out=None, row_strides=False):
         return
     _check(who, q, k, v, dtypes, out, row_strides)
     if seen is not None:
-        if len(_PASSED) >= _PASSED_MAX:
-            _PASSED.clear()
-        _PASSED.add(seen)
+        _remember(_PASSED, seen)
 
 
 def _check(who, q, k, v, dtypes, out, row_strides):

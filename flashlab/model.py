@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from .inputs import layout_problem
+from .inputs import reads_in_place
 from .stages import stage as _stage
 from .stages import stages as _all_stages
 
@@ -35,20 +35,13 @@ class SDPA:
         self.copies = 0  # inputs that had to be made contiguous
         stage = getattr(attention, "stage", None)
         self.row_strides = bool(getattr(stage, "row_strides", False))
-        self._in_place = set()  # (name, shape, strides, dtype, alignment) of inputs read as they are
 
     def __repr__(self):
         return f"<flashlab SDPA adapter for {self.name}: {self.copies} inputs copied>"
 
     def _readable(self, name, t):
         """t itself where the stage can read it in place, else a contiguous copy (counted)."""
-        seen = (name, t.shape, t.stride(), t.dtype, t.data_ptr() % 16)
-        if seen in self._in_place:  # what layout_problem reads, all as it was when it passed
-            return t
-        if layout_problem(self.name, name, t, self.row_strides) is None:
-            if len(self._in_place) >= 4096:
-                self._in_place.clear()
-            self._in_place.add(seen)
+        if reads_in_place(self.name, name, t, self.row_strides):
             return t
         self.copies += 1
         return t.contiguous()
