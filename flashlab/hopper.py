@@ -1671,10 +1671,10 @@ def lazy_chain(D=128, BC=128, mufu=8, shuffle=30) -> dict:
     return {"stage 12": s12, "stage 13": s13}
 
 
-def lazy_figure(D=128, BC=128):
+def lazy_figure(D=128, BC=128, mufu=8, shuffle=30):
     """Stage 12's softmax of a tile against stage 13's lazy pass (lazy_chain's model of one warp
     alone): the exponentials no longer wait for the row maximum, and O is not rescaled."""
-    chain = lazy_chain(D, BC)
+    chain = lazy_chain(D, BC, mufu=mufu, shuffle=shuffle)
     colors = {"row maximum": "#9ecae1", "shuffles": "#6baed6", "m, alpha": "#fdae6b",
               "exponentials, sums, P": "#74c476", "rescale O": "#fb6a4a",
               "row maximum, shuffles (beside)": "#9ecae1", "test, vote": "#756bb1"}
@@ -1699,8 +1699,8 @@ def lazy_figure(D=128, BC=128):
     ax.set_yticks(list(lanes.values()), [f"stage {s[-2:]}" for s in lanes], fontsize=LABEL)
     ax.set_ylim(-0.9, 2.9)
     ax.set_xlim(0, max(ends.values()) * 1.12)
-    ax.set_xlabel("cycles of one warp alone (a model: one instruction a cycle, an exponential "
-                  "every 8, a shuffle's result after 30)", fontsize=LABEL)
+    ax.set_xlabel(f"cycles of one warp alone (a model: one instruction a cycle, an exponential "
+                  f"every {mufu}, a shuffle's result after {shuffle})", fontsize=LABEL)
     ax.set_title(f"One consumer warp's softmax of a {BC}-key tile at D = {D}: the exponentials "
                  f"wait for the row maximum, or they do not", fontsize=TITLE - 1)
     for side in ("top", "right"):

@@ -64,16 +64,16 @@ def layout_problem(who: str, name: str, t, row_strides=False):
 
 # Every rule below reads only a tensor's shape, strides, dtype, device and the 16-byte alignment
 # of its first element. A model calls attention with the same few layouts in every layer, so
-# validate keeps the descriptions of CUDA calls that passed (up to _PASSED_MAX) and runs the rules
+# validate keeps the descriptions of CUDA calls that passed (up to REMEMBERED) and runs the rules
 # again only for a new one: a few microseconds of host time per call instead of about thirty.
 # reads_in_place does the same for one tensor's layout.
 _PASSED: set = set()
 _IN_PLACE: set = set()
-_PASSED_MAX = 4096
+REMEMBERED = 4096  # the most any of flashlab's per-layout or per-problem memos keeps
 
 
 def _remember(passed: set, seen):
-    if len(passed) >= _PASSED_MAX:
+    if len(passed) >= REMEMBERED:
         passed.clear()
     passed.add(seen)
 

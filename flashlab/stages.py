@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 import torch
 
 from . import build as _build
-from .inputs import DTYPE_CODES, DTYPE_NAMES, strides, validate
+from .inputs import DTYPE_CODES, DTYPE_NAMES, REMEMBERED, strides, validate
 from .paths import KERNELS
 
 
@@ -204,7 +204,7 @@ class Attention:
         plan = self._plans.get(problem)
         if plan is None:
             plan = self._plan(q, causal)
-            if len(self._plans) >= 4096:
+            if len(self._plans) >= REMEMBERED:
                 self._plans.clear()
             self._plans[problem] = plan
         code, ws_bytes = plan
