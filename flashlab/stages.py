@@ -165,6 +165,21 @@ def _current_stream(device_index: int) -> int:
     return torch.cuda.current_stream(device_index).cuda_stream
 
 
+def refuse_autograd(who, q, k, v, out=None):
+    """Raise ValueError where autograd would record this call: grad mode is on (the caller checks
+    torch.is_grad_enabled(), which costs nothing) and q, k, v or out requires grad. A stage's
+    kernel writes o through a raw pointer, so torch would hand back an output cut off from the
+    graph, and a model trained through it would get no gradient through attention."""
+    named = {"q": q, "k": k, "v": v, "out": out}
+    wants = [n for n, t in named.items() if getattr(t, "requires_grad", False)]
+    if wants:
+        raise ValueError(
+            f"{who}: {', '.join(wants)} {'requires' if len(wants) == 1 else 'require'} grad, and "
+            "this stage has no backward pass: its output would carry no gradient. For inference, "
+            "call it under torch.no_grad() or torch.inference_mode() (or pass detached tensors); "
+            "to train, use torch.nn.functional.scaled_dot_product_attention")
+
+
 class Attention:
     """A built stage: attn(q, k, v, causal=False, out=None, scale=None) -> o, all (B, H, N, D)."""
 
@@ -197,6 +212,8 @@ class Attention:
 
     def __call__(self, q, k, v, causal=False, out=None, scale=None):
         st = self.stage
+        if torch.is_grad_enabled():  # never a silent detach: o would carry no gradient to q, k, v
+            refuse_autograd(st.slug, q, k, v, out)
         validate(st.slug, q, k, v, st.dtypes, out, row_strides=st.row_strides)
         causal = bool(causal)
         B, H, N, D = q.shape

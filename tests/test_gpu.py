@@ -98,6 +98,30 @@ def test_bad_input_is_a_value_error(built, slug):
     assert torch.isfinite(attn(q, q, q)).all()
 
 
+@pytest.mark.parametrize("slug", STAGES)
+def test_no_output_silently_drops_out_of_autograd(built, slug):
+    """Inputs that require grad with grad mode on: a clear ValueError, never an output without a
+    gradient. Under no_grad and inference_mode, the same inputs give the float64 answer."""
+    attn = attn_for(built, slug)
+    dtype = dtype_of(slug)
+    q, k, v = (torch.randn(2, 3, 77, 64, device="cuda", dtype=dtype, requires_grad=True)
+               for _ in range(3))
+    with pytest.raises(ValueError, match=f"{slug}: q, k, v require grad.*no backward"):
+        attn(q, k, v)
+    with pytest.raises(ValueError, match="no backward"):
+        attn(q.detach(), k.detach(), v * 1.0, causal=fl.stage(slug).causal)
+    plain = [t.detach() for t in (q, k, v)]
+    want = reference(*plain)
+    tol = tolerance(*plain, False, want)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            o = attn(q, k, v)
+        assert not o.requires_grad
+        assert rel_err(o, want) < tol, (mode.__name__, rel_err(o, want), tol)
+    o = attn(*plain)  # inputs that need no grad: unchanged
+    assert rel_err(o, want) < tol
+
+
 @pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.fast])
 def test_scores_that_grow_along_the_keys(built, slug):
     """Keys whose norm grows along the sequence: every row's maximum keeps rising, so each tile

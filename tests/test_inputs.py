@@ -159,6 +159,36 @@ def test_attention_validates_before_reaching_the_kernel(slug):
 
 
 @pytest.mark.parametrize("slug", [st.slug for st in fl.stages()])
+def test_a_call_autograd_would_record_is_refused_never_detached(slug):
+    """No stage has a backward pass: with grad mode on and any of q, k, v, out requiring grad,
+    the call is a ValueError naming the stage and what to do, raised before the kernel; under
+    torch.no_grad(), torch.inference_mode() or with inputs that need no grad it goes on as before
+    (here to validate's device rule: CPU tensors stand in)."""
+    attn = Attention(fl.stage(slug), _Untouchable())
+    dtype = dtype_of(fl.stage(slug).dtypes[0])
+    plain = t(dtype=dtype)
+    wants = t(dtype=dtype).requires_grad_()
+    for args, kwargs, named in [((wants, plain, plain), {}, "q requires grad"),
+                                ((plain, plain, wants), {"causal": True}, "v requires grad"),
+                                ((wants, wants, wants), {}, "q, k, v require grad"),
+                                ((plain, plain, plain), {"out": wants}, "out requires grad")]:
+        with pytest.raises(ValueError, match="no backward") as err:
+            attn(*args, **kwargs)
+        msg = str(err.value)
+        assert slug in msg and named in msg and "torch.no_grad()" in msg
+        assert "scaled_dot_product_attention" in msg
+    with pytest.raises(ValueError, match="no backward"):  # an op on a leaf: a non-leaf that needs grad
+        attn(wants * 2, plain, plain)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode(), pytest.raises(ValueError, match="CUDA"):
+            attn(wants, wants, wants)
+    with pytest.raises(ValueError, match="CUDA"):
+        attn(plain, plain, plain)
+    with pytest.raises(ValueError, match="CUDA"):
+        attn(wants.detach(), plain, plain)
+
+
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages()])
 def test_build_without_cuda_is_a_clear_error(slug, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(RuntimeError, match="CUDA"):

@@ -139,3 +139,22 @@ def test_gpt2_on_a_stage_agrees_with_sdpa_as_closely_as_eager_does(slug, dtype):
         assert adapter.copies == 0, adapter
     else:                         # q, k, v copied in each of the 4 layers
         assert adapter.copies == 3 * 4, adapter
+
+
+def test_training_a_model_on_a_stage_is_refused_not_silently_detached():
+    """A GPT-2 whose attention is a built stage, run with grad mode on (its weights require grad,
+    so q, k, v do): a ValueError naming the stage, raised before any kernel, not logits with no
+    gradient through attention. Under no_grad the call goes on (to validate's CUDA rule here)."""
+    from flashlab.stages import Attention
+
+    class Untouchable:
+        def __getattr__(self, name):
+            raise AssertionError(f"the module's {name} was reached")
+
+    name = model.register(model.SDPA(Attention(fl.stage("05_mma"), Untouchable())))
+    gpt = model.gpt2(name, n_layer=1).half()  # a dtype the stage takes: the device is what's wrong
+    tokens = torch.randint(0, gpt.config.vocab_size, (1, 8))
+    with pytest.raises(ValueError, match="05_mma: .*require.* grad.*no backward"):
+        gpt(tokens, use_cache=False)
+    with torch.no_grad(), pytest.raises(ValueError, match="CUDA"):
+        gpt(tokens, use_cache=False)
