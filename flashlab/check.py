@@ -20,7 +20,11 @@ SHAPES = ((1, 1, 1), (2, 3, 17), (1, 2, 1000), (1, 1, 4096))
 # (B, H, N) checked again in the model's layout, for stages that read strided rows (B, H > 1:
 # a kernel that mixes up the batch, head or row strides reads the wrong rows).
 STRIDED_SHAPES = ((2, 3, 17), (2, 4, 1000))
-LAYOUTS = ("contiguous", "bnhd")
+# (B, H, N) checked again with keys whose norm grows along the sequence (layout "growing"): every
+# row's maximum keeps rising, so each tile takes the rescale path, and a pass that only checks
+# for it (stage 13's lazy rescale) must take its fallback. Random inputs rarely do either.
+GROWING_SHAPES = ((2, 3, 1000), (1, 2, 4096))
+LAYOUTS = ("contiguous", "bnhd", "growing")
 FP32_TOL = 1e-4
 
 
@@ -88,7 +92,14 @@ def case_inputs(B, H, N, D, dtype, layout="contiguous", gen=None, device="cuda")
     """Random q, k, v and a NaN-poisoned output, (B, H, N, D) each. layout "contiguous": four
     contiguous tensors. "bnhd": what a transformer passes: q, k, v are (B, H, N, D) views of one
     (B, N, 3, H, D) projection (rows 3·H·D elements apart, heads D apart), and the output is the
-    (B, H, N, D) view of a (B, N, H, D) tensor."""
+    (B, H, N, D) view of a (B, N, H, D) tensor. "growing": contiguous, with key n scaled by
+    1 + g n / N (g = 8 up to N = 1024, else 30): scores, and so each row's maximum, keep growing
+    along the keys."""
+    if layout == "growing":
+        q, k, v, out = case_inputs(B, H, N, D, dtype, "contiguous", gen, device)
+        growth = 8.0 if N <= 1024 else 30.0
+        scale = 1 + growth * torch.arange(N, device=device, dtype=torch.float32) / N
+        return q, (k.float() * scale[:, None]).to(dtype), v, out
     if layout == "contiguous":
         q, k, v = (torch.randn(B, H, N, D, generator=gen, device=device, dtype=dtype)
                    for _ in range(3))
@@ -102,8 +113,10 @@ def case_inputs(B, H, N, D, dtype, layout="contiguous", gen=None, device="cuda")
 
 
 def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True), seed=None,
-          device="cuda", name=None, strided_shapes=None) -> CheckResult:
+          device="cuda", name=None, strided_shapes=None, growing_shapes=()) -> CheckResult:
     """Run `attn` on fresh random inputs over `shapes` x head dims x causal; see CheckResult.
+    growing_shapes: shapes checked again with keys that grow along the sequence (GROWING_SHAPES
+    exercises every rescale and fallback path; case_inputs' "growing" layout).
 
     For a built stage, dtype / head dims / causal default to what the stage supports (its dtypes
     this GPU runs: stage 04 on a T4 is checked in fp16 only, since its bf16 needs 8.0)."""
@@ -120,7 +133,8 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
     head_dims = head_dims or (st.head_dims if st else (64,))
     if strided_shapes is None:
         strided_shapes = STRIDED_SHAPES if getattr(st, "row_strides", False) else ()
-    runs = [(shape, "contiguous") for shape in shapes] + [(shape, "bnhd") for shape in strided_shapes]
+    runs = ([(shape, "contiguous") for shape in shapes] + [(shape, "bnhd") for shape in strided_shapes]
+            + [(shape, "growing") for shape in growing_shapes])
     if st is not None and not st.causal:
         causal = (False,)
     # A fresh seed each call (without touching torch's global generator), kept in the result so
@@ -136,7 +150,7 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
                 for c in causal:
                     q, k, v, out = case_inputs(B, H, N, D, dt, layout, gen, device)
                     got = attn(q, k, v, causal=c, out=out)
-                    if layout != "contiguous":
+                    if layout == "bnhd":
                         got = out  # the output must land in the (B, N, H, D) tensor given
                     ref = reference(q, k, v, causal=c)
                     result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], rel_err(got, ref),

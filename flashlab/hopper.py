@@ -14,9 +14,8 @@ moves registers to the computing warpgroups (the consumers) with `setmaxnreg`, a
 persistent grid that claims work items from a counter; kernels/12_tma_store.cu writes O into
 shared memory and copies it out with a TMA store; kernels/13_lazy_rescale.cu takes a tile's
 exponentials against the running maximum as it stands. Each function below models a line of
-those files; the `SOURCE` fragments quoted are copied from them, and tests/test_hopper.py checks
-that they are still there (and compiles hopper.cuh's own encoders on the host to compare them
-with the ones here).
+those files; tests/test_hopper.py keeps the lines each one follows and checks that they are still
+there (and compiles hopper.cuh's own encoders on the host to compare them with the ones here).
 
 Notation (the PTX ISA's): thread t of a warpgroup is in warp w = t // 32, lane l = t % 32;
 groupID g = l // 4 and threadID_in_group q = l % 4, as in flashlab.fragments. Figures are
@@ -45,54 +44,6 @@ M = 64            # rows of a wgmma: 16 per warp
 ATOM_ROWS = 8     # rows of one 128-byte swizzle atom (1024 bytes)
 ROW_BYTES = 128   # bytes of one swizzled row: 64 16-bit elements
 CHUNK = 16        # bytes of one swizzled chunk: 8 16-bit elements
-
-# Lines of the kernels each model below follows: (file in kernels/, the text as it is there).
-SOURCE = {
-    "accumulator": ("hopper.cuh", "lane l of warp w holds\n// rows 16w + l/4 and 16w + l/4 + 8"),
-    "a_fragment": ("hopper.cuh", "A (64 x 16) in registers (4 b16x2 per thread, the mma.sync A "
-                                 "layout in each\n// warp's 16 rows)"),
-    "p_repack": ("09_wgmma.cu", "p[ks][0] = pack2<T>(s[8 * ks], s[8 * ks + 1]);"),
-    "descriptor": ("hopper.cuh", "return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | "
-                                 "(uint64_t)((lead_bytes & 0x3FFFF) >> 4) << 16 |"),
-    "sw128": ("hopper.cuh", "return (uint32_t)((col / 64) * rows * 128 + row * 128 + "
-                            "((((col % 64) / 8) ^ (row % 8)) * 16) +"),
-    "swz06": ("06_swizzle.cu", "return row * D + (((col >> 3) ^ (row & 7)) << 3);"),
-    "q_desc": ("09_wgmma.cu", "const uint64_t a = wgmma_desc(Qw + blk * BR * 128 + in_row, 16, "
-                              "1024);"),
-    "k_desc": ("09_wgmma.cu", "const uint64_t b = wgmma_desc(Kt + blk * BC * 128 + in_row, 16, "
-                              "1024);"),
-    "k_step": ("09_wgmma.cu", "const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;"),
-    "v_desc": ("09_wgmma.cu", "wgmma_rs<T, D, 1>(o, p[ks], wgmma_desc(Vt + ks * 16 * 128, "
-                              "BC * 128, 1024), 1);"),
-    "tma_tile": ("10_tma.cu", "tma_load_4d(dst + blk * ROWS * 128, &map, bar, blk * 64, at(1), "
-                              "at(2), at(3));"),
-    "expect_tx": ("10_tma.cu", "mbar_arrive_expect_tx(full + 8 * nb, 2 * Cfg::KV_BYTES);"),
-    "full_wait": ("10_tma.cu", "mbar_wait(full + 8 * buf, (j / STAGES) & 1);"),
-    "empty_wait": ("10_tma.cu", "if (next >= STAGES) mbar_wait(empty + 8 * nb, "
-                                "(next / STAGES - 1) & 1);"),
-    "release": ("10_tma.cu", "if (j > 0 && lane == 0) mbar_arrive(empty + 8 * ((j - 1) % "
-                             "STAGES));"),
-    "ahead": ("10_tma.cu", "constexpr int AHEAD = RETIRE ? STAGES - 1 : STAGES - 2;"),
-    "first_tiles": ("10_tma.cu", "for (int st = 0; st < STAGES - 1 && st < n_tiles; st++) {"),
-    "producer_regs": ("11_warpspec.cu", "static constexpr int PRODUCER_REGS = CONSUMERS == 3 || "
-                                        "BLOCKS == 2 ? 32 : 40;"),
-    "consumer_regs": ("11_warpspec.cu", "static constexpr int CONSUMER_REGS = (ENTRY_REGS * (1 + "
-                                        "CONSUMERS) - PRODUCER_REGS) / CONSUMERS / 8 * 8;"),
-    "entry_regs": ("11_warpspec.cu", "static constexpr int ENTRY_REGS = 65536 / BLOCKS / THREADS "
-                                     "/ 8 * 8;"),
-    "work_tile": ("11_warpspec.cu", "q0 = (causal ? tiles - 1 - qt : qt) * BR;"),
-    "first_item": ("11_warpspec.cu", "int ring = 0, item = blockIdx.x;"),
-    "claim": ("11_warpspec.cu", "item = gridDim.x + atomicAdd(next_item, 1);"),
-    "q_slot": ("11_warpspec.cu", "if (it >= 2) mbar_wait(q_empty + 8 * slot, ((it >> 1) - 1) & "
-                                 "1);"),
-    "k_with_v": ("11_warpspec.cu", "if (j > 0) load(Vs, v_full, v_empty, maps.v, j - 1);"),
-    "k_release": ("11_warpspec.cu", "mbar_arrive(k_empty + 8 * buf);"),
-    "o_global": ("11_warpspec.cu", "*reinterpret_cast<uint32_t*>(Ob + r * L.o.n + 8 * d + 2 * "
-                                   "t) ="),
-    "lazy_units": ("13_lazy_rescale.cu", "grow |= x * scale_log2 > m[hh] + 8.f;"),
-    "o_shared": ("12_tma_store.cu", "at = Qw + (d / 8) * BR * 128 + row * 128 + (((d % 8) ^ "
-                                    "(row % 8)) << 4) + 4 * t;"),
-}
 
 WARP_COLORS = ("#c6dbef", "#fdd0a2", "#c7e9c0", "#dadaeb")   # pale: warps 0..3 of a warpgroup
 PICKED = ("#08306b", "#a50f15", "#00441b", "#3f007d")        # dark: the threads called out
@@ -356,10 +307,8 @@ def kernel_descriptors(D=128, BC=128, WGS=2, STAGES=3, smem=0) -> pd.DataFrame:
     """Every descriptor one warpgroup (wg 0) builds per K/V tile in 09_wgmma.cu (and 10_tma.cu),
     with the Q tile at byte `smem` (1024-aligned), K and V of buffer 0 after it as the kernel
     places them (the picks: D = 128 with BC = 128, WGS = 2, STAGES = 3; D = 64 with 64, 2, 4):
-    for S = Q Kᵀ, k-step kk reads Q through `wgmma_desc(Qw + blk * BR * 128 + in_row, 16, 1024)`
-    and K through `wgmma_desc(Kt + blk * BC * 128 + in_row, 16, 1024)`, with
-    `const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;`: 64-column block kk / 4, 32 bytes a
-    k-step into its rows. For O += P V, k-step ks reads V through
+    for S = Q Kᵀ, k-step kk reads Q and K through descriptors that start in their 64-column
+    block kk / 4, 32 bytes a k-step into its rows. For O += P V, k-step ks reads V through
     `wgmma_desc(Vt + ks * 16 * 128, BC * 128, 1024)`: 16 keys (2048 bytes) further each step,
     the leading offset BC * 128 the distance between V's 64-column blocks (MN-major)."""
     if smem % 1024:
@@ -399,9 +348,9 @@ def sw128(rows, row, col):
 
 
 def swz06(D, row, col):
-    """Byte offset of 16-bit element (row, col) in stage 06's swizzled tile of D columns:
-    `return row * D + (((col >> 3) ^ (row & 7)) << 3);` (elements, for the first element of a
-    chunk), plus col % 8, times 2 bytes. Rows are 2 D bytes: 128 at D = 64, 256 at D = 128."""
+    """Byte offset of 16-bit element (row, col) in stage 06's swizzled tile of D columns: rows D
+    elements apart, 16-byte chunk col / 8 of a row stored at chunk (col / 8) XOR (row % 8), plus
+    col % 8, times 2 bytes. Rows are 2 D bytes: 128 at D = 64, 256 at D = 128."""
     row, col = np.asarray(row), np.asarray(col)
     out = 2 * (row * D + (((col >> 3) ^ (row & 7)) << 3) + (col & 7))
     return int(out) if out.ndim == 0 else out
@@ -550,8 +499,7 @@ def swizzle_figure(D=128, rows=64):
 
 def tma_boxes(N=300, D=128, BC=128, tile=2) -> pd.DataFrame:
     """The copies 10_tma.cu issues for K/V tile `tile`: D/64 boxes of 64 columns x BC rows,
-    `tma_load_4d(dst + blk * ROWS * 128, &map, bar, blk * 64, at(1), at(2), at(3));` -- box blk
-    from column blk * 64, row tile * BC, written blk * BC * 128 bytes into the buffer. Rows past
+    box blk from column blk * 64, row tile * BC, written blk * BC * 128 bytes into the buffer. Rows past
     N arrive as zeros and still count toward the mbarrier's expected bytes."""
     if D % 64:
         raise ValueError("a box is 64 columns (128 bytes, the most a 128-byte swizzle takes)")
@@ -957,8 +905,7 @@ CLAIM_POLICIES = ("static", "counter", "hardware")
 def item_tiles(item, tiles, causal, longest_first=True, rows=128, keys=128, n=None) -> int:
     """The key tiles (of `keys` keys) work item `item` reads, its query tiles `rows` rows each, in
     a sequence of n keys (default tiles x rows). 11_warpspec.cu's work_tile gives it query tile
-    qt = item % tiles of its head, taken from the last under the causal mask (`q0 = (causal ?
-    tiles - 1 - qt : qt) * BR;`); a causal item reads the key tiles up to its last row,
+    qt = item % tiles of its head, taken from the last under the causal mask; a causal item reads the key tiles up to its last row,
     ceil(min(n, q0 + rows) / keys), and without the mask every item reads all ceil(n / keys).
     With rows = keys, causal query tile t reads key tiles 0..t. longest_first=False numbers the
     tiles in order instead (short ones first)."""
@@ -1474,12 +1421,11 @@ def _o_words(warp, d, half):
 
 def o_store_requests(D=128) -> pd.DataFrame:
     """How one consumer warpgroup's 64 x D tile of O (16-bit) reaches global memory, both ways,
-    counted from the kernels' own indexing (SOURCE "o_global" and "o_shared").
+    counted from the kernels' own indexing.
     * stage 11 (`*reinterpret_cast<uint32_t*>(Ob + r * L.o.n + 8 * d + 2 * t) = ...`): each
       thread stores 4 bytes of rows r and r + 8, 8-column tile d by tile d, with st.global; one
       warp instruction writes 16 bytes in each of 8 rows;
-    * stage 12 (`at = Qw + (d / 8) * BR * 128 + row * 128 + (((d % 8) ^ (row % 8)) << 4) + 4 *
-      t;`): the same 4 bytes go to shared memory in the 128-byte swizzle (sw128), then one
+    * stage 12: the same 4 bytes go to shared memory in the 128-byte swizzle (sw128), then one
       thread copies the tile out in D / 64 TMA boxes of 64 rows x 64 columns.
     Columns: warp instructions of the warpgroup; 32-byte sectors written to L2 (stage 11: counted
     per instruction, as each instruction sends its own); bytes of O per sector written; for the

@@ -94,8 +94,11 @@ class Stage:
         """None when this stage (in `dtype`, if given) can be built and run here, else why not,
         in one sentence: no GPU, a GPU below min_cc (or, for an arch-specific stage, not exactly
         min_cc), a GPU below what `dtype` needs ("04_wmma bf16 needs compute capability 8.0 or
-        newer; this GPU is 7.5"), no nvcc. Without `dtype` a stage is available where any of its
-        dtypes runs; unavailable_dtypes() names the ones that do not."""
+        newer; this GPU is 7.5"), no nvcc, or no kernel file (an edition that ends before this
+        stage). Without `dtype` a stage is available where any of its dtypes runs;
+        unavailable_dtypes() names the ones that do not."""
+        if not self.source.is_file():  # an edition of an assignment before this stage
+            return f"kernels/{self.slug}.cu is not in this edition"
         if capability is None:
             if not torch.cuda.is_available():
                 return "no CUDA GPU here"

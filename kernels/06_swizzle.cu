@@ -147,6 +147,7 @@ swizzle_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
       for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // BEGIN CARRIED 05.online_softmax: stage 05's online softmax, unchanged
       const float m_new = fmaxf(m[h], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no key yet: keep zeros
       const float alpha = exp2_approx(m[h] - m_use);
@@ -164,6 +165,7 @@ swizzle_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
         o[d][2 * h] *= alpha;
         o[d][2 * h + 1] *= alpha;
       }
+      // END CARRIED 05.online_softmax
     }
 
     // O += P V. P's accumulator tiles 2ks and 2ks+1 are the A fragment of k-step ks.
@@ -188,10 +190,12 @@ swizzle_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
+    // BEGIN CARRIED 05.quad_sum: stage 05's sum across the quad, unchanged
     float sum = l[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     inv[h] = sum > 0.f ? 1.f / sum : 0.f;
+    // END CARRIED 05.quad_sum
   }
 #pragma unroll
   for (int d = 0; d < NO; d++) {

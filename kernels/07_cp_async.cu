@@ -27,10 +27,12 @@ struct Tiles {
 // Element (row, col) of a swizzled tile with D columns; col must be a multiple of 8 (a chunk).
 // Rows are 128 or 256 bytes, a whole number of bank rows, so a chunk's banks depend only on its
 // position in the row: XOR with row % 8 gives the 8 rows of an ldmatrix phase 8 different ones.
+// BEGIN CARRIED 06.swizzle: stage 06's swizzle, unchanged
 template <int D>
 __device__ __forceinline__ int swz(int row, int col) {
   return row * D + (((col >> 3) ^ (row & 7)) << 3);
 }
+// END CARRIED 06.swizzle
 
 // Start copying rows [first, first + ROWS) of an (N, D) matrix, rows ld elements apart, into a
 // swizzled tile, 16 bytes per thread per step; rows past N become zeros (the copy reads 0 bytes
@@ -167,6 +169,7 @@ cp_async_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __res
       for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[n][2 * h], s[n][2 * h + 1]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      // BEGIN CARRIED 05.online_softmax: stage 05's online softmax, unchanged
       const float m_new = fmaxf(m[h], mx);
       const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no key yet: keep zeros
       const float alpha = exp2_approx(m[h] - m_use);
@@ -184,6 +187,7 @@ cp_async_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __res
         o[d][2 * h] *= alpha;
         o[d][2 * h + 1] *= alpha;
       }
+      // END CARRIED 05.online_softmax
     }
 
     // O += P V. P's accumulator tiles 2ks and 2ks+1 are the A fragment of k-step ks.
@@ -209,10 +213,12 @@ cp_async_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __res
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
+    // BEGIN CARRIED 05.quad_sum: stage 05's sum across the quad, unchanged
     float sum = l[h];
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     inv[h] = sum > 0.f ? 1.f / sum : 0.f;
+    // END CARRIED 05.quad_sum
   }
   __syncwarp();
 #pragma unroll

@@ -42,10 +42,12 @@ struct Tiles {
 };
 
 // Element (row, col) of a swizzled tile with D columns (stage 06); col a multiple of 8.
+// BEGIN CARRIED 06.swizzle: stage 06's swizzle, unchanged
 template <int D>
 __device__ __forceinline__ int swz(int row, int col) {
   return row * D + (((col >> 3) ^ (row & 7)) << 3);
 }
+// END CARRIED 06.swizzle
 
 // Start copying rows [first, first + ROWS) into a swizzled tile; rows past N become zeros (stage 07).
 // Thread t copies chunk t % (D/8) of rows t / (D/8) + i * STEP. STEP is a multiple of 8, so the
@@ -191,6 +193,7 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
 
   for (int j = 0; j < n_tiles; j++) {
     const int k0 = j * BC;
+    // BEGIN CARRIED 07.pipeline: stage 07's pipeline step, on this stage's byte addresses
     if (j > 0) {
       cp_async_wait<STAGES - 2>();
       __syncthreads();
@@ -203,6 +206,9 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
                                              next * BC, N);
     }
     cp_async_commit();
+    // STUB: // TODO: nothing waits and nothing loads after the prologue (stage 07's pipeline step,
+    // STUB: // with this stage's load_tile_async<BC, D, THREADS, kLane> into Ks_u / Vs_u).
+    // END CARRIED 07.pipeline
     const uint32_t Kt = Ks_u + 2 * (j % STAGES) * BC * D;
     const uint32_t Vt = Vs_u + 2 * (j % STAGES) * BC * D;
     // Causal: a tile that starts past this warp's last row is masked for all of its rows. The
@@ -298,6 +304,7 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
         for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[w][n][2 * hh], s[w][n][2 * hh + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // BEGIN CARRIED 05.online_softmax: stage 05's online softmax, with the scale folded into the exponent (kFold)
         const float m_new = fmaxf(m[h], kFold ? mx * scale_log2 : mx);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;
         alpha[h] = exp2_approx(m[h] - m_use);
@@ -313,6 +320,11 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
           sum += s[w][n][2 * hh] + s[w][n][2 * hh + 1];
         }
         l[h] = fmaf(l[h], alpha[h], sum);
+        // STUB: // TODO: P is left as the raw scores and l as it was: stage 05's online softmax update,
+        // STUB: // for row tile w's row half hh (alpha[h] is read below; kFold folds the scale in).
+        // STUB: alpha[h] = 1.f;
+        // STUB: (void)mx;
+        // END CARRIED 05.online_softmax
       }
     // Once a row's max has settled (most tiles, for long sequences) alpha is exactly 1: skip the
     // rescale of O, D/2 multiplies per row and lane, unless some lane of the warp needs it.
@@ -364,8 +376,11 @@ tuned_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       float sum = l[2 * w + hh];
+      // BEGIN CARRIED 05.quad_sum: stage 05's sum across the quad
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // STUB: // TODO: sum is this lane's part of the row sum only: add up the quad's parts (05.quad_sum).
+      // END CARRIED 05.quad_sum
       inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
     }
 #pragma unroll

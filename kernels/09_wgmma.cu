@@ -233,8 +233,11 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
 #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
     float sum = l[hh];
+    // BEGIN CARRIED 05.quad_sum: stage 05's sum across the quad
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    // STUB: // TODO: sum is this lane's part of the row sum only: add up the quad's parts (05.quad_sum).
+    // END CARRIED 05.quad_sum
     inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
   }
   uint8_t* Qp = smem_raw + (Qs - smem_u32(smem_raw));

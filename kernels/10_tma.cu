@@ -156,9 +156,13 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) {
+      // BEGIN CARRIED 09.descriptors: stage 09's descriptors, passed straight to the wgmma
       const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;  // as stage 09
       wgmma_ss<T, BC>(s, wgmma_desc(Qw + blk * BR * 128 + in_row, 16, 1024),
                       wgmma_desc(Kt + blk * BC * 128 + in_row, 16, 1024), kk > 0);
+      // STUB: // TODO: every k-step reads the first 16 columns of Q and K (09.descriptors).
+      // STUB: wgmma_ss<T, BC>(s, wgmma_desc(Qw, 16, 1024), wgmma_desc(Kt, 16, 1024), kk > 0);
+      // END CARRIED 09.descriptors
     }
     wgmma_commit();
     refill(j);
@@ -243,8 +247,11 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
 #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
     float sum = l[hh];
+    // BEGIN CARRIED 05.quad_sum: stage 05's sum across the quad
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    // STUB: // TODO: sum is this lane's part of the row sum only: add up the quad's parts (05.quad_sum).
+    // END CARRIED 05.quad_sum
     inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
   }
   uint8_t* Qp = smem_raw + (Qs - base);

@@ -103,19 +103,23 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 template <int ROWS, int D>
 __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap& map, uint32_t bar,
                                          int row, int h, int b, int3 order) {
+  // BEGIN CARRIED 10.tma_tile: stage 10's boxes, unchanged
   auto at = [&](int k) { return order.x == k ? row : order.y == k ? h : b; };
 #pragma unroll
   for (int blk = 0; blk < D / 64; blk++)
     tma_load_4d(dst + blk * ROWS * 128, &map, bar, blk * 64, at(1), at(2), at(3));
+  // END CARRIED 10.tma_tile
 }
 
 // Work item `item` of `tiles` query tiles per head: its batch x head index bh and first row q0.
 __device__ __forceinline__ void work_tile(int item, int tiles, int causal, int BR, int& bh,
                                           int& q0) {
   // The items of one head are consecutive; under the causal mask the longest tile comes first.
+  // BEGIN CARRIED 11.work_tile: stage 11's order of work items, unchanged
   bh = item / tiles;
   const int qt = item % tiles;
   q0 = (causal ? tiles - 1 - qt : qt) * BR;
+  // END CARRIED 11.work_tile
 }
 
 template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS>
@@ -353,9 +357,14 @@ lazy_rescale_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, i
     const uint64_t dk = wgmma_desc(Ks + buf * Cfg::KV_BYTES, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < KD; kk++) {
+      // BEGIN CARRIED 09.descriptors: stage 09's descriptors, as offsets added to the loop's base descriptors
       const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;
       wgmma_ss<T, BC>(s, dq + ((blk * BR * 128 + in_row) >> 4),
                       dk + ((blk * BC * 128 + in_row) >> 4), kk > 0);
+      // STUB: // TODO: every k-step reads the first 16 columns of Q and K (09.descriptors: the start
+      // STUB: // address moves by blk * rows * 128 + in_row bytes, added to dq and dk in 16-byte units).
+      // STUB: wgmma_ss<T, BC>(s, dq, dk, kk > 0);
+      // END CARRIED 09.descriptors
     }
   };
   auto pv = [&](int buf) {
@@ -370,8 +379,11 @@ lazy_rescale_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, i
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       float sum = l_done[hh];
+      // BEGIN CARRIED 05.quad_sum: stage 05's sum across the quad
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // STUB: // TODO: sum is this lane's part of the row sum only: add up the quad's parts (05.quad_sum).
+      // END CARRIED 05.quad_sum
       inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
     }
     const int row = warp * 16 + g;  // this thread's rows row and row + 8 of the 64
@@ -380,7 +392,9 @@ lazy_rescale_kernel(const __grid_constant__ Maps maps, const FlashlabLayout L, i
       uint32_t at;
       // Row `row`, columns 8 d + 2 t and 8 d + 2 t + 1, in the layout the TMA wrote Q in
       // (stage 12's exercise): box d / 8, 16-byte chunk d % 8 XOR row % 8.
+      // BEGIN CARRIED 12.o_address: stage 12's address in the swizzle, unchanged
       at = Qw + (d / 8) * BR * 128 + row * 128 + (((d % 8) ^ (row % 8)) << 4) + 4 * t;
+      // END CARRIED 12.o_address
       st_shared_u32(at, pack2<T>(o[4 * d] * inv[0], o[4 * d + 1] * inv[0]));
       st_shared_u32(at + 8 * 128, pack2<T>(o[4 * d + 2] * inv[1], o[4 * d + 3] * inv[1]));  // row + 8
     }

@@ -1,6 +1,6 @@
 """The package's layers, read from the source with ast (imports inside functions count too):
 
-  core     inputs, reference, build, the stage registry, check, bench, the recorded tables —
+  core     inputs, reference, build, the stage registry, the exercise markers, check, bench, the recorded tables —
            imports nothing above it
   tools    runner, profile, ptxas, sass, plots, report, readme, cli, the autotune, ... — on the core
   lessons  the notebooks' helpers and their per-notebook diagrams and models
@@ -19,7 +19,7 @@ from flashlab import paths
 
 PACKAGE = paths.ROOT / "flashlab"
 LAYERS = {
-    "core": ["paths", "env", "inputs", "reference", "build", "stages", "check", "bench",
+    "core": ["paths", "env", "inputs", "reference", "build", "stages", "check", "bench", "markers",
              "baselines", "profile_schema", "tables"],
     "tools": ["ptxas", "sass", "picks", "measure", "peaks", "profile",
               "profile_target", "worker", "runner", "plots", "report", "readme", "cli",

@@ -3,6 +3,7 @@ diff against the stage before (what the stage's one idea changed)."""
 import difflib
 import re
 
+from ..markers import strip_markers
 from ..paths import KERNELS
 from ..stages import stage as _stage
 
@@ -67,12 +68,18 @@ def show_lines(stage, start, stop=None):
     _code(excerpt(_text(stage), start, stop))
 
 
-def show_diff(old, new, context=3):
-    """A unified diff between two stages' .cu files: exactly what the newer stage changed."""
+def diff(old, new, context=3) -> str:
+    """A unified diff between two stages' .cu files as they are here, exercise markers left out:
+    exactly what the newer stage changed. In an edition it compares the kernels the student has
+    (a stub where an exercise is handed out, their own code once written), so it never shows a
+    solution the edition leaves out."""
     a, b = _stage(old), _stage(new)
-    diff = difflib.unified_diff(_source_text(a).splitlines(), _source_text(b).splitlines(),
-                                f"kernels/{a.slug}.cu", f"kernels/{b.slug}.cu", n=context,
-                                lineterm="")
-    _code("\n".join(diff), "diff")
+    return "\n".join(difflib.unified_diff(
+        strip_markers(_source_text(a)).splitlines(), strip_markers(_source_text(b)).splitlines(),
+        f"kernels/{a.slug}.cu", f"kernels/{b.slug}.cu", n=context, lineterm=""))
 
+
+def show_diff(old, new, context=3):
+    """Show diff(old, new): what the newer stage changed."""
+    _code(diff(old, new, context), "diff")
 
