@@ -134,4 +134,4 @@ def test_notebook_08_is_a_lesson_not_a_log():
     src = next(p for p in SOURCES if p.stem.startswith("08_"))
     code = [b for kind, b in cells(src) if kind == "code"]
     assert prose_words(src) <= 1550, f"{prose_words(src)} words of prose"
-    assert len(code) <= 20, f"{len(code)} code cells"
+    assert len(code) <= 21, f"{len(code)} code cells"   # the lab takes 3: prompt, answer, check

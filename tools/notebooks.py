@@ -4,6 +4,12 @@
   python tools/notebooks.py execute [NAMES]   run notebooks top to bottom, saving their outputs
                                               (--no-save: just check that they run)
   python tools/notebooks.py check             exit 1 if any .ipynb's cells differ from its source
+  python tools/notebooks.py refresh-labs [NAMES]
+                                              run notebooks in replay mode on this machine (no
+                                              GPU: CUDA_VISIBLE_DEVICES empty, FLASHLAB_DATA a
+                                              temporary copy of data/) and copy into the
+                                              committed .ipynb only the outputs of the CPU labs'
+                                              cells (prompt, answer, check)
 
 NAMES are stems or prefixes: 08 selects 08_tuned and its appendix 08a_tuning_log, 08a the
 appendix alone; no NAMES, every notebook.
@@ -18,7 +24,12 @@ unchanged, so committed outputs survive edits to other cells and no output stays
 that did not produce it.
 """
 import argparse
+import copy
+import os
+import re
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import nbformat
@@ -162,9 +173,80 @@ def execute(names=None, timeout=1200, save=True):
         print(f"executed {path.relative_to(ROOT)}", flush=True)
 
 
+_PROMPT = re.compile(r"""print\(labs\.prompt\(["'](\d\d\.[a-z0-9_]+)["']\)\)""")
+
+
+def lab_cells(nb) -> dict:
+    """{lab id: (prompt, answer, check) cell indices} of a notebook whose labs follow the
+    three-cell form: `print(labs.prompt(ID))`, the solution between the markers, then
+    `labs.check(ID, answer)` alone. A lab whose cells are not so laid out is an error."""
+    found = {}
+    for i, cell in enumerate(nb.cells):
+        m = _PROMPT.search(cell.source) if cell.cell_type == "code" else None
+        if not m:
+            continue
+        lab = m.group(1)
+        answer, check = (nb.cells[j] if j < len(nb.cells) else None for j in (i + 1, i + 2))
+        if (answer is None or check is None or answer.cell_type != "code"
+                or not answer.source.startswith("### BEGIN SOLUTION")
+                or not answer.source.rstrip().endswith("### END SOLUTION")
+                or check.source.strip() != f'labs.check("{lab}", answer)'):
+            raise SystemExit(f"lab {lab}: not the three cells prompt, answer, check (cell {i})")
+        found[lab] = (i, i + 1, i + 2)
+    return found
+
+
+def refresh_labs(names=None, timeout=1200):
+    """Execute each selected notebook that has labs, as it is, in replay mode (no GPU; data/
+    copied to a temporary folder, so the recorded tables are not touched), and copy into the
+    notebook on disk the outputs, execution counts and timings of its lab cells only. Every other
+    cell keeps the outputs of the run that recorded them."""
+    from nbclient import NotebookClient
+    saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "FLASHLAB_DATA")}
+    with tempfile.TemporaryDirectory(prefix="flashlab-labs-") as tmp:
+        shutil.copytree(ROOT / "data", Path(tmp) / "data")
+        os.environ.update(CUDA_VISIBLE_DEVICES="", FLASHLAB_DATA=str(Path(tmp) / "data"))
+        try:
+            for path in sorted(OUT.glob("*.ipynb")):
+                if not wanted(path, names):
+                    continue
+                nb = nbformat.read(path, as_version=4)
+                labs = lab_cells(nb)
+                if not labs:
+                    continue
+                run = copy.deepcopy(nb)
+                NotebookClient(run, timeout=timeout, kernel_name="python3", allow_errors=True,
+                               resources={"metadata": {"path": str(path.parent)}}).execute()
+                others = [f"cell {i} ({o.ename})" for i, c in enumerate(run.cells)
+                          if c.cell_type == "code" for o in c.get("outputs", [])
+                          if o.output_type == "error"]
+                if others:
+                    print(f"{path.name}: errors in replay (outputs not copied): "
+                          + ", ".join(others), flush=True)
+                for lab, cells in labs.items():
+                    for i in cells:
+                        errors = [o for o in run.cells[i].outputs if o.output_type == "error"]
+                        if errors:
+                            raise SystemExit(f"{path.name}, lab {lab}, cell {i}: "
+                                             f"{errors[0].ename}: {errors[0].evalue}")
+                        nb.cells[i].outputs = run.cells[i].outputs
+                        nb.cells[i].execution_count = run.cells[i].execution_count
+                        if "execution" in run.cells[i].metadata:
+                            nb.cells[i].metadata["execution"] = run.cells[i].metadata["execution"]
+                nbformat.write(nb, path)
+                print(f"refreshed the lab cells of {path.relative_to(ROOT)}: "
+                      f"{', '.join(labs)}", flush=True)
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["build", "execute", "check"])
+    ap.add_argument("command", choices=["build", "execute", "check", "refresh-labs"])
     ap.add_argument("names", nargs="*", help="notebook stems or numbers (default: all)")
     ap.add_argument("--no-save", action="store_true", help="execute without writing outputs")
     args = ap.parse_args(argv)
@@ -172,6 +254,8 @@ def main(argv=None):
         build(args.names)
     elif args.command == "execute":
         execute(args.names, save=not args.no_save)
+    elif args.command == "refresh-labs":
+        refresh_labs(args.names)
     else:
         bad = differences()
         print("\n".join(bad) if bad else "notebooks match their sources")

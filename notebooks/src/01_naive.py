@@ -276,22 +276,24 @@ print(f"The fastest PyTorch fp32 attention ({best.stage}) is "
 #
 # ### Lab `01.bank_wavefronts`
 #
-# The prediction charged the score loop's read of `Qi[t*d + x]` as a conflicted one. Count it
-# yourself with the bank model: which bank does each lane's word fall in, and how many wavefronts
-# does one such read of the warp take at $d = 64$? Work it out by hand first. Then try rows of $d +
-# 1$ and $d + 2$ floats: what would padding `Qi`'s rows buy?
+# The prediction charged the score loop's read of `Qi[t*d + x]` as 32-way at $d = 64$, where
+# every row starts in the same bank. Other models use other head dims: count the same read at
+# $d = 80$ with the bank model. Which bank does each lane's word fall in, and how many wavefronts
+# does one such read of the warp take? Work it out by hand first. Then try rows of $d + 1$ and
+# $d + 2$ floats: what would padding `Qi`'s rows buy?
 
 # %%
-import numpy as np
-from flashlab import banks
 from flashlab.course import labs
 print(labs.prompt("01.bank_wavefronts"))
 
 # %%
 ### BEGIN SOLUTION
-words = np.arange(32) * 64 + 0       # lane t reads word 64 t + x (x = 0): bank 64 t mod 32 = 0
-answer = banks.wavefronts(words)[0]  # 32 different words in one bank: 32 wavefronts
+from flashlab import banks as bank_model
+qi_words_d80 = [80 * lane for lane in range(32)]   # lane t reads word 80 t + x, at x = 0
+answer = bank_model.wavefronts(qi_words_d80)[0]    # bank 16 t mod 32: 0 or 16, 16 words each
 ### END SOLUTION
+
+# %%
 labs.check("01.bank_wavefronts", answer)
 
 # %% [markdown]

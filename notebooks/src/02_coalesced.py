@@ -233,19 +233,22 @@ nb.compare().query("kind == 'baseline' or stage in ['01_naive', '02_coalesced']"
 #
 # ### Lab `02.sectors`
 #
-# Stage 01's tile copy, seen from global memory: how many 32-byte sectors does one load instruction
-# of its warp touch? Predict it from the lanes' byte addresses, then check.
+# Stage 02's tile copy reads 128 neighbouring bytes a warp, and the count of sectors above assumed
+# they start on a sector boundary. Nothing forces a tensor to: a view that starts partway into its
+# buffer shifts every row with it. How many 32-byte sectors does one load instruction of the warp
+# touch then? Predict it from the lanes' byte addresses, then check.
 
 # %%
-import numpy as np
 from flashlab.course import labs
 print(labs.prompt("02.sectors"))
 
 # %%
 ### BEGIN SOLUTION
-addr = np.arange(32) * 64 * 4        # lane t reads row t, column 0 of a 64-float row: byte 256 t
-answer = len(np.unique(addr // 32))  # rows 256 bytes apart: one 32-byte sector per lane
+misaligned_bytes = [16 + 4 * lane for lane in range(32)]   # counted from a sector boundary
+answer = diagrams.sectors_per_request(misaligned_bytes).sectors   # bytes 16..143: sectors 0-4
 ### END SOLUTION
+
+# %%
 labs.check("02.sectors", answer)
 
 # %% [markdown]

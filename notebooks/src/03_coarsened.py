@@ -368,8 +368,9 @@ print(f"fp16 tensor-core matmul ceiling: {tc:.0f} TFLOP/s = {tc / ceiling:.0f}x 
 # ### Lab `03.occupancy`
 #
 # Section 6 found registers deciding stage 03's occupancy at about 120 a thread. Suppose a better
-# compiler got the kernel down to 64: how many blocks would an SM hold then, and which limit would
-# decide? Work it out from each limit, then check it with `tiling.occupancy`.
+# compiler got the kernel down to 64, and that at D = 128 the launch kept D = 64's 64 × 64 tiles
+# instead of its 32-key ones: how many blocks would an SM hold then, and which limit would decide?
+# Work it out from each limit, then check it with `tiling.occupancy`.
 
 # %%
 from flashlab.course import labs
@@ -377,11 +378,13 @@ print(labs.prompt("03.occupancy"))
 
 # %%
 ### BEGIN SOLUTION
-by_registers = 65536 // (64 * 256)                      # 4 blocks
-by_smem = 233472 // (tiling.smem_bytes() + 1024)        # 68 608 + 1 024 bytes a block: 3 blocks
-by_threads = 2048 // 256                                # 8 blocks
-answer = min(by_registers, by_smem, by_threads, 32)     # shared memory decides: 3
+smem_d128_64x64 = 4 * (64 * 132 + 64 * 132 + 64 * 128 + 64 * 68)   # Q, K, V, P rows
+limits_d128_64x64 = {"registers": 65536 // (64 * 256), "threads": 2048 // 256, "blocks": 32,
+                     "shared memory": 233472 // (smem_d128_64x64 + 1024)}
+answer = min(limits_d128_64x64.values())   # shared memory decides: 118 784 bytes a block
 ### END SOLUTION
+
+# %%
 labs.check("03.occupancy", answer)
 
 # %% [markdown]

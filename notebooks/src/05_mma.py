@@ -526,9 +526,10 @@ print(f"stage 06's layout: {fr.tile_cost(D, BR, BC, pad_bytes=0, swizzle=True).w
 #
 # ### Lab `05.fragment_owner`
 #
-# The softmax needs each row's max, so a lane must know which lanes share its row. Which lanes hold
-# row 10 of an `m16n8k16` accumulator tile? Predict it from section 2's C rule, then check it with
-# the warp emulation.
+# The causal mask compares each score's key with its row, so a lane must know which keys it holds.
+# After S = Q Kᵀ a warp holds its 16 × 64 scores as 8 `m16n8k16` accumulator tiles: which lanes
+# hold the scores of key 37? Predict it from section 2's C rule, then check it with the warp
+# emulation.
 
 # %%
 from flashlab.course import labs
@@ -536,10 +537,12 @@ print(labs.prompt("05.fragment_owner"))
 
 # %%
 ### BEGIN SOLUTION
-S = np.arange(16 * 8).reshape(16, 8)      # S[r, c] = 8 r + c: a value says where it came from
-frag = fr.to_fragment(S, "C")             # (32 lanes, c0..c3)
-answer = sorted(np.flatnonzero((frag // 8 == 10).any(axis=1)).tolist())  # groupID 10 % 8 = 2: 8-11
+tile_pos = np.arange(16 * 8).reshape(16, 8)      # value 8 r + c: where it came from
+cols_held = fr.to_fragment(tile_pos, "C") % 8    # each lane's columns, in every 8-key tile
+answer = sorted(np.flatnonzero((cols_held == 37 % 8).any(axis=1)).tolist())   # t = 2: lanes 4g + 2
 ### END SOLUTION
+
+# %%
 labs.check("05.fragment_owner", answer)
 
 # %% [markdown]

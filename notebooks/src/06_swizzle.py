@@ -359,6 +359,8 @@ first_bank = [(160 * r // 4) % 32 for r in range(8)]           # 0, 8, 16, 24, 0
 ways = max(first_bank.count(b) for b in first_bank)            # rows r and r + 4 collide: 2-way
 answer = 4 * ways                                              # 4 phases of 2 wavefronts: 8
 ### END SOLUTION
+
+# %%
 labs.check("06.bank_map", answer)
 
 # %% [markdown]

@@ -388,6 +388,8 @@ load, compute, latency, buffers = 200, 300, 500, 2
 # tile j + 1 is issued when tile j's math starts and needs latency + load to arrive
 answer = max(compute, load, (latency + load) / (buffers - 1))   # 700 ns: latency-bound
 ### END SOLUTION
+
+# %%
 labs.check("07.pipeline_period", answer)
 
 # %% [markdown]

@@ -453,6 +453,8 @@ print(labs.prompt("09.descriptor"))
 V0, BC, ks = 0x14000, 128, 3
 answer = hp.encode_descriptor(V0 + ks * 16 * 128, BC * 128, 1024)
 ### END SOLUTION
+
+# %%
 labs.check("09.descriptor", answer)
 
 # %% [markdown]

@@ -336,7 +336,8 @@ plots.stalls(only=["08_tuned", "09_wgmma", "10_tma"])
 #
 # ### Lab `10.parity`
 #
-# The ring's bookkeeping, by hand: which buffer and which phase parity.
+# The ring's bookkeeping, by hand, on the four-buffer ring stage 10 runs at D = 64: which buffer
+# and which phase parity.
 
 # %%
 from flashlab.course import labs
@@ -344,10 +345,12 @@ print(labs.prompt("10.parity"))
 
 # %%
 ### BEGIN SOLUTION
-STAGES, j = 3, 7
-nxt = j + STAGES - 2
-answer = (j % STAGES, (j // STAGES) & 1, nxt % STAGES, (nxt // STAGES - 1) & 1)
+ring, tile_j = 4, 9
+refill_tile = tile_j + ring - 2
+answer = (tile_j % ring, (tile_j // ring) & 1, refill_tile % ring, (refill_tile // ring - 1) & 1)
 ### END SOLUTION
+
+# %%
 labs.check("10.parity", answer)
 
 # %% [markdown]

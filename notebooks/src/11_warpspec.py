@@ -652,7 +652,7 @@ plots.stalls(only=["09_wgmma", "10_tma", "11_warpspec"])
 #
 # ### Lab `11.registers`
 #
-# Section 3's budget, for the block that was not chosen.
+# Section 3's budget, for a block of four consumers.
 
 # %%
 from flashlab.course import labs
@@ -660,11 +660,13 @@ print(labs.prompt("11.registers"))
 
 # %%
 ### BEGIN SOLUTION
-threads = 128 * (1 + 3)
-at_launch = 65536 // threads // 8 * 8
-consumer = (65536 // 128 - 40) // 3 // 8 * 8
-answer = (at_launch, consumer)
+threads_four = 128 * (1 + 4)
+launch_cap_four = 65536 // threads_four // 8 * 8
+consumer_four = (launch_cap_four * (1 + 4) - 40) // 4 // 8 * 8
+answer = (launch_cap_four, consumer_four)
 ### END SOLUTION
+
+# %%
 labs.check("11.registers", answer)
 
 # %% [markdown]

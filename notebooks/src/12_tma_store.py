@@ -412,7 +412,7 @@ plots.idea_metrics(only=["12_tma_store"])
 #
 # ### Lab `12.store_sectors`
 #
-# Section 1's count, for D = 128.
+# Section 1's count, for a head dim of 256.
 
 # %%
 from flashlab.course import labs
@@ -420,12 +420,12 @@ print(labs.prompt("12.store_sectors"))
 
 # %%
 ### BEGIN SOLUTION
-per_thread = 128 // 4            # 2 rows x 16 tiles of 8 columns
-instructions = 4 * per_thread    # 4 warps
-sectors_registers = instructions * 8   # 8 rows, one sector each
-sectors_tma = 64 * 128 * 2 // 32
-answer = (instructions, sectors_registers, sectors_tma)
+pairs_a_thread = 2 * 256 // 8                 # 2 rows x 32 tiles of 8 columns
+store_instructions = 4 * pairs_a_thread      # one per store, in each of 4 warps
+answer = (store_instructions, store_instructions * 8, 64 * 256 * 2 // 32)
 ### END SOLUTION
+
+# %%
 labs.check("12.store_sectors", answer)
 
 # %% [markdown]

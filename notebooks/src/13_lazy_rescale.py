@@ -94,8 +94,8 @@ display(pd.concat({f"D = {d}": hp.lazy_steps(D=d) for d in (64, 128)}, axis=1))
 #
 # An item's first tile sets `m` the classic way. `m` may then lag behind a row's true maximum by
 # up to 8: O and l carry a factor of up to 2^8, P is at most 256, and fp16 would overflow only at
-# 2^16 (lab `13.lazy_bound` below). The vote makes the choice one per warp, so the warp never
-# splits between the two paths.
+# 2^16. The vote makes the choice one per warp, so the warp never splits between the two
+# paths.
 #
 # The model below puts the two side by side for one warp alone: one instruction a cycle, an
 # exponential every 8 cycles (the special-function unit: 16 a cycle per SM, 4 per sub-partition),
@@ -356,7 +356,7 @@ plots.idea_metrics(only=["13_lazy_rescale"])
 #
 # ### Lab `13.lazy_bound`
 #
-# Section 2's bound.
+# Section 2's bound, for another threshold and an 8-bit P.
 
 # %%
 from flashlab.course import labs
@@ -364,10 +364,12 @@ print(labs.prompt("13.lazy_bound"))
 
 # %%
 ### BEGIN SOLUTION
-largest_p = 2 ** 8                     # no score more than 8 above m
-units_to_overflow = np.log2(65504)     # 2^16 = 65 536 no longer fits in fp16
-answer = (largest_p, units_to_overflow)
+largest_lazy_p = 2 ** 10                 # no score more than 10 above m
+e4m3_overflow_units = np.log2(448)      # 448 = 2^8.807, e4m3's largest finite value
+answer = (largest_lazy_p, e4m3_overflow_units)
 ### END SOLUTION
+
+# %%
 labs.check("13.lazy_bound", answer)
 
 # %% [markdown]
