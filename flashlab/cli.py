@@ -23,14 +23,17 @@ COMMANDS = [
     ("flashlab table", "print the recorded results (--all: every config)"),
     ("flashlab report", "one self-contained page (table + every figure) for a class handout"),
     ("flashlab readme", "regenerate README.md's tables and this list (--check: is it up to date?)"),
-    ("flashlab student DIR", "write the student edition to DIR: kernel exercises stubbed, notebook "
-                             "solutions, outputs and answer keys out"),
-    ("flashlab grade [DIR]", "grade an edition: CPU labs anywhere, kernel exercises on a GPU; a "
-                             "score table and a JSON submission (--exercise ID, --name NAME)"),
-    ("flashlab leaderboard DIR", "rank submissions per GPU model (same-model runs only) and draw a "
-                                 "figure per exercise (--out DIR)"),
+    ("flashlab student DIR --through NN", "write the edition of one assignment (--from MM): its "
+                             "exercises stubbed, later stages absent, no solution inside"),
+    ("flashlab grade [DIR]", "check an edition: each lab run in its notebook, kernel exercises on "
+                             "a GPU (--exercise ID)"),
+    ("flashlab grade --class DIR --edition ED", "grade a class's hand-ins (clones, zips, "
+                             "notebooks): gradebook.csv and feedback per student (--out, --jobs)"),
+    ("flashlab leaderboard GRADEBOOK", "rank a class from its gradebook per GPU model and draw a "
+                                       "figure per exercise (--out DIR)"),
+    ("flashlab nbgrader DIR --through 02", "an nbgrader course folder for one assignment"),
 ]
-COURSE = ("student", "grade", "leaderboard")  # run by flashlab.course.cli, via flashlab.__main__
+COURSE = ("student", "grade", "leaderboard", "nbgrader")  # run by flashlab.course.cli (__main__)
 
 
 def command_list(width=30) -> str:
@@ -38,8 +41,12 @@ def command_list(width=30) -> str:
     lines = []
     for usage, what in COMMANDS:
         wrapped = textwrap.wrap(what, 98 - width)
-        lines.append(f"{usage:<{width}}{wrapped[0]}")
-        lines += [" " * width + more for more in wrapped[1:]]
+        if len(usage) < width - 1:
+            lines.append(f"{usage:<{width}}{wrapped[0]}")
+            wrapped = wrapped[1:]
+        else:  # a long usage on a line of its own
+            lines.append(usage)
+        lines += [" " * width + more for more in wrapped]
     return "\n".join(lines) + "\n"
 
 
@@ -381,9 +388,11 @@ def parser():
     p.set_defaults(fn=_cmd_tune)
 
     # Listed here for the help and README; flashlab.__main__ hands them to flashlab.course.cli
+    listed = set()
     for usage, what in COMMANDS:
         name = usage.split()[1]
-        if name in COURSE:
+        if name in COURSE and name not in listed:
+            listed.add(name)
             p = sub.add_parser(name, help=what, description=f"{what[0].upper()}{what[1:]}. A "
                                f"course command: run it as `flashlab {name}` or `python -m "
                                f"flashlab {name}`, whose --help lists its options.")

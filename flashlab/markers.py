@@ -172,16 +172,16 @@ def carried_task(rid, home=None) -> str:
     """The line an edition puts on a carried region's BEGIN marker that states none."""
     where = f" (kernels/{home}.cu)" if home else ""
     return (f"write your {rid} here too: the code you wrote in its own stage{where}, "
-            "carried forward")
+            "carried forward and fitted to the names here")
 
 
 def edition_text(text: str, handed_out, stubs=None, homes=None, where="kernel") -> str:
     """A solution .cu file as an edition hands it out. Each region of an exercise in `handed_out`
     (ids), and each region carrying one, keeps its BEGIN, task and END and gets the stub's code
     in place of the solution; a carried region without STUB lines takes its exercise's stub
-    (stubs: {id: stub lines}, re-indented), and one without a task says where its code comes
-    from (homes: {id: the exercise's stage slug}). Every other region's markers are removed and
-    its solution kept."""
+    (stubs: {id: stub lines}, re-indented), and its BEGIN line says to carry the student's code
+    there and where it comes from (homes: {id: the exercise's stage slug}), its own words after.
+    Every other region's markers are removed and its solution kept."""
     handed_out, stubs, homes = set(handed_out), stubs or {}, homes or {}
     lines = text.splitlines()
     out, last = [], 0
@@ -197,8 +197,9 @@ def edition_text(text: str, handed_out, stubs=None, homes=None, where="kernel") 
                 home_indent = re.match(r"[ \t]*", home[0]).group(0) if home else ""
                 stub = _reindent(home, home_indent, r.indent)
             head = lines[r.begin:r.begin + r.task_lines]
-            if not r.task:
-                head = [head[0].rstrip() + ": " + carried_task(r.id, homes.get(r.id))]
+            if r.carried:  # say what to do; the solution's own words about it follow
+                head = [f"{r.indent}// BEGIN CARRIED {r.id}: {carried_task(r.id, homes.get(r.id))}"]
+                head += [f"{r.indent}// ({r.task})"] if r.task else []
             out += head + stub + [lines[r.end]]
         else:
             out += list(r.body)

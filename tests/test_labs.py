@@ -14,6 +14,7 @@ import pytest
 
 from flashlab import paths
 from flashlab.course import Result, labdefs, labkeys, labs
+from flashlab.course.nbtext import python_code
 from conftest import load_tool
 
 NOTEBOOKS = load_tool("notebooks")
@@ -412,29 +413,11 @@ def test_a_lab_is_three_cells_in_its_notebook(ex, data_dir):
     assert shown["data"]["text/plain"] == f"<Result {ex.id}: right, score 2>"
 
 
-def _python_code(line):
-    """A solution line as the edition's leak check compares it: # comment dropped (outside
-    strings), whitespace collapsed."""
-    out, quote = [], None
-    for ch in line:
-        if quote:
-            out.append(ch)
-            quote = None if ch == quote else quote
-        elif ch in "\"'":
-            quote = ch
-            out.append(ch)
-        elif ch == "#":
-            break
-        else:
-            out.append(ch)
-    return re.sub(r"\s+", " ", "".join(out)).strip()
-
-
 def _solution_lines(ex):
     cells = _notebook(ex).cells
     i = [i for i, c in enumerate(cells) if f'labs.prompt("{ex.id}")' in c.source][0]
     inner = cells[i + 1].source.splitlines()[1:-1]
-    return i + 1, [c for c in map(_python_code, inner) if c]
+    return i + 1, [c for c in map(python_code, inner) if c]
 
 
 def _shipped_texts(keys_json):

@@ -1,9 +1,10 @@
-"""The kernel exercises and the student edition: the exercise regions in kernels/ are well formed
-and only comments in the solution edition (same machine code), the student edition replaces
-exactly those regions with stubs that compile (sm_80, sm_90 and each stage's oldest target), its
-notebooks carry no outputs and no solutions, and grading names the first wrong element. On a GPU:
-the solution edition passes every kernel exercise and the student edition fails every one."""
-import ast
+"""The kernel exercises and the editions: the marked regions in kernels/ (exercises, and the
+later stages' copies that carry them) are well formed and only comments in the solution edition
+(same machine code); an edition hands out one assignment's exercises, holds no later stage and no
+solution of what it hands out (searched for in every file it writes), and its stubs compile
+(sm_80, sm_90 and each stage's oldest target). On a GPU: the solution edition passes every kernel
+exercise, an edition fails every one it hands out, and 13's lazy softmax without its fallback
+fails."""
 import json
 import re
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import flashlab as fl
-from flashlab import build, paths, ptxas, sass
+from flashlab import build, markers, paths, ptxas, sass
 from flashlab.course import Exercise, Result
 from flashlab.course import kernels as K
 from flashlab.course import student
@@ -29,8 +30,11 @@ needs_cuobjdump = pytest.mark.skipif(NVCC is None or CUOBJDUMP is None,
 
 KERNELS = paths.KERNELS
 MARKED = sorted(K.stage_regions())                       # stages whose kernel has regions
+HOMES = {ex.id: ex.stage for ex in K.KERNEL_EXERCISES}
 ARCHS = [(st.slug, arch) for st in fl.stages()
          for arch in sorted({*st.static_archs, st.arch(st.min_cc)})]
+# The assignments the instructor guide plans (TEACHING.md), every single stage, and the course.
+PLANNED = [(n, n) for n in range(1, 14)] + [(2, 4), (5, 6), (7, 8), (9, 13), (1, 13)]
 
 
 def _text(slug, root=paths.ROOT):
@@ -46,16 +50,35 @@ def test_every_stage_after_01_has_an_exercise():
 @pytest.mark.parametrize("slug", MARKED)
 def test_regions_are_well_formed(slug):
     found = K.regions(_text(slug), slug, solution=True)   # MarkerError if not
-    assert 1 <= len(found) <= 2
+    own = [r for r in found if not r.carried]
+    assert 1 <= len(own) <= 2
     for r in found:
+        assert r.body and markers.unbalanced(r.body) is None, (slug, r.id)
+        assert any(line.strip() and not line.strip().startswith("//") for line in r.body)
+        if r.carried:   # a copy of an earlier stage's exercise
+            assert HOMES[r.id] < slug, f"{slug} carries {r.id}, which is not earlier"
+            continue
         assert r.id.startswith(slug[:2] + "."), f"{r.id} is in {slug}.cu"
         assert r.task and r.stub and not r.unwritten
         assert r.stub[0].strip().startswith(K.TODO)
-        assert any(line.strip() and not line.strip().startswith("//") for line in r.body)
+
+
+def test_a_carried_region_without_a_stub_holds_its_exercise_code_unchanged():
+    """Where a carried region takes its exercise's stub, its code is the exercise's own, line for
+    line (indentation aside): the student copies theirs over as it is."""
+    home = {r.id: r for slug in MARKED for r in K.regions(_text(slug)) if not r.carried}
+    n = 0
+    for slug in MARKED:
+        for r in K.regions(_text(slug)):
+            if r.carried and not r.stub:
+                assert [ln.strip() for ln in r.body] == [ln.strip() for ln in home[r.id].body], \
+                    (slug, r.id)
+                n += 1
+    assert n >= 10
 
 
 def test_every_region_is_an_exercise_and_every_kernel_exercise_a_region():
-    regions = {r.id: slug for slug in MARKED for r in K.regions(_text(slug))}
+    regions = {r.id: slug for slug in MARKED for r in K.regions(_text(slug)) if not r.carried}
     exercises = {ex.id: ex.stage for ex in K.KERNEL_EXERCISES}
     assert regions == exercises
     assert len(exercises) == len(K.KERNEL_EXERCISES)          # ids unique
@@ -64,6 +87,19 @@ def test_every_region_is_an_exercise_and_every_kernel_exercise_a_region():
         assert fl.stage(ex.stage).slug == ex.stage
     stages = [ex.stage for ex in K.KERNEL_EXERCISES]
     assert stages == sorted(stages)
+
+
+def test_exercises_are_found_in_an_edition_as_handed_out_too(tmp_path):
+    """An edition's kernels hold the regions without STUB lines: the exercises are read from
+    them all the same, and a stage that is not there has none."""
+    (tmp_path / "kernels").mkdir()
+    for slug in ("02_coalesced", "05_mma"):
+        (tmp_path / "kernels" / f"{slug}.cu").write_text(
+            markers.edition_text(_text(slug), set(HOMES)))
+    found = K._kernel_exercises(tmp_path)
+    assert [ex.id for ex in found] == ["02.tile_copy", "05.online_softmax", "05.quad_sum"]
+    points = {e.id: e.points for e in K.KERNEL_EXERCISES}
+    assert all(ex.points == points[ex.id] for ex in found)
 
 
 @pytest.mark.parametrize("slug", MARKED)
@@ -90,6 +126,13 @@ int f(int x) {
   // END EXERCISE 09.demo
 }
 """
+LATER = """\
+int g(int y) {
+    // BEGIN CARRIED 09.demo
+    return y + y;
+    // END CARRIED 09.demo
+}
+"""
 
 
 def test_student_text_of_a_snippet():
@@ -104,11 +147,44 @@ int f(int x) {
 """
     assert K.strip_markers(SNIPPET) == "int f(int x) {\n  return x + x;\n}\n"
     (r,) = K.regions(SNIPPET, solution=True)
-    assert (r.id, r.task, r.body, r.stub) == ("09.demo", "return twice x, without a multiply.",
-                                              ("  return x + x;",), ("  // TODO: not yet.",
-                                                                     "  return 0;"))
+    assert (r.id, r.task, r.body, r.stub, r.kind) == (
+        "09.demo", "return twice x, without a multiply.", ("  return x + x;",),
+        ("  // TODO: not yet.", "  return 0;"), markers.EXERCISE)
     (s,) = K.regions(K.student_text(SNIPPET), solution=False)
     assert s.unwritten and s.task == r.task and s.stub == ()
+
+
+def test_a_carried_region_takes_its_exercise_stub_and_says_where_it_comes_from():
+    out = markers.edition_text(LATER, {"09.demo"}, stubs={"09.demo": list(K.regions(SNIPPET)[0].stub)},
+                               homes={"09.demo": "09_wgmma"})
+    assert out == """\
+int g(int y) {
+    // BEGIN CARRIED 09.demo: write your 09.demo here too: the code you wrote in its own stage (kernels/09_wgmma.cu), carried forward and fitted to the names here
+    // TODO: not yet.
+    return 0;
+    // END CARRIED 09.demo
+}
+"""
+    assert markers.edition_text(LATER, set()) == "int g(int y) {\n    return y + y;\n}\n"
+    (c,) = markers.regions(out, solution=False)
+    assert c.carried and c.unwritten
+    with pytest.raises(markers.MarkerError, match="no STUB lines"):
+        markers.edition_text(LATER, {"09.demo"})
+
+
+def test_splice_takes_only_the_students_regions():
+    handed = K.student_text(SNIPPET)
+    mine = handed.replace("  // TODO: not yet.\n  return 0;\n", "    return x << 1;\n") \
+                 .replace("int f(int x) {", "int f(int x) { evil();")
+    got = markers.splice(handed, mine, {"09.demo"})
+    assert "return x << 1;" in got and "evil" not in got and "TODO" not in got
+    for body, why in (("  }\n  void g() {\n", "closes a '{'"), ("  #include <x>\n", "preprocessor"),
+                      ("  /* x */\n", "comment"), ("  if (x) {\n", "leaves '{' open")):
+        bad = handed.replace("  // TODO: not yet.\n  return 0;\n", body)
+        with pytest.raises(markers.MarkerError, match=re.escape(why)):
+            markers.splice(handed, bad, {"09.demo"})
+    with pytest.raises(markers.MarkerError, match="missing"):
+        markers.splice(handed, "int f(int x) { return 0; }\n", {"09.demo"})
 
 
 @pytest.mark.parametrize("bad, words", [
@@ -123,10 +199,25 @@ int f(int x) {
     (SNIPPET.replace("09.demo", "9.Demo"), "not NN.lower_case_name"),
     ("  // END EXERCISE 09.demo\n", "outside a region"),
     ("  // BEGIN EXERCISE 09.demo no colon\n", "not a well-formed marker"),
+    ("  // BEGIN EXERCISE 09.demo\n  x;\n  // END EXERCISE 09.demo\n", "states no task"),
+    (LATER.replace("END CARRIED", "END EXERCISE"), "closes carried"),
 ])
 def test_malformed_markers_are_refused(bad, words):
     with pytest.raises(K.MarkerError, match=words):
         K.regions(bad, "demo.cu", solution=True)
+
+
+def test_what_counts_as_a_solution_line():
+    for line in ("}", "#pragma unroll", "for (int n = 0; n < NS; n++) {", "float sum = 0.f;",
+                 "if (j > 0) {", "return;"):
+        assert markers.scaffold(line), line
+    for line in ("const int next = j + STAGES - 1;", "if (j > 0 && lane == 0) x();",
+                 "q0 = (causal ? tiles - 1 - qt : qt) * BR;"):
+        assert not markers.scaffold(line), line
+    (r,) = K.regions(SNIPPET)
+    assert markers.solution_lines(r) == ["return x + x;"]
+    assert markers.solution_lines(r, given="int h() { return x + x; }") == []
+    assert markers.normalize("  a  =  b;   // c") == "a = b;"
 
 
 # --- the first wrong element (CPU tensors) ---------------------------------------------------------
@@ -229,7 +320,7 @@ def an_h100(monkeypatch, data_dir):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(build, "nvcc", lambda: "/usr/local/cuda/bin/nvcc")
     reports = {}
-    monkeypatch.setattr(K, "report", lambda root, slug: reports[slug])
+    monkeypatch.setattr(K, "report", lambda root, slug, **kw: reports[slug])
     return reports
 
 
@@ -257,6 +348,26 @@ def test_a_right_kernel_is_scored_by_its_speed_against_the_solutions(an_h100):
     assert "50% of the solution's speed" in r.message and "the reference 04_wmma" in r.message
 
 
+def test_graded_by_the_instructor_a_kernel_is_timed_in_turn_with_the_solution(an_h100):
+    """With the solution at hand (class grading), the student's stage and the solution's are
+    timed now, at the teaching config and under the causal mask; the slower ratio counts."""
+    ex = next(e for e in K.KERNEL_EXERCISES if e.id == "11.work_tile")
+    calls = []
+
+    def report(root, slug, check=True, **kw):
+        calls.append((str(root), slug, check))
+        times = ({"B=4 H=16 N=1024 D=64 fp16": 0.050, "B=4 H=16 N=1024 D=64 fp16 causal": 0.030}
+                 if check else
+                 {"B=4 H=16 N=1024 D=64 fp16": 0.050, "B=4 H=16 N=1024 D=64 fp16 causal": 0.024})
+        return {**_right(slug, times["B=4 H=16 N=1024 D=64 fp16"], "fp16"), "times": times}
+    K.report = report
+    r = K.grade_kernel(ex, paths.ROOT, solution="/solution")
+    assert calls == [(str(paths.ROOT), "11_warpspec", True), ("/solution", "11_warpspec", False)]
+    assert r.ok and r.score == pytest.approx(ex.points * 0.8 / K.SPEED_TOLERANCE), r
+    assert "80% of the solution's speed" in r.message and "causal: 0.03 ms against the " \
+        "solution's 0.024 ms" in r.message
+
+
 def test_a_wrong_reference_stage_is_passed_over(an_h100):
     ex = next(e for e in K.KERNEL_EXERCISES if e.id == "05.online_softmax")
     an_h100["04_wmma"] = {"stage": "04_wmma", "built": True, "passed": False, "error": "x"}
@@ -275,7 +386,10 @@ def test_without_a_record_of_the_solution_speed_is_not_scored(an_h100, monkeypat
     assert r.ok is True and r.score == ex.points and "speed not scored" in r.message
 
 
-def test_a_wrong_kernel_scores_nothing_and_says_where(an_h100, edition):
+def test_a_wrong_kernel_scores_nothing_and_says_where(an_h100, tmp_path):
+    edition = tmp_path
+    (edition / "kernels").mkdir()
+    (edition / "kernels" / "05_mma.cu").write_text(K.student_text(_text("05_mma")))
     ex = next(e for e in K.KERNEL_EXERCISES if e.id == "05.online_softmax")
     an_h100["05_mma"] = {"stage": "05_mma", "built": True, "passed": False, "cases": 32, "seed": 7,
                          "failure": {"case": "B=2 H=3 N=17 D=64 fp16 causal=False",
@@ -288,7 +402,7 @@ def test_a_wrong_kernel_scores_nothing_and_says_where(an_h100, edition):
            "causal=False" in r.message
     assert "first wrong element: batch 0, head 0, row 0, column 0: got nan, expected 0.5" \
         in r.message
-    assert "05.quad_sum in the same kernel still hold" in r.message     # the other stub
+    assert "05.quad_sum in the same kernel still holds a stub" in r.message     # the other one
     an_h100["05_mma"] = {"stage": "05_mma", "built": False, "passed": False,
                          "build_error": "building x failed:\nx.cu(3): error: y"}
     r = K.grade_kernel(ex, edition)
@@ -331,85 +445,102 @@ def test_the_build_takes_another_editions_headers(tmp_path, monkeypatch):
     assert same == default != edited
 
 
-# --- the student edition ---------------------------------------------------------------------------
+# --- editions --------------------------------------------------------------------------------------
+
+def test_an_assignment_is_a_range_of_stages():
+    a = student.assignment(6, 5)
+    assert (a.first, a.last, a.name) == (5, 6, "05-06")
+    assert [ex.id for ex in a.exercises()] == ["05.fragment_owner", "05.online_softmax",
+                                               "05.quad_sum", "06.bank_map", "06.swizzle"]
+    assert student.assignment(2).name == "01-02" and student.assignment("03", "03").name == "03"
+    whole = student.assignment()
+    assert (whole.first, whole.last) == (1, 13)
+    with pytest.raises(ValueError, match="no stage 14"):
+        student.Assignment(14, 14)
+    with pytest.raises(ValueError, match="earlier stage to a later one"):
+        student.assignment(5, 6)
+
+
+def test_what_an_edition_leaves_out():
+    a = student.assignment(6, 5)
+    out = {rel: student.left_out(rel, a) for rel in student.tracked_files(paths.ROOT)}
+    kept = sorted(rel for rel, why in out.items() if why is None)
+    assert "kernels/06_swizzle.cu" in kept and "kernels/hopper.cuh" in kept
+    assert "notebooks/src/06_swizzle.py" in kept and "data/results.csv" in kept
+    for rel in ("kernels/07_cp_async.cu", "notebooks/07_cp_async.ipynb", "notebooks/08a_tuning_log.ipynb",
+                "notebooks/99_capstone_gpt2.ipynb", "notebooks/TEACHING.md", "tests/test_student.py",
+                "tools/notebooks.py", ".ci/run", student.LAB_TRUTHS):
+        assert out[rel] is not None, rel
+    assert not any(rel.startswith("data/runs/") for rel in kept)
+    week4 = student.assignment(8, 7)
+    assert student.left_out("notebooks/99_capstone_gpt2.ipynb", week4) is None
+    assert student.left_out("notebooks/08a_tuning_log.ipynb", week4) is None
+
 
 @pytest.fixture(scope="module")
-def edition(tmp_path_factory):
-    dest = tmp_path_factory.mktemp("student") / "edition"
-    summary = student.write(dest)
-    assert f"{len(K.KERNEL_EXERCISES)} exercise regions stubbed" in summary
+def week3(tmp_path_factory):
+    """The edition of the four-week module's third week: stages 05 and 06 handed out."""
+    dest = tmp_path_factory.mktemp("week3") / "edition"
+    summary = student.write(dest, through=6, first=5)
+    assert "05.online_softmax" in summary and "06.swizzle" in summary
     return dest
 
 
-def test_the_edition_refuses_a_folder_that_is_not_empty(tmp_path):
-    (tmp_path / "keep.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="not empty"):
-        student.write(tmp_path)
-    assert student.main([str(tmp_path)]) == 1
-    with pytest.raises(ValueError, match="solution edition"):
-        student.write(paths.ROOT)
+def test_an_edition_holds_the_stages_up_to_its_last(week3):
+    files = sorted(str(p.relative_to(week3)) for p in week3.rglob("*") if p.is_file())
+    assert [f for f in files if f.startswith("kernels/") and f.endswith(".cu")] == \
+        [f"kernels/{st.slug}.cu" for st in fl.stages() if st.number <= 6]
+    assert {Path(f).stem for f in files if f.startswith("notebooks/") and f.endswith(".ipynb")} == \
+        {"00_setup_and_the_gpu", "01_naive", "02_coalesced", "03_coarsened", "04_wmma", "05_mma",
+         "06_swizzle"}
+    for rel in ("pyproject.toml", "flashlab/check.py", "kernels/ptx.cuh", "data/results.csv"):
+        assert (week3 / rel).read_bytes() == (paths.ROOT / rel).read_bytes(), rel
+    assert not (week3 / "tests").exists() and not (week3 / "tools").exists()
+    assert not (week3 / student.LAB_TRUTHS).exists() and (week3 / student.LAB_KEYS).is_file()
+    man = student.read_manifest(week3)
+    assert man["assignment"] == "05-06" and man["first"] == 5 and man["last"] == 6
+    assert [e["id"] for e in man["exercises"]] == [ex.id for ex in student.assignment(6, 5).exercises()]
+    assert man["solution_commit"]
 
 
-def test_the_edition_holds_the_listed_files(edition):
-    listed = [f for f in student.listed_files(paths.ROOT) if (paths.ROOT / f).is_file()
-              and not student._left_out(f, paths.ROOT, edition)]
-    written = sorted(str(p.relative_to(edition)) for p in edition.rglob("*") if p.is_file())
-    assert written == sorted(listed + [student.MARKER])
-    for rel in ("pyproject.toml", "flashlab/check.py", "kernels/01_naive.cu", "kernels/ptx.cuh",
-                "data/results.csv"):
-        assert (edition / rel).read_bytes() == (paths.ROOT / rel).read_bytes(), rel
-    guide = (edition / student.MARKER).read_text()
-    assert "flashlab grade" in guide and "pip install -e ." in guide
-    for ex in K.KERNEL_EXERCISES:
-        assert f"`{ex.id}`" in guide
+def test_earlier_stages_are_solved_and_the_assignments_stubbed(week3):
+    for slug in ("02_coalesced", "03_coarsened", "04_wmma"):   # past assignments: plain code
+        assert (week3 / "kernels" / f"{slug}.cu").read_text() == K.strip_markers(_text(slug))
+    for slug in ("05_mma", "06_swizzle"):
+        sol, mine = _text(slug), _text(slug, week3)
+        found = K.regions(mine, solution=False)
+        assert found and all(r.unwritten for r in found), slug
+        assert not any("STUB:" in line for line in mine.splitlines())
+        assert K.strip_markers(mine) != K.strip_markers(sol)
+    carried = [r for r in K.regions(_text("06_swizzle", week3)) if r.carried]
+    assert {r.id for r in carried} == {"05.online_softmax", "05.quad_sum"}
+    assert all("kernels/05_mma.cu" in r.task for r in carried)
 
 
-@pytest.mark.parametrize("slug", MARKED)
-def test_student_kernels_differ_from_the_solution_exactly_in_the_regions(edition, slug):
-    sol, mine = _text(slug).splitlines(), _text(slug, edition).splitlines()
-    rs, ss = K.regions("\n".join(sol), solution=True), K.regions("\n".join(mine), solution=False)
-    assert [r.id for r in rs] == [s.id for s in ss]
-    a = b = 0
-    for r, s in zip(rs, ss):
-        # the same lines up to the region's code, the stub in place of the solution
-        assert sol[a:r.begin + r.task_lines] == mine[b:s.begin + s.task_lines]
-        assert s.body == r.stub and s.unwritten and s.task == r.task
-        assert r.body != s.body
-        a, b = r.end, s.end
-    assert sol[a:] == mine[b:]
-    assert not any("STUB:" in line for line in mine)
+def test_a_notebooks_diff_in_an_edition_shows_no_solution(week3):
+    """Notebook 06's diff against 05, computed from the edition's kernels: the stubs on both
+    sides, so 05's solution is not among its lines."""
+    out = subprocess.run(["python", "-c", "import flashlab.notebook.code as c; "
+                          "print(c.diff('05_mma', '06_swizzle'))"], cwd=week3, capture_output=True,
+                         text=True, env={**__import__("os").environ, "PYTHONPATH": str(week3)})
+    assert out.returncode == 0, out.stderr
+    shown = out.stdout
+    assert "swz" in shown
+    for r in K.regions(_text("05_mma")):
+        for line in markers.solution_lines(r):
+            assert line not in markers.plain(shown), line
 
 
-def _notebook_calls(src: Path):
-    """(function, literal args) of each nb.show_source / nb.show_lines call in a notebook source."""
-    for m in re.finditer(r"nb\.(show_source|show_lines)\((.*)\)\s*$", src.read_text(), re.M):
-        try:
-            call = ast.parse(f"f({m.group(2)})").body[0].value
-            yield m.group(1), [ast.literal_eval(a) for a in call.args]
-        except (SyntaxError, ValueError):
-            continue
+def test_a_later_stage_is_not_in_the_edition(week3):
+    out = subprocess.run(["python", "-c", "import flashlab as fl; print(fl.stage('07').unavailable())"],
+                         cwd=week3, capture_output=True, text=True,
+                         env={**__import__("os").environ, "PYTHONPATH": str(week3)})
+    assert "kernels/07_cp_async.cu is not in this edition" in out.stdout, out.stderr
 
 
-def test_notebooks_still_find_the_kernel_code_they_show(edition):
-    """A notebook that shows part of a kernel finds it in the student's kernels too: no region
-    swallows a line a notebook quotes by pattern."""
-    from flashlab.notebook.code import excerpt, extract
-    shown = 0
-    for src in sorted((edition / "notebooks" / "src").glob("*.py")):
-        for fn, args in _notebook_calls(src):
-            name = args[0] if args[0].endswith(".cuh") else f"{args[0]}.cu"
-            text = (edition / "kernels" / name).read_text()
-            if fn == "show_source" and len(args) > 1:
-                assert extract(text, args[1]), (src.name, args)
-            elif fn == "show_lines":
-                assert excerpt(text, *args[1:]), (src.name, args)
-            shown += 1
-    assert shown
-
-
-def test_student_notebooks_have_no_outputs_and_no_solutions(edition):
+def test_student_notebooks_have_no_outputs_and_no_solutions(week3):
     import nbformat
-    notebooks = sorted((edition / "notebooks").glob("*.ipynb"))
+    notebooks = sorted((week3 / "notebooks").glob("*.ipynb"))
     assert notebooks
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)
@@ -418,143 +549,140 @@ def test_student_notebooks_have_no_outputs_and_no_solutions(edition):
                 assert cell.outputs == [] and cell.execution_count is None, path.name
             for word in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", student.INSTRUCTOR):
                 assert word not in cell.source, (path.name, word)
-    for path in sorted((edition / "notebooks" / "src").glob("*.py")):
+    for path in sorted((week3 / "notebooks" / "src").glob("*.py")):
         text = path.read_text()
         for word in ("BEGIN SOLUTION", "END SOLUTION", "HIDDEN TESTS", student.INSTRUCTOR):
             assert word not in text, (path.name, word)
-    assert not (edition / "notebooks" / "answers").exists()
+        assert text.count(student.TEXT_STUB) >= 1
 
 
-def test_student_notebooks_keep_the_cells_of_their_sources(edition):
+def test_student_notebooks_keep_the_cells_of_their_sources(week3):
     jupytext = pytest.importorskip("jupytext")
     import nbformat
-    for path in sorted((edition / "notebooks").glob("*.ipynb")):
-        src = edition / "notebooks" / "src" / f"{path.stem}.py"
+    for path in sorted((week3 / "notebooks").glob("*.ipynb")):
+        src = week3 / "notebooks" / "src" / f"{path.stem}.py"
         a = [(c.cell_type, c.source) for c in nbformat.read(path, as_version=4).cells]
         b = [(c.cell_type, c.source) for c in jupytext.read(src, fmt="py:percent").cells]
         assert a == b, path.name
 
 
-# --- a synthetic solution edition with every kind of marker ----------------------------------------
-
-NOTEBOOK_SOURCE = """\
-# %% [markdown]
-# # A lesson
-#
-# Predict the answer.
-
-# %%
-def f(x):
-    ### BEGIN SOLUTION
-    return 2 * x  # the secret
-    ### END SOLUTION
-
-# %%
-assert f(1) == 2
-### BEGIN HIDDEN TESTS
-assert f(21) == 42  # hidden
-### END HIDDEN TESTS
-
-# %% [markdown]
-# **Question.** Why?
-#
-# ### BEGIN SOLUTION
-# Because of the secret reason.
-# ### END SOLUTION
-
-# %% [markdown]
-# **Instructor's answer.** The secret explanation.
-
-# %%
-print("done")
-"""
+def test_the_guide_says_what_to_install_do_and_hand_in(week3):
+    guide = (week3 / student.MARKER).read_text()
+    for ex in student.assignment(6, 5).exercises():
+        assert f"`{ex.id}`" in guide
+    for words in ("download.pytorch.org/whl/cpu", 'pip install -e ".[notebooks]"', "Colab",
+                  "flashlab grade", "BEGIN CARRIED", "git clone", ".ipynb", "zip"):
+        assert words in guide, words
+    assert "TEACHING" not in guide
 
 
-def _git(root, *args):
-    subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True)
-
-
-@pytest.fixture
-def synthetic(tmp_path):
-    jupytext = pytest.importorskip("jupytext")
+def _scan(dest, a) -> list:
+    """An edition's files searched for what it must not hold, independently of the writer's own
+    check: every handed-out exercise's solution lines (less what the student is given), every
+    handed-out lab's answer code, every instructor's answer."""
     import nbformat
+    from flashlab.course import nbtext
+    secrets, given = [], ""
+    for st in fl.stages():
+        mine = Path(dest) / "kernels" / f"{st.slug}.cu"
+        if not mine.is_file():
+            continue
+        given += "\n" + markers.flat(markers.strip_markers(mine.read_text()))
+        if a.hands_out(st.number):
+            for r in K.regions(_text(st.slug)):
+                if not r.carried:
+                    secrets += [(r.id, s) for s in markers.solution_lines(r, given)]
+    labs = {ex.id for ex in a.exercises() if ex.kind == "lab"}
+    for path in sorted((paths.ROOT / "notebooks").glob("*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        for i, cell in enumerate(cells):
+            if cell.cell_type == "markdown" and nbtext.instructor_answer(cell.source):
+                secrets += [("instructor", markers.plain(ln.replace(nbtext.INSTRUCTOR, "")))
+                            for ln in cell.source.split("\n") if len(ln.strip()) >= 40]
+            lab = nbtext.lab_of(cell.source) or (
+                nbtext.lab_of(cells[i + 1].source) if i + 1 < len(cells) else None)
+            if cell.cell_type == "code" and lab in labs:
+                for region in nbtext.solution_regions(cell.source):
+                    secrets += [(lab, nbtext.python_code(ln)) for ln in region if nbtext.python_code(ln)]
+    assert secrets
+    found = []
+    for p in sorted(Path(dest).rglob("*")):
+        if not p.is_file():
+            continue
+        try:
+            text = p.read_text()
+        except UnicodeDecodeError:
+            continue
+        if p.suffix == ".ipynb":
+            nb = json.loads(text)
+            text = "\n".join("".join(c["source"]) for c in nb["cells"])
+        flat = markers.plain(text)
+        found += [(str(p.relative_to(dest)), what, s) for what, s in secrets if s in flat]
+    return found
+
+
+@pytest.mark.parametrize("first, last", PLANNED, ids=[f"{f:02d}-{l:02d}" for f, l in PLANNED])
+def test_no_edition_holds_a_solution_it_hands_out(first, last, tmp_path):
+    a = student.assignment(last, first)
+    student.write(tmp_path / "ed", through=last, first=first)
+    assert _scan(tmp_path / "ed", a) == []
+
+
+def test_an_edition_that_would_show_a_solution_is_not_written(tmp_path):
+    """Take the carried markers out of stage 06 (its copy of 05's softmax then stays solved): the
+    edition handing out 05 with 06 is refused, naming the file, and nothing is written."""
     root = tmp_path / "solution"
-    (root / "notebooks" / "src").mkdir(parents=True)
-    (root / "notebooks" / "answers").mkdir()
-    (root / "kernels").mkdir()
-    (root / "notebooks" / "src" / "01_x.py").write_text(NOTEBOOK_SOURCE)
-    nb = jupytext.read(root / "notebooks" / "src" / "01_x.py", fmt="py:percent")
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3",
-                                  "language": "python"}}
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="42\n")]
-            cell.execution_count = 1
-    nbformat.write(nb, root / "notebooks" / "01_x.ipynb")
-    (root / "notebooks" / "answers" / "01_x.md").write_text("the secret answers\n")
-    (root / "kernels" / "09_demo.cu").write_text(SNIPPET)
-    (root / "run.sh").write_text("#!/bin/sh\necho hi\n")
-    (root / "run.sh").chmod(0o755)
-    (root / "ignored.log").write_text("not part of the edition\n")
-    (root / ".gitignore").write_text("*.log\n")
-    _git(root, "init", "-q")
-    _git(root, "add", "notebooks/src", "kernels", ".gitignore")  # the rest is untracked
-    return root
-
-
-def test_a_synthetic_edition(synthetic, tmp_path):
-    jupytext = pytest.importorskip("jupytext")
-    import nbformat
-    dest = tmp_path / "out"
-    summary = student.write(dest, root=synthetic)
-    assert "1 exercise regions stubbed" in summary
-    assert "answer key" in summary and "notebooks/answers/01_x.md" in summary
-    files = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
-    assert files == [".gitignore", student.MARKER, "kernels/09_demo.cu", "notebooks/01_x.ipynb",
-                     "notebooks/src/01_x.py", "run.sh"]
-    assert (dest / "run.sh").stat().st_mode & 0o111
-    assert (dest / "kernels" / "09_demo.cu").read_text() == K.student_text(SNIPPET)
-    src = (dest / "notebooks" / "src" / "01_x.py").read_text()
-    nb = nbformat.read(dest / "notebooks" / "01_x.ipynb", as_version=4)
-    for text in [src] + [c.source for c in nb.cells]:
-        assert "secret" not in text and "hidden" not in text and "SOLUTION" not in text
-    assert "    # YOUR CODE HERE\n    raise NotImplementedError()" in src
-    assert "# YOUR ANSWER HERE" in src and "assert f(1) == 2" in src
-    assert [(c.cell_type, c.source) for c in nb.cells] == \
-        [(c.cell_type, c.source) for c in jupytext.read(dest / "notebooks" / "src" / "01_x.py",
-                                                        fmt="py:percent").cells]
-    assert len(nb.cells) == 5  # the instructor's answer is gone
-    assert all(c.outputs == [] and c.execution_count is None
-               for c in nb.cells if c.cell_type == "code")
-    # written again over itself only with force; an edition inside the root is never copied
-    with pytest.raises(FileExistsError):
-        student.write(dest, root=synthetic)
-    assert "wrote the student edition" in student.write(dest, root=synthetic, force=True)
-    inner = synthetic / "class-edition"
-    student.write(inner, root=synthetic)
-    again = student.write(tmp_path / "again", root=synthetic)
-    assert "class-edition" not in " ".join(
-        str(p) for p in (tmp_path / "again").rglob("*")), again
-
-
-def test_unbalanced_notebook_markers_write_nothing(synthetic, tmp_path):
-    src = synthetic / "notebooks" / "src" / "01_x.py"
-    src.write_text(src.read_text().replace("    ### END SOLUTION\n", "", 1))
-    with pytest.raises(student.EditionError, match="no '### END SOLUTION'"):
-        student.write(tmp_path / "out", root=synthetic)
+    subprocess.run(["git", "clone", "-q", str(paths.ROOT), str(root)], check=True)
+    src = root / "kernels" / "06_swizzle.cu"
+    src.write_text("\n".join(ln for ln in src.read_text().split("\n")
+                             if "CARRIED 05.online_softmax" not in ln))
+    subprocess.run(["git", "-C", str(root), "commit", "-qam", "no carried markers"], check=True,
+                   env={**__import__("os").environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                        "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+    with pytest.raises(student.EditionError, match=r"kernels/06_swizzle.cu:\d+ holds exercise "
+                                                   r"05.online_softmax"):
+        student.write(tmp_path / "out", root=root, through=6, first=5)
     assert not (tmp_path / "out").exists()
+    student.write(tmp_path / "ok", root=root, through=6, first=6)   # 05 given solved: fine
+
+
+def test_an_edition_is_written_from_tracked_files_only(tmp_path):
+    root = tmp_path / "solution"
+    subprocess.run(["git", "clone", "-q", str(paths.ROOT), str(root)], check=True)
+    (root / "leaderboard").mkdir()
+    (root / "leaderboard" / "scores.csv").write_text("alice,10\n")
+    (root / "data" / "private-notes.txt").write_text("names and scores\n")
+    student.write(tmp_path / "ed", root=root, through=2, first=2)
+    assert not (tmp_path / "ed" / "leaderboard").exists()
+    assert not (tmp_path / "ed" / "data" / "private-notes.txt").exists()
+
+
+def test_the_edition_refuses_a_folder_that_is_not_empty(tmp_path):
+    (tmp_path / "keep.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not empty"):
+        student.write(tmp_path, through=2)
+    with pytest.raises(ValueError, match="solution edition"):
+        student.write(paths.ROOT)
 
 
 # --- compiling: the stubs build, and the markers change no machine code ---------------------------
 
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    """The whole course's edition: every exercise handed out, carried regions stubbed too."""
+    dest = tmp_path_factory.mktemp("course") / "edition"
+    student.write(dest)
+    return dest
+
+
 @needs_nvcc
 @pytest.mark.parametrize("slug, arch", ARCHS)
-def test_the_student_edition_compiles(edition, slug, arch):
-    """Every stage of the student edition, stubs included, compiles for the architectures its
-    machine code is read for (sm_80 and sm_90; sm_90a for a Hopper stage) and the oldest one its
-    registry entry claims (sm_75 for 01-04)."""
-    found = ptxas.resources(edition / "kernels" / f"{slug}.cu", arch)
-    assert found, f"no kernel in the student's {slug} for {arch}"
+def test_the_edition_compiles(course, slug, arch):
+    """Every stage of the whole course's edition, stubs and carried stubs included, compiles for
+    the architectures its machine code is read for (sm_80 and sm_90; sm_90a for a Hopper stage)
+    and the oldest one its registry entry claims (sm_75 for 01-04)."""
+    found = ptxas.resources(course / "kernels" / f"{slug}.cu", arch)
+    assert found, f"no kernel in the edition's {slug} for {arch}"
 
 
 def _without_markers(slug, tmp_path) -> Path:
@@ -568,8 +696,8 @@ def _without_markers(slug, tmp_path) -> Path:
 @pytest.mark.parametrize("slug, arch", [(slug, arch) for slug in MARKED
                                         for arch in fl.stage(slug).static_archs])
 def test_the_markers_change_no_machine_code(slug, arch, tmp_path):
-    """The solution edition with its exercise markers compiles to the SASS, registers and shared
-    memory of the same file without them."""
+    """The solution edition with its markers compiles to the SASS, registers and shared memory
+    of the same file without them."""
     bare = _without_markers(slug, tmp_path)
     marked = fl.stage(slug).source
     assert sass.disassemble(marked, arch) == sass.disassemble(bare, arch)
@@ -578,11 +706,11 @@ def test_the_markers_change_no_machine_code(slug, arch, tmp_path):
 
 # --- on a GPU: the solution passes every kernel exercise, the stubs fail every one ----------------
 
-def _graded_here(root):
+def _graded_here(root, solution=None):
     """(exercise, result) for every kernel exercise this GPU can run; the rest must be skipped
     with a reason, because their stage cannot run here."""
     for ex in K.KERNEL_EXERCISES:
-        r = K.grade_kernel(ex, root)
+        r = K.grade_kernel(ex, root, solution=solution)
         print(r)
         if r.ok is None:
             assert fl.stage(ex.stage).unavailable() is not None, r
@@ -591,24 +719,62 @@ def _graded_here(root):
 
 
 @pytest.mark.gpu
-def test_the_solution_edition_passes_every_kernel_exercise():
-    for ex, r in _graded_here(paths.ROOT):
+def test_the_solution_edition_scores_full_marks_on_every_kernel_exercise():
+    """Graded as an instructor grades: timed in turn with itself, config by config."""
+    for ex, r in _graded_here(paths.ROOT, solution=paths.ROOT):
         assert r.ok is True and r.score == ex.points, r  # full marks: as fast as itself
         assert r.message.startswith("right:"), r
 
 
 @pytest.mark.gpu
-def test_the_student_edition_fails_every_kernel_exercise(edition):
-    for ex, r in _graded_here(edition):
+def test_an_edition_fails_every_kernel_exercise_it_hands_out(course):
+    for ex, r in _graded_here(course):
         assert r.ok is False and r.score == 0, r
         assert "fails its check" in r.message, r
         assert re.search(r"first wrong element: batch \d+, head \d+, row \d+, column \d+: got "
                          r"\S+, expected \S+|the largest difference", r.message), r
 
 
+LAZY_WITHOUT_FALLBACK = r"""    bool grow = false;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float x = mx[hh];
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+      grow |= x * scale_log2 > m[hh] + 8.f;  // some exponential above 2^8
+    }
+    if (__any_sync(0xffffffffu, grow)) return false;  // one path per warp
+"""
+
+
 @pytest.mark.gpu
-def test_a_stage_report_names_the_failing_case(edition):
-    rep = K.report(edition, "02_coalesced")
+def test_the_lazy_softmax_without_its_fallback_fails(tmp_path):
+    """13.lazy_softmax written without the vote and the fallback (every tile kept lazily): right
+    on random inputs, and so faster; the keys that grow along the sequence make it fail."""
+    if fl.stage("13").unavailable():
+        pytest.skip(fl.stage("13").unavailable())
+    tree = tmp_path / "tree"
+    student.write(tree, through=13, first=13)
+    mine = markers.strip_markers(_text("13_lazy_rescale"))
+    assert LAZY_WITHOUT_FALLBACK in mine
+    edition = (tree / "kernels" / "13_lazy_rescale.cu").read_text()
+    (r,) = [r for r in K.regions(_text("13_lazy_rescale")) if r.id == "13.lazy_softmax"]
+    lazy = "\n".join(r.body) + "\n"
+    assert LAZY_WITHOUT_FALLBACK in lazy
+    hacked = _text("13_lazy_rescale").replace(lazy, lazy.replace(LAZY_WITHOUT_FALLBACK, "    (void)mx;\n"))
+    (tree / "kernels" / "13_lazy_rescale.cu").write_text(markers.splice(edition, hacked,
+                                                                        {"13.lazy_softmax"}))
+    ex = next(e for e in K.KERNEL_EXERCISES if e.id == "13.lazy_softmax")
+    got = K.grade_kernel(ex, tree, solution=paths.ROOT)
+    print(got)
+    assert got.ok is False and got.score == 0, got
+    assert "keys growing along the sequence" in got.message, got
+
+
+@pytest.mark.gpu
+def test_a_stage_report_names_the_failing_case(course):
+    rep = K.report(course, "02_coalesced")
     assert rep["built"] and not rep["passed"]
     assert json.loads(json.dumps(rep)) == rep
-    assert re.fullmatch(r"B=\d+ H=\d+ N=\d+ D=\d+ fp32 causal=(True|False)", rep["failure"]["case"])
+    assert re.fullmatch(r"B=\d+ H=\d+ N=\d+ D=\d+ fp32 causal=(True|False)( \(.*\))?",
+                        rep["failure"]["case"])

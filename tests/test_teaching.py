@@ -117,3 +117,44 @@ def test_the_exercise_table_names_the_registered_exercises():
     assert sorted(named) == sorted(registered)
     for ex_id, notebook in named.items():
         assert registered[ex_id].stage.startswith(notebook), (ex_id, notebook)
+
+
+def _exercise_minutes():
+    lines = _section(GUIDE.read_text(), "The exercises and the GPUs they need")
+    header, rows = _table(lines)
+    return {ex_id: int(m) for row in rows for cell in row[1:]
+            for ex_id, m in re.findall(r"`(\d\d\.\w+)` \((\d+) min\)", cell)}
+
+
+def test_every_exercise_has_its_minutes():
+    exercises = pytest.importorskip("flashlab.course.exercises")
+    minutes = _exercise_minutes()
+    assert sorted(minutes) == sorted(ex.id for ex in exercises.EXERCISES)
+    assert all(5 <= m <= 60 for m in minutes.values())
+
+
+def test_the_workshops_slots_add_up_to_the_notebooks_own_times():
+    """Each slot of the three-hour workshop lasts the read time of its notebook (its opening
+    cell's) plus the minutes of the exercises done in it (homework does not count); a break or
+    a wrap-up lasts what it says; the slots follow each other and fill three hours."""
+    text = "\n".join(_section(GUIDE.read_text(), "Two plans"))
+    part = text.split("### A three-hour workshop", 1)[1].split("### A four-week module", 1)[0]
+    header, rows = _table(part.splitlines())
+    minutes = _exercise_minutes()
+    reads = {src.name[:2]: _minutes(src)[0] for src in SOURCES}
+    clock = 0
+    for row in rows:
+        start, end = (int(h) * 60 + int(m) for h, m in re.findall(r"(\d):(\d\d)", row[0]))
+        assert start == clock, row
+        m = re.fullmatch(r"(\d\d) \((\d+)\)", row[1])
+        if m:
+            assert int(m.group(2)) == reads[m.group(1)], (row, "the notebook's read time")
+            done = re.findall(r"`(\d\d\.\w+)`", row[3].split("homework:")[0])
+            want = reads[m.group(1)] + sum(minutes[ex] for ex in done)
+            for ex in done:
+                assert f"`{ex}` ({minutes[ex]})" in row[3], (row, ex)
+        else:
+            want = int(re.search(r"\((\d+)\)", row[1]).group(1))
+        assert end - start == want, (row, want)
+        clock = end
+    assert clock == 180

@@ -113,6 +113,10 @@ def notebook_for(src: Path, old=None):
                 cell.metadata.pop("execution", None)
         nb.metadata.setdefault("kernelspec", KERNEL)
         nb.metadata.setdefault("language_info", {"name": "python"})
+    # nbgrader's cell metadata, by flashlab's rules: the committed notebooks are nbgrader's
+    # source notebooks as they are (flashlab.course.nbgrader)
+    from flashlab.course.nbgrader import apply
+    apply(nb, src.stem)
     # A cell paired with one already there keeps its id; a new one gets the first free
     # '<prefix>-<index>' (stable ids keep diffs small).
     taken = {c.get("id") for c, j in zip(nb.cells, pairs) if j is not None}
@@ -151,7 +155,12 @@ def differences():
             bad.append(f"{dst.name}: missing")
             continue
         want = [(c.cell_type, c.source) for c in read_source(src).cells]
-        have = [(c.cell_type, c.source) for c in jupytext.read(dst, fmt="ipynb").cells]
+        nb = jupytext.read(dst, fmt="ipynb")
+        have = [(c.cell_type, c.source) for c in nb.cells]
+        from flashlab.course.nbgrader import cell_metadata
+        if [c.metadata.get("nbgrader") for c in nb.cells] != cell_metadata(nb.cells, dst.stem):
+            bad.append(f"{dst.name}: its nbgrader metadata is not flashlab.course.nbgrader's "
+                       "(run `python tools/notebooks.py build`)")
         if have != want:
             i = next((i for i, (h, w) in enumerate(zip(have, want)) if h != w), min(len(have), len(want)))
             bad.append(f"{dst.name}: cells differ from {src.relative_to(ROOT)} from cell {i} on "

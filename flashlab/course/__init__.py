@@ -32,12 +32,16 @@ class Exercise:
                              f"({self.stage[:2]}.)")
 
 
+VERDICTS = ("right", "wrong", "blank", "timeout", "skipped")
+
+
 @dataclass
 class Result:
     exercise: str        # the exercise's id
     ok: bool | None      # right / wrong; None: skipped (no GPU, nothing recorded, ...)
     score: float = 0.0   # 0 .. the exercise's points
     message: str = ""    # right or wrong and why; for kernels the first failing case and element
+    status: str = ""     # "blank" or "timeout" where a wrong result is one of those; else ""
 
     @classmethod
     def skipped(cls, exercise, why: str) -> "Result":
@@ -46,7 +50,10 @@ class Result:
 
     @property
     def verdict(self) -> str:
-        return "skipped" if self.ok is None else "right" if self.ok else "wrong"
+        """One of VERDICTS: right, wrong (blank and timeout are wrong ones, said apart), skipped."""
+        if self.ok is None:
+            return "skipped"
+        return "right" if self.ok else (self.status or "wrong")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -58,4 +65,4 @@ class Result:
         p.text(f"<Result {self.exercise}: {self.verdict}, score {self.score:g}>")
 
 
-__all__ = ["Exercise", "KINDS", "Result"]
+__all__ = ["Exercise", "KINDS", "Result", "VERDICTS"]

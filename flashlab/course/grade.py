@@ -1,53 +1,153 @@
-"""`flashlab grade [DIR] [--exercise ID] [--name NAME]`: grade a student's edition.
+"""`flashlab grade`: a student checks an edition; an instructor grades a class's hand-ins.
 
-Every exercise (or one) of the edition in DIR is graded: the CPU labs from the notebooks' check
-cells on any machine, the kernel exercises by building, checking and timing their stage on a GPU
-that runs it (skipped, with one line saying why, where there is none). A score table is printed
-and a JSON submission written to DIR/submissions/<name>-<gpu>-<time>.json, never over another
-one: `flashlab leaderboard` merges them.
+    flashlab grade [DIR] [--exercise ID]                # a student, in their edition
+    flashlab grade --class HANDINS --edition ED [--out GRADES] [--student NAME] [--jobs N]
+
+An edition's exercises are those its edition.json hands out (the solution edition: all of them).
+A lab is graded in its notebook's own context (flashlab.course.labrun: the notebook run in a
+fresh Python through the answer cell, `answer` read back and checked here); a kernel exercise by
+building, checking and timing its stage (flashlab.course.kernels), on a GPU that runs it, else
+skipped with one line saying why.
+
+--class grades every hand-in in the folder HANDINS (each a folder, a git clone, a .zip, or loose
+notebooks and kernels: flashlab.course.handin) against the edition ED as handed out: each in its
+own work tree, in its own process, within --timeout seconds; kernel exercises are timed in turn
+with the solution (this installation's kernels) on this GPU, one grading at a time per GPU.
+Nothing a student reports about their work is read. GRADES/gradebook.csv gets one row per student
+and exercise (student, exercise, points, why, ...), replacing that student's earlier rows, and
+GRADES/feedback/<student>.md what they are told. `flashlab leaderboard GRADES/gradebook.csv`
+ranks them.
 """
-import getpass
+import csv
 import json
 import os
 import re
+import secrets
+import shutil
 import subprocess
+import sys
+import tempfile
 import textwrap
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .. import paths
 from ..env import environment, gpu_available
-from . import exercises
+from . import Result, exercises
 
-FORMAT = "flashlab-submission/1"   # the submission files' "format" field
 NO_GPU = "no CUDA GPU here: kernel exercises need one (the CPU labs are graded anywhere)"
+STUDENT_TIMEOUT_S = 1800      # one hand-in, every exercise
+GRADEBOOK = "gradebook.csv"
+COLUMNS = ["student", "assignment", "exercise", "kind", "stage", "points", "max_points",
+           "verdict", "why", "gpu", "graded", "handed_in"]
+_MARK = "FLASHLAB-RESULT"
 
 
-def student_name(name=None) -> str:
-    """Who is graded: `name`, else $FLASHLAB_STUDENT, else the login name."""
-    if name and name.strip():
-        return name.strip()
-    if os.environ.get("FLASHLAB_STUDENT", "").strip():
-        return os.environ["FLASHLAB_STUDENT"].strip()
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 -- no login name in some containers
-        return "student"
+# --- one tree: an edition, or a hand-in's work tree ------------------------------------------------
+
+def handed_out(root) -> list:
+    """The exercises the edition in `root` hands out (edition.json), else every exercise."""
+    from .student import read_manifest
+    man = read_manifest(root)
+    if man is None:
+        return list(exercises.EXERCISES)
+    known = {ex.id: ex for ex in exercises.EXERCISES}
+    out = []
+    for e in man["exercises"]:
+        ex = known.get(e["id"])
+        if ex is None:  # an edition of a newer solution: grade what it says with its points
+            ex = exercises.Exercise(e["id"], e["stage"], e["kind"], e["title"], e["points"])
+        out.append(ex)
+    return out
 
 
-def grade_all(root=".", exercise=None, gpu=None) -> list:
-    """[(Exercise, Result)] for every exercise of the edition in `root`, or only `exercise` (an
-    id). Without a CUDA GPU (gpu=False; None: ask torch) the kernel exercises are skipped
-    without building anything."""
+def _notebook(root: Path, slug: str):
+    nb = root / "notebooks" / f"{slug}.ipynb"
+    if nb.is_file():
+        return nb
+    src = root / "notebooks" / "src" / f"{slug}.py"
+    if src.is_file():  # a source alone: its notebook, written beside the others
+        import jupytext
+        import nbformat
+        notebook = jupytext.read(src, fmt="py:percent")
+        nbformat.write(notebook, nb)
+        return nb
+    return None
+
+
+def grade_labs(root, labs, cell_timeout=None) -> dict:
+    """{lab id: Result} for `labs` (Exercises) of the tree at `root`, each from its notebook."""
+    from . import labrun
+    from .labs import answer_check
     root = Path(root)
-    chosen = [exercises.exercise(exercise)] if exercise else list(exercises.EXERCISES)
+    out = {}
+    by_stage = {}
+    for ex in labs:
+        by_stage.setdefault(ex.stage, []).append(ex)
+    for slug, exs in by_stage.items():
+        nb = _notebook(root, slug)
+        if nb is None:
+            for ex in exs:
+                out[ex.id] = Result(ex.id, False, 0.0, f"no notebook notebooks/{slug}.ipynb")
+            continue
+        data = root / "data"
+        got = labrun.answers(nb, [ex.id for ex in exs],
+                             cell_timeout=cell_timeout or labrun.CELL_TIMEOUT_S,
+                             data_dir=data if data.is_dir() else None)
+        for ex in exs:
+            a = got[ex.id]
+            if a.status == "answered":
+                r = answer_check(ex.id, a.value)
+                r.exercise = ex.id
+            elif a.status in ("blank", "timeout"):
+                r = Result(ex.id, False, 0.0, a.why, status=a.status)
+            else:
+                r = Result(ex.id, False, 0.0, a.why)
+            r.score = min(max(float(r.score), 0.0), ex.points) if r.ok else 0.0
+            out[ex.id] = r
+    return out
+
+
+def grade_tree(root=".", only=None, gpu=None, solution=None, cell_timeout=None, each=None) -> list:
+    """[(Exercise, Result)] for the exercises the tree at `root` hands out (or only the ids in
+    `only`), in course order. Without a CUDA GPU (gpu=False; None: ask torch) kernel exercises are
+    skipped without building anything. solution: the solution edition to time kernel exercises
+    against (class grading). each(ex, result) is called as each one is graded."""
+    from .kernels import grade_kernel
+    root = Path(root)
+    chosen = handed_out(root)
+    if only:
+        wanted = set(only)
+        unknown = wanted - {ex.id for ex in chosen}
+        if unknown:
+            raise ValueError(f"{', '.join(sorted(unknown))}: not an exercise of this edition; its "
+                             f"exercises are {', '.join(ex.id for ex in chosen)}")
+        chosen = [ex for ex in chosen if ex.id in wanted]
     gpu = gpu_available() if gpu is None else gpu
-    graded = []
+    results = {}
+    labs = [ex for ex in chosen if ex.kind == "lab"]
+    for ex in labs:
+        results[ex.id] = None
+    for lab_id, r in grade_labs(root, labs, cell_timeout).items():
+        results[lab_id] = r
+        if each:
+            each(next(ex for ex in labs if ex.id == lab_id), r)
     for ex in chosen:
-        if ex.kind == "kernel" and not gpu:
-            graded.append((ex, exercises.Result.skipped(ex, NO_GPU)))
+        if ex.kind != "kernel":
+            continue
+        if not gpu:
+            r = Result.skipped(ex, NO_GPU)
         else:
-            graded.append((ex, exercises.grade(ex, root)))
-    return graded
+            try:
+                r = grade_kernel(ex, root, solution=solution)
+            except Exception as err:  # noqa: BLE001 -- the student's build may raise anything
+                r = Result(ex.id, False, 0.0, f"the grader stopped on {type(err).__name__}: {err}")
+            r.score = min(max(float(r.score), 0.0), ex.points) if r.ok else 0.0
+        results[ex.id] = r
+        if each:
+            each(ex, r)
+    return [(ex, results[ex.id]) for ex in chosen]
 
 
 def totals(graded) -> dict:
@@ -68,10 +168,10 @@ def table(graded) -> str:
     lines = ["  ".join(cell.ljust(w) if i < 2 or i == 4 else cell.rjust(w)
                        for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    wrong = [(ex, r) for ex, r in graded if r.ok is False]
-    if wrong:
+    shown = [(ex, r) for ex, r in graded if r.ok is False or (r.ok and r.score < ex.points)]
+    if shown:
         lines.append("")
-        for ex, r in wrong:
+        for ex, r in shown:
             lines += textwrap.wrap(f"{ex.id}: {r.message}", 98, subsequent_indent="    ")
     skipped = {}
     for ex, r in graded:
@@ -90,66 +190,202 @@ def table(graded) -> str:
     return "\n".join(lines)
 
 
-def _git_commit(root: Path):
-    try:
-        return subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], cwd=root, text=True,
-                              capture_output=True, check=True).stdout.strip() or None
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
-def submission(graded, name, root=".", env=None) -> dict:
-    """The JSON record of one grading run: who, on which GPU (or "cpu"), with which torch, CUDA
-    and flashlab commit, and every exercise's result."""
-    env = environment() if env is None else env
-    root = Path(root).resolve()
-    sub = dict(format=FORMAT, name=name, gpu=env.get("gpu") or "cpu",
-               compute_capability=env.get("compute_capability", ""), torch=env.get("torch", ""),
-               cuda=env.get("cuda", ""), commit=env.get("commit", ""), time=env.get("time", ""),
-               edition=str(root))
-    if root != paths.ROOT.resolve():  # flashlab graded another tree: record that one's commit too
-        sub["edition_commit"] = _git_commit(root)
-    sub |= totals(graded)
-    sub["results"] = [dict(exercise=ex.id, stage=ex.stage, kind=ex.kind, title=ex.title,
-                           points=ex.points, ok=r.ok, score=r.score, message=r.message)
-                      for ex, r in graded]
-    return sub
-
-
-def _slug(text) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "-", str(text)).strip("-").lower() or "x"
-
-
-def write_submission(sub, root=".") -> Path:
-    """Write `sub` to root/submissions/<name>-<gpu>-<time>.json; a name already taken gets -2,
-    -3, ...: a submission never replaces another."""
-    folder = Path(root) / "submissions"
-    folder.mkdir(parents=True, exist_ok=True)
-    stamp = re.sub(r"[^0-9TZ]", "", sub.get("time", "")) or "now"
-    stem = f"{_slug(sub['name'])}-{_slug(sub['gpu'])}-{stamp}"
-    text = json.dumps(sub, indent=1) + "\n"
-    for i in range(1, 10_000):
-        path = folder / (f"{stem}.json" if i == 1 else f"{stem}-{i}.json")
-        try:
-            with open(path, "x", encoding="utf-8") as f:  # "x": fails if it exists
-                f.write(text)
-            return path
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"{folder}: too many submissions named {stem}")
-
-
-def run(root=".", exercise=None, name=None, out=print, gpu=None):
-    """`flashlab grade`: grade, print the table, write the submission. Returns (graded, path)."""
+def run(root=".", only=None, out=print, gpu=None, solution=None, cell_timeout=None, as_json=False):
+    """`flashlab grade [DIR]`: grade the tree and print its table (as_json: one marked JSON line
+    per exercise as it is graded, for the class grader). Returns [(Exercise, Result)]."""
     root = Path(root)
     if not (root / "notebooks").is_dir() and not (root / "kernels").is_dir():
         raise ValueError(f"{root} is not a flashlab edition (it has no notebooks/ or kernels/)")
-    name = student_name(name)
-    graded = grade_all(root, exercise, gpu)
+    if as_json:
+        mark = os.environ.get("FLASHLAB_RESULT_MARK", _MARK)
+        env = environment()
+
+        def each(ex, r):
+            print(f"{mark} " + json.dumps(dict(exercise=ex.id, ok=r.ok, score=r.score,
+                                               message=r.message, status=r.status,
+                                               gpu=env["gpu"] if ex.kind == "kernel" else "cpu")),
+                  flush=True)
+        return grade_tree(root, only, gpu, solution, cell_timeout, each)
     env = environment()
-    out(f"flashlab grade: {name}, {root.resolve()}, on "
+    out(f"flashlab grade: {root.resolve()}, on "
         f"{env['gpu'] if env['gpu'] != 'cpu' else 'a machine without a CUDA GPU'}\n")
+    graded = grade_tree(root, only, gpu, solution, cell_timeout)
     out(table(graded))
-    path = write_submission(submission(graded, name, root, env), root)
-    out(f"\nsubmission written to {path}")
-    return graded, path
+    return graded
+
+
+# --- a class: hand-ins graded by the instructor ----------------------------------------------------
+
+def handins(folder, students=None) -> list:
+    """The hand-ins in `folder` (each folder or .zip in it, hidden ones left out), sorted by
+    student; only the named students where `students` is given."""
+    from .handin import student_name
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder of hand-ins")
+    found = [p for p in sorted(folder.iterdir()) if not p.name.startswith((".", "_"))
+             and (p.is_dir() or p.suffix.lower() == ".zip")]
+    if students:
+        names = set(students)
+        found = [p for p in found if student_name(p) in names]
+        missing = names - {student_name(p) for p in found}
+        if missing:
+            raise ValueError(f"no hand-in in {folder} for {', '.join(sorted(missing))}")
+    return found
+
+
+def grade_handin(handin, edition, manifest, timeout=STUDENT_TIMEOUT_S, cell_timeout=None,
+                 solution=None, gpu=None, scratch=None) -> tuple:
+    """(HandIn, [(Exercise, Result)], seconds) for one hand-in: its work tree graded in a process
+    of its own, stopped after `timeout` seconds (what was not graded by then times out)."""
+    from .handin import make_work_tree
+    scratch = Path(scratch or tempfile.mkdtemp(prefix="flashlab-class-"))
+    started = time.monotonic()
+    chosen = handed_out(edition)
+    try:
+        h = make_work_tree(handin, edition, scratch, manifest)
+    except (ValueError, OSError) as err:
+        from .handin import HandIn, student_name
+        h = HandIn(student_name(handin), Path(handin))
+        why = f"the hand-in could not be read: {err}"
+        return h, [(ex, Result(ex.id, False, 0.0, why)) for ex in chosen], 0.0
+    todo = [ex.id for ex in chosen if ex.id not in h.problems]
+    got = {}
+    if todo:
+        mark = f"{_MARK}-{secrets.token_hex(8)}"
+        cmd = [sys.executable, "-m", "flashlab", "grade", str(h.work), "--json",
+               "--solution", str(solution or paths.ROOT)]
+        for ex_id in todo:
+            cmd += ["--exercise", ex_id]
+        if cell_timeout:
+            cmd += ["--cell-timeout", str(cell_timeout)]
+        if gpu is False:
+            cmd += ["--no-gpu"]
+        env = dict(os.environ, FLASHLAB_RESULT_MARK=mark)
+        env.pop("FLASHLAB_DATA", None)  # the work tree's own data/
+        try:  # run from the scratch folder: `python -m` must import this flashlab, not a copy
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                                  cwd=str(scratch))
+            stdout, stopped = proc.stdout, None
+            if proc.returncode != 0:
+                stopped = (f"the grader's process failed (exit status {proc.returncode}): "
+                           f"{(proc.stderr or '').strip()[-400:]}")
+        except subprocess.TimeoutExpired as err:
+            stdout = (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or "")
+            stopped = f"grading this hand-in took over {timeout} s and was stopped"
+        for line in stdout.splitlines():
+            if line.startswith(mark + " "):
+                d = json.loads(line[len(mark) + 1:])
+                got[d["exercise"]] = d
+    results = []
+    for ex in chosen:
+        if ex.id in h.problems:
+            results.append((ex, Result(ex.id, False, 0.0, h.problems[ex.id], status="blank")))
+        elif ex.id in got:
+            d = got[ex.id]
+            score = min(max(float(d["score"]), 0.0), ex.points) if d["ok"] else 0.0
+            r = Result(ex.id, d["ok"], score, d["message"], d.get("status", ""))
+            r.gpu = d.get("gpu", "cpu")
+            results.append((ex, r))
+        else:
+            why = stopped if todo and stopped else "not graded"
+            status = "timeout" if "took over" in (why or "") else ""
+            results.append((ex, Result(ex.id, False, 0.0, why, status=status)))
+    shutil.rmtree(h.work.parent, ignore_errors=True)
+    return h, results, time.monotonic() - started
+
+
+def gradebook_rows(h, results, assignment) -> list:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return [dict(student=h.name, assignment=assignment, exercise=ex.id, kind=ex.kind,
+                 stage=ex.stage, points=round(r.score, 3), max_points=ex.points,
+                 verdict=r.verdict, why=r.message, gpu=getattr(r, "gpu", "cpu"), graded=stamp,
+                 handed_in=str(h.source)) for ex, r in results]
+
+
+def write_gradebook(path, rows, students) -> None:
+    """Put `rows` in the gradebook CSV at `path`, replacing those of `students`; under a lock,
+    so that gradings running side by side (a Slurm array) each add their own."""
+    from filelock import FileLock
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        kept = []
+        if path.is_file():
+            with open(path, newline="", encoding="utf-8") as f:
+                kept = [r for r in csv.DictReader(f) if r["student"] not in set(students)]
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            w = csv.DictWriter(f, fieldnames=COLUMNS)
+            w.writeheader()
+            for r in sorted(kept + rows, key=lambda r: (r["student"], _order(r["exercise"]))):
+                w.writerow({k: r.get(k, "") for k in COLUMNS})
+        os.replace(tmp, path)
+
+
+def _order(ex_id):
+    ids = exercises.ids()
+    return ids.index(ex_id) if ex_id in ids else len(ids)
+
+
+def feedback(h, results, assignment) -> str:
+    """What a student is told: their score, each exercise's verdict and why, what was read."""
+    t = totals(results)
+    lines = [f"# {h.name}: assignment {assignment}", "",
+             f"**{t['score']:g} of {t['possible']} points** "
+             f"({t['graded']} exercise{'s' * (t['graded'] != 1)} graded"
+             + (f", {t['skipped']} skipped" if t["skipped"] else "") + ")", "",
+             "| exercise | points | verdict |", "|---|---:|---|"]
+    lines += [f"| `{ex.id}` | {r.score:g} / {ex.points} | {r.verdict} |" for ex, r in results]
+    lines.append("")
+    for ex, r in results:
+        lines += [f"## {ex.id} ({ex.title})", "", r.message or "-", ""]
+    if h.notes:
+        lines += ["## What was graded", ""] + [f"- {n}" for n in h.notes] + [""]
+    return "\n".join(lines)
+
+
+def _safe(name) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") or "student"
+
+
+def grade_class(handins_dir, edition, out_dir="grades", students=None, jobs=1,
+                timeout=STUDENT_TIMEOUT_S, cell_timeout=None, gpu=None, out=print) -> list:
+    """`flashlab grade --class`: grade every hand-in (see the module's docstring). Returns
+    [(HandIn, [(Exercise, Result)], seconds)]."""
+    from .student import read_manifest
+    edition = Path(edition)
+    manifest = read_manifest(edition)
+    if manifest is None:
+        raise ValueError(f"{edition} is not an edition as handed out (no edition.json): pass the "
+                         "folder `flashlab student` wrote")
+    items = handins(handins_dir, students)
+    if not items:
+        raise ValueError(f"no hand-ins in {handins_dir}")
+    out_dir = Path(out_dir)
+    (out_dir / "feedback").mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="flashlab-class-"))
+    out(f"grading {len(items)} hand-in{'s' * (len(items) != 1)} of assignment "
+        f"{manifest['assignment']} ({len(manifest['exercises'])} exercises), {jobs} at a time")
+
+    def one(item):
+        return grade_handin(item, edition, manifest, timeout, cell_timeout, gpu=gpu,
+                            scratch=scratch)
+
+    done = []
+    with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
+        for h, results, secs in pool.map(one, items):
+            rows = gradebook_rows(h, results, manifest["assignment"])
+            write_gradebook(out_dir / GRADEBOOK, rows, [h.name])
+            (out_dir / "feedback" / f"{_safe(h.name)}.md").write_text(
+                feedback(h, results, manifest["assignment"]), encoding="utf-8")
+            t = totals(results)
+            verdicts = {}
+            for _, r in results:
+                verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
+            out(f"  {h.name}: {t['score']:g} / {t['possible']} points "
+                f"({', '.join(f'{n} {v}' for v, n in verdicts.items())}) in {secs:.0f} s")
+            done.append((h, results, secs))
+    shutil.rmtree(scratch, ignore_errors=True)
+    out(f"gradebook: {out_dir / GRADEBOOK}; feedback: {out_dir / 'feedback'}/")
+    return done

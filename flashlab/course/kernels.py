@@ -42,174 +42,40 @@ import json
 import math
 import os
 import re
+import secrets
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import paths
+from ..markers import (DEFAULT_POINTS, TODO, MarkerError, Region, exercises_in,  # noqa: F401
+                       regions, strip_markers, student_text)
 from ..stages import stages
 from . import Exercise, Result
 
 # --- the exercises ---------------------------------------------------------------------------------
 
-# KERNEL_EXERCISES, at the end of this section: read from the kernels' own markers.
-
-# --- the markers -----------------------------------------------------------------------------------
-
-_BEGIN = re.compile(r"^(?P<indent>[ \t]*)// BEGIN EXERCISE (?P<id>\S+)"
-                    r"(?: \((?P<points>\d+) points?\))?: (?P<task>\S.*)$")
-DEFAULT_POINTS = 10
-_STUB = re.compile(r"^(?P<indent>[ \t]*)// STUB:(?: (?P<code>.*))?$")
-_END = re.compile(r"^(?P<indent>[ \t]*)// END EXERCISE (?P<id>\S+)\s*$")
-_ID = re.compile(r"\d\d\.[a-z][a-z0-9_]*")
-TODO = "// TODO:"
+# The markers (flashlab.markers) are where an exercise is declared: KERNEL_EXERCISES is read from
+# the kernels that are there, in the solution edition's form or in an edition's as handed out.
 
 
-class MarkerError(ValueError):
-    """An exercise region is not well formed; the message names the file and line."""
-
-
-@dataclass(frozen=True)
-class Region:
-    """One exercise region of a .cu file. Line numbers are 0-based indices into its lines."""
-    id: str
-    indent: str
-    begin: int          # the BEGIN line
-    end: int            # the END line
-    task: str           # the BEGIN line's task and the comment lines after it, joined
-    task_lines: int     # BEGIN and its continuation lines
-    body: tuple         # the code between the task and the STUB lines (or END): the solution,
-    #                     or in a student edition the student's code
-    stub: tuple         # the stub's code lines ("// STUB: " removed, indentation kept); () where
-    #                     the file is a student edition
-    points: int = DEFAULT_POINTS  # "// BEGIN EXERCISE id (5 points): ..." gives fewer
-
-    @property
-    def title(self) -> str:
-        """The task's first clause: up to its first ':', ';' or '.' that ends a word."""
-        return re.split(r"(?<=\S)[:;.](?=\s|$)", self.task, maxsplit=1)[0].strip()
-
-    @property
-    def unwritten(self) -> bool:
-        """True while the region's code still holds the stub's TODO line."""
-        return any(line.strip().startswith(TODO) for line in self.body)
-
-
-def regions(text: str, where="kernel", solution=None) -> list:
-    """The exercise regions of a .cu file's text, in order. MarkerError where they are not well
-    formed: BEGIN without END (or the other way), nesting, a different id at END, a repeated id,
-    markers at different indentations, STUB lines that are not all just before END, an empty
-    solution. solution=True also requires the STUB lines (a solution edition); False forbids them
-    (a student edition); None takes either."""
-    lines = text.splitlines()
-    found, seen, i = [], set(), 0
-
-    def fail(n, why):
-        raise MarkerError(f"{where}:{n + 1}: {why}")
-
-    while i < len(lines):
-        line = lines[i]
-        if _END.match(line) or _STUB.match(line):
-            fail(i, "STUB or END EXERCISE outside a region")
-        m = _BEGIN.match(line)
-        if not m:
-            if "EXERCISE" in line and re.search(r"//\s*(BEGIN|END)\s+EXERCISE", line):
-                fail(i, f"not a well-formed marker: {line.strip()!r} (want '// BEGIN EXERCISE "
-                        "NN.name: task' or '// END EXERCISE NN.name')")
-            i += 1
+def _kernel_exercises(root=None) -> tuple:
+    """One Exercise per exercise region of every stage's kernel in root/kernels/ (default: this
+    package's), in stage order: the .cu file is the one place an exercise is declared (adding a
+    stage stays its .cu, its registry entry and its notebook). A stage whose kernel is not there
+    (a later stage, absent from an edition) has none; carried regions are not exercises."""
+    found = []
+    for st in stages():
+        src = _source(root, st.slug) if root is not None else st.source
+        if not src.is_file():
             continue
-        rid, indent, begin = m["id"], m["indent"], i
-        if not _ID.fullmatch(rid):
-            fail(i, f"exercise id {rid!r} is not NN.lower_case_name")
-        if rid in seen:
-            fail(i, f"exercise {rid} is marked twice")
-        seen.add(rid)
-        task = [m["task"].strip()]
-        i += 1
-        while i < len(lines) and lines[i].startswith(indent + "//") and not (
-                _BEGIN.match(lines[i]) or _STUB.match(lines[i]) or _END.match(lines[i])
-                or lines[i].strip().startswith(TODO)):
-            task.append(lines[i].strip()[2:].strip())
-            i += 1
-        task_lines = i - begin
-        body, stub = [], []
-        while True:
-            if i >= len(lines):
-                fail(begin, f"BEGIN EXERCISE {rid} has no END EXERCISE {rid}")
-            line = lines[i]
-            if _BEGIN.match(line):
-                fail(i, f"BEGIN EXERCISE inside exercise {rid}")
-            e = _END.match(line)
-            if e:
-                if e["id"] != rid:
-                    fail(i, f"END EXERCISE {e['id']} closes exercise {rid}")
-                if e["indent"] != indent:
-                    fail(i, f"END EXERCISE {rid} is not indented as its BEGIN")
-                break
-            s = _STUB.match(line)
-            if s:
-                if s["indent"] != indent:
-                    fail(i, f"a STUB line of {rid} is not indented as its BEGIN")
-                stub.append(indent + s["code"] if s["code"] else "")
-            elif stub:
-                fail(i, f"code after the STUB lines of {rid}: they must come last, before END")
-            else:
-                body.append(line)
-            i += 1
-        if solution is True:
-            if not stub:
-                fail(i, f"exercise {rid} has no STUB lines")
-            if not any(ln.strip() for ln in body):
-                fail(begin, f"exercise {rid} has no solution code")
-            if not stub[0].strip().startswith(TODO):
-                fail(begin, f"the stub of {rid} must start with a '{TODO} ...' line")
-        if solution is False and stub:
-            fail(i, f"exercise {rid} still has STUB lines: not a student edition")
-        found.append(Region(rid, indent, begin, i, " ".join(task), task_lines, tuple(body),
-                            tuple(stub), int(m["points"] or DEFAULT_POINTS)))
-        i += 1
-    return found
-
-
-def _kernel_exercises() -> tuple:
-    """One Exercise per marked region of every stage's kernel, in stage order: the .cu file is
-    the one place an exercise is declared (adding a stage stays its .cu, its registry entry and
-    its notebook)."""
-    return tuple(Exercise(r.id, st.slug, "kernel", r.title, r.points)
-                 for st in stages()
-                 for r in regions(st.source.read_text(), where=st.source.name, solution=True))
+        found += [Exercise(r.id, st.slug, "kernel", r.title, r.points)
+                  for r in exercises_in(src.read_text(), where=src.name)]
+    return tuple(found)
 
 
 KERNEL_EXERCISES = _kernel_exercises()
-
-
-def _join(lines, text):
-    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
-
-
-def student_text(text: str, where="kernel") -> str:
-    """The student edition of a solution .cu file: each region's solution and STUB lines become
-    the stub's code; BEGIN, the task and END stay."""
-    lines = text.splitlines()
-    out, last = [], 0
-    for r in regions(text, where, solution=True):
-        out += lines[last:r.begin + r.task_lines]
-        out += list(r.stub)
-        out.append(lines[r.end])
-        last = r.end + 1
-    return _join(out + lines[last:], text)
-
-
-def strip_markers(text: str, where="kernel") -> str:
-    """A solution .cu file without its exercise markers: BEGIN, the task, STUB and END lines gone,
-    the solution code left. It compiles to the same machine code (the markers are comments)."""
-    lines = text.splitlines()
-    drop = set()
-    for r in regions(text, where, solution=True):
-        drop |= set(range(r.begin, r.begin + r.task_lines))
-        drop |= set(range(r.end - len(r.stub), r.end + 1))
-    return _join([ln for n, ln in enumerate(lines) if n not in drop], text)
 
 
 def stage_regions(root=paths.ROOT) -> dict:
@@ -291,7 +157,7 @@ def worst_element(got, expected):
 
 SPEED_TOLERANCE = 0.95   # within 5 % of the solution's time earns full points
 REPORT_TIMEOUT_S = 900   # one stage's build, check and timing
-_MARK = "FLASHLAB-STAGE-REPORT "
+_MARK = "FLASHLAB-STAGE-REPORT"
 
 
 def _source(root, slug) -> Path:
@@ -301,6 +167,15 @@ def _source(root, slug) -> Path:
 def _timing_dtype(st, capability):
     on = st.dtypes_on(capability) if hasattr(st, "dtypes_on") else st.dtypes
     return (on or st.dtypes)[0]
+
+
+def timed_configs(st, dtype) -> list:
+    """The configs an exercise of stage `st` is timed at: the teaching config, and the same under
+    the causal mask where the stage takes it (an order of work items, a skipped masked tile, is
+    only seen there)."""
+    from ..bench import teaching
+    cfg = teaching(dtype)
+    return [cfg] + ([replace(cfg, causal=True)] if st.causal else [])
 
 
 class _Recording:
@@ -329,19 +204,23 @@ def failure(result, calls) -> dict:
     ref = reference(q, k, v, causal=causal)
     atol, rtol = ELEMENT_TOL.get(c.dtype, ELEMENT_TOL["fp32"])
     first = first_wrong_element(got, ref, atol, rtol)
-    layout = "" if c.layout == "contiguous" else f" ({c.layout} layout)"
+    layout = {"contiguous": "", "bnhd": " (the model's strided layout)",
+              "growing": " (keys growing along the sequence)"}.get(c.layout, f" ({c.layout})")
     return {"case": f"B={c.B} H={c.H} N={c.N} D={c.D} {c.dtype} causal={c.causal}{layout}",
             "rel_err": c.rel_err, "tol": c.tol, "failed_cases": len(result.failures()),
             "element": str(first) if first else None, "worst": str(worst_element(got, ref))}
 
 
-def stage_report(root, slug) -> dict:
-    """Build `slug` from root/kernels/, check it and, if right, time it at its teaching config:
-    a dict that json can carry (what the child process prints). Needs a GPU."""
+def stage_report(root, slug, check=True) -> dict:
+    """Build `slug` from root/kernels/, check it (check=False: a trusted solution, timed only)
+    and, if right, time it at timed_configs: a dict that json can carry (what the child process
+    prints). The check is fl.check's, plus keys that grow along the sequence (every rescale and
+    fallback path taken). Needs a GPU."""
     import torch
 
     from .. import build
-    from ..bench import teaching, time_fn
+    from ..bench import time_fn
+    from ..check import GROWING_SHAPES
     from ..check import check as run_check
     from ..stages import Attention, stage
 
@@ -356,29 +235,39 @@ def stage_report(root, slug) -> dict:
         return rep
     rep["built"] = True
     attn = _Recording(Attention(st, module))
-    result = run_check(attn)
-    torch.cuda.synchronize()
-    rep.update(passed=result.passed, cases=len(result.cases), seed=result.seed,
-               max_rel_err=result.max_rel_err)
-    if not result.passed:
-        rep["failure"] = failure(result, attn.calls)
-        return rep
+    if check:
+        result = run_check(attn, growing_shapes=GROWING_SHAPES)
+        torch.cuda.synchronize()
+        rep.update(passed=result.passed, cases=len(result.cases), seed=result.seed,
+                   max_rel_err=result.max_rel_err)
+        if not result.passed:
+            rep["failure"] = failure(result, attn.calls)
+            return rep
+    else:
+        rep["passed"] = True
     del attn.calls[:]
-    cfg = teaching(_timing_dtype(st, cc))
-    q, k, v = cfg.inputs()
-    t = time_fn(lambda: attn.attn(q, k, v, causal=cfg.causal))
-    rep.update(ms=t.median_ms, config=cfg.label, dtype=cfg.dtype, timing_note=t.note)
+    dtype = _timing_dtype(st, cc)
+    rep.update(times={}, dtype=dtype, timing_notes={})
+    for cfg in timed_configs(st, dtype):
+        q, k, v = cfg.inputs()
+        t = time_fn(lambda: attn.attn(q, k, v, causal=cfg.causal))
+        rep["times"][cfg.label] = t.median_ms
+        if t.note:
+            rep["timing_notes"][cfg.label] = t.note
+    first = timed_configs(st, dtype)[0]
+    rep.update(ms=rep["times"][first.label], config=first.label)
     return rep
 
 
-def _report_main(root, slug):
-    """The child process: print the stage report as one marked JSON line."""
+def _report_main(root, slug, check="1"):
+    """The child process: print the stage report as one JSON line after the mark it was given
+    (in its environment, which a kernel's device code cannot read)."""
     try:
-        rep = stage_report(root, slug)
+        rep = stage_report(root, slug, check=check == "1")
     except Exception as err:  # noqa: BLE001 -- the student's kernel may fail in any way
         rep = {"stage": slug, "built": True, "passed": False,
                "error": f"{type(err).__name__}: {err}"}
-    print(_MARK + json.dumps(rep), flush=True)
+    print(os.environ.get("FLASHLAB_REPORT_MARK", _MARK) + " " + json.dumps(rep), flush=True)
 
 
 _REPORTS = {}
@@ -393,23 +282,55 @@ def _digest(root, slug) -> str:
     return h.hexdigest()
 
 
-def report(root, slug, timeout=REPORT_TIMEOUT_S) -> dict:
-    """stage_report(root, slug), run in a child process and remembered for this edition, stage
-    and source text. A crash or a timeout becomes a report with an "error"."""
+def gpu_lock_path() -> Path:
+    """The lock file of the GPU this process times on: one per GPU of this host (its UUID where
+    torch gives one), under the host's temporary folder, shared by every grading on the host."""
+    import tempfile
+
+    import torch
+    ident = "gpu0"
+    try:
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        ident = str(getattr(props, "uuid", "") or f"{props.name}-{torch.cuda.current_device()}")
+    except Exception:  # noqa: BLE001 -- no GPU: the lock is never contended
+        pass
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "-", ident)
+    folder = Path(os.environ.get("FLASHLAB_LOCK_DIR", Path(tempfile.gettempdir()) / "flashlab-gpu"))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{safe}.lock"
+
+
+def report(root, slug, timeout=REPORT_TIMEOUT_S, check=True, log=None) -> dict:
+    """stage_report(root, slug, check), run in a child process that holds this GPU's lock (two
+    gradings never time on one GPU at once), remembered for this tree, stage and source text. A
+    crash or a timeout becomes a report with an "error"."""
+    from filelock import FileLock, Timeout
+
     root = Path(root).resolve()
-    key = (str(root), slug, _digest(root, slug))
+    key = (str(root), slug, _digest(root, slug), check)
     if key in _REPORTS:
         return _REPORTS[key]
+    mark = f"{_MARK}-{secrets.token_hex(8)}"
     code = ("import sys; from flashlab.course.kernels import _report_main; "
-            "_report_main(sys.argv[1], sys.argv[2])")
-    env = dict(os.environ)
+            "_report_main(sys.argv[1], sys.argv[2], sys.argv[3])")
+    env = dict(os.environ, FLASHLAB_REPORT_MARK=mark)
     env["PYTHONPATH"] = os.pathsep.join([str(paths.ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    lock = FileLock(str(gpu_lock_path()))
     try:
-        proc = subprocess.run([sys.executable, "-c", code, str(root), slug], capture_output=True,
-                              text=True, timeout=timeout, cwd=str(paths.ROOT), env=env)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARK)]
+        try:
+            lock.acquire(timeout=5)
+        except Timeout:
+            (log or print)(f"waiting for the GPU: another grading holds {lock.lock_file}")
+            lock.acquire()
+        try:
+            proc = subprocess.run([sys.executable, "-c", code, str(root), slug, "1" if check else "0"],
+                                  capture_output=True, text=True, timeout=timeout,
+                                  cwd=str(paths.ROOT), env=env)
+        finally:
+            lock.release()
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(mark + " ")]
         if lines:
-            rep = json.loads(lines[-1][len(_MARK):])
+            rep = json.loads(lines[-1][len(mark) + 1:])
         else:
             tail = (proc.stdout + proc.stderr).strip().splitlines()[-6:]
             rep = {"stage": slug, "built": True, "passed": False,
@@ -464,7 +385,7 @@ def _reference(root, st):
     """The nearest earlier stage of the edition that passes its check (its report), or None."""
 
     for prev in reversed([s for s in stages() if s.number < st.number]):
-        if prev.unavailable() is not None:
+        if prev.unavailable() is not None or not _source(root, prev.slug).is_file():
             continue
         rep = report(root, prev.slug)
         if rep.get("passed") and rep.get("ms"):
@@ -477,7 +398,8 @@ def _others_unwritten(root, ex) -> list:
         found = regions(_source(root, ex.stage).read_text())
     except (OSError, MarkerError):
         return []
-    return [r.id for r in found if r.id != ex.id and r.unwritten]
+    return [("carried " if r.carried else "") + r.id for r in found
+            if r.id != ex.id and r.unwritten]
 
 
 def _failure_message(ex, rep, root) -> str:
@@ -496,13 +418,30 @@ def _failure_message(ex, rep, root) -> str:
                f"{where}. Replay it with fl.check(..., seed={rep['seed']}).")
     others = _others_unwritten(root, ex)
     if others:
-        msg += (f" Note: {', '.join(others)} in the same kernel still hold their stub; the stage "
-                f"is checked as a whole, so write {'it' if len(others) == 1 else 'them'} too.")
+        msg += (f" Note: {', '.join(others)} in the same kernel still hold"
+                f"{'s' if len(others) == 1 else ''} a stub; the stage is checked as a whole, so "
+                f"write {'it' if len(others) == 1 else 'them'} too.")
     return msg
 
 
-def grade_kernel(ex, root) -> Result:
-    """Grade kernel exercise `ex` in the edition at `root` (see the module's docstring)."""
+def _speed_against_solution(rep, sol) -> tuple:
+    """(speed, how) from this run's times of the student's stage and the solution's, config by
+    config: the slowest ratio counts."""
+    ratios = {label: sol["times"][label] / ms for label, ms in rep["times"].items()
+              if label in sol.get("times", {}) and ms > 0}
+    if not ratios:
+        return None, ""
+    label = min(ratios, key=ratios.get)
+    parts = "; ".join(f"{lb}: {rep['times'][lb]:.4g} ms against the solution's "
+                      f"{sol['times'][lb]:.4g} ms" for lb in ratios)
+    return ratios[label], f"; timed in turn with the solution on this GPU ({parts}); the slowest"
+
+
+def grade_kernel(ex, root, solution=None) -> Result:
+    """Grade kernel exercise `ex` in the tree at `root` (an edition, or a hand-in's work tree):
+    build, check and time its stage; where `solution` (the solution edition's root) is given,
+    time the solution's stage in turn on this GPU and score against it config by config, else
+    against the solution's recorded speedup over the nearest earlier stage that passes here."""
     from ..stages import stage
 
     root = Path(root)
@@ -511,7 +450,7 @@ def grade_kernel(ex, root) -> Result:
     if not src.exists():
         return Result(ex.id, False, 0.0, f"{src} does not exist")
     try:
-        mine = [r for r in regions(src.read_text(), str(src)) if r.id == ex.id]
+        mine = [r for r in regions(src.read_text(), str(src)) if r.id == ex.id and not r.carried]
     except MarkerError as err:
         return Result(ex.id, False, 0.0, f"the exercise markers are broken: {err}")
     if not mine:
@@ -530,21 +469,26 @@ def grade_kernel(ex, root) -> Result:
     this_gpu = torch.cuda.get_device_name()
     right = (f"right: {st.slug} passes all {rep['cases']} cases (max relative error "
              f"{rep['max_rel_err']:.2g}); {rep['ms']:.4g} ms at {rep['config']}")
-    ref, ref_rep = _reference(root, st)
     speed, how = None, ""
-    if ref is not None:
-        ratio, gpu = solution_speedup(st.slug, ref.slug, rep["dtype"], ref_rep["dtype"],
-                                      this_gpu)
-        if ratio:
-            mine_ratio = ref_rep["ms"] / rep["ms"]
-            speed = mine_ratio / ratio
-            how = (f"; {mine_ratio:.3g}x the reference {ref.slug} ({ref_rep['ms']:.4g} ms now), "
-                   f"the solution {ratio:.3g}x (recorded on {gpu})")
+    if solution is not None:
+        sol = report(solution, st.slug, check=False)
+        if sol.get("times"):
+            speed, how = _speed_against_solution(rep, sol)
     if speed is None:
-        sol = _recorded_ms(st.slug, rep["dtype"], this_gpu)
-        if sol:
-            speed = sol / rep["ms"]
-            how = f"; the solution's recorded time on this GPU model: {sol:.4g} ms"
+        ref, ref_rep = _reference(root, st)
+        if ref is not None:
+            ratio, gpu = solution_speedup(st.slug, ref.slug, rep["dtype"], ref_rep["dtype"],
+                                          this_gpu)
+            if ratio:
+                mine_ratio = ref_rep["ms"] / rep["ms"]
+                speed = mine_ratio / ratio
+                how = (f"; {mine_ratio:.3g}x the reference {ref.slug} ({ref_rep['ms']:.4g} ms "
+                       f"now), the solution {ratio:.3g}x (recorded on {gpu})")
+    if speed is None:
+        sol_ms = _recorded_ms(st.slug, rep["dtype"], this_gpu)
+        if sol_ms:
+            speed = sol_ms / rep["ms"]
+            how = f"; the solution's recorded time on this GPU model: {sol_ms:.4g} ms"
     points = score(ex.points, speed)
     if speed is None:
         tail = "; speed not scored: nothing recorded says how fast the solution is on a GPU here"

@@ -1,368 +1,498 @@
-"""The student edition: `flashlab student DIR` writes it; the repository stays the solution edition.
+"""Editions: what an instructor hands out for one assignment. `flashlab student DIR --through NN
+[--from MM]` writes one; the repository stays the solution edition.
 
     from flashlab.course import student
-    print(student.write("student-edition"))           # refuses a folder that is not empty
-    student.write("student-edition", force=True)       # writes over what is there
+    print(student.write("week3", through=6, first=5))   # stages 01-06; 05 and 06 handed out
+    student.write("week3", through=6, first=5, force=True)  # over what is there
 
-What it holds: every file git lists in the solution edition (tracked, and untracked ones that
-.gitignore does not exclude; left out: submissions/, any earlier student edition inside it, and
-the answer keys: notebooks/answers/), with
+An assignment hands out the exercises (CPU labs and kernel exercises) of consecutive stages
+MM..NN, and the edition holds what the student needs for them, written from the files git tracks:
 
-  * kernels/NN_*.cu: every exercise region's solution replaced by its stub
-    (flashlab.course.kernels: the stub compiles and fails the stage's check);
-  * notebooks (the .ipynb and their jupytext percent-format sources in notebooks/src/), by
-    nbgrader's conventions: the lines from `### BEGIN SOLUTION` to `### END SOLUTION` become
-    `# YOUR CODE HERE` / `raise NotImplementedError()` in code (at the marker's indentation) and
-    `YOUR ANSWER HERE` in markdown; `### BEGIN HIDDEN TESTS` .. `### END HIDDEN TESTS` are
-    removed; a markdown cell whose first line is `**Instructor's answer.**` is removed; every
-    output and execution count is cleared (the .ipynb and its source keep the same cells);
-  * STUDENT.md at the top: what to do, the kernel exercises, and how `flashlab grade` scores them.
+  * the stages up to NN, and no later one (a later stage's kernel holds this one's solution);
+    before MM, every stage as solved (its assignment is past); from MM to NN, each exercise
+    region with its stub (flashlab.markers: it compiles and fails its check) and each later
+    region that carries a handed-out exercise's code (stage 06 keeps 05's softmax) with a stub
+    too, for the student's own code to be carried forward;
+  * the notebooks 00 to NN (08a from 08, and the capstone 99 from 08), as flashlab.course.nbtext
+    writes them: solutions `# YOUR CODE HERE`, instructor's answers `YOUR ANSWER HERE`, outputs
+    cleared; their diffs are computed when run, against the kernels the student has;
+  * the package, the recorded data/ (not the raw logs of data/runs/), README.md, pyproject.toml;
+  * STUDENT.md (how to install, work, check and hand in) and edition.json (what is handed out).
+
+Left out: tests/, tools/ and .ci/ (the solution's own), the instructor guide (TEACHING.md), and
+anything git does not track. Before anything is written, every file of the edition is searched
+for each handed-out exercise's solution: a kernel region's code lines (flashlab.markers.
+solution_lines), a lab's answer code, an instructor's answer. An edition that would hold one is
+not written: the error names the file and the line (a carried region is missing, say).
 """
-import argparse
-import os
+import json
 import re
+import secrets
 import shutil
 import subprocess
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
+from .. import markers
 from .. import paths
-from .kernels import KERNEL_EXERCISES, SPEED_TOLERANCE, regions, student_text
+from ..stages import stage as _stage
+from ..stages import stages as _stages
+from . import nbtext
+from .nbtext import (CODE_STUB, INSTRUCTOR, TEXT_STUB, EditionError,  # noqa: F401
+                     student_cell, student_notebook, student_source)
 
-BEGIN_SOLUTION, END_SOLUTION = "### BEGIN SOLUTION", "### END SOLUTION"
-BEGIN_HIDDEN, END_HIDDEN = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
-CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")   # nbgrader's
-TEXT_STUB = "YOUR ANSWER HERE"                                     # nbgrader's
-INSTRUCTOR = "**Instructor's answer.**"
-ANSWER_KEYS = ("notebooks/answers/",)     # folders of answer keys: never in the student edition
-LEFT_OUT = ("submissions/",)              # graded work lying in the solution edition
-MARKER = "STUDENT.md"                     # the top of a student edition
-
-
-class EditionError(ValueError):
-    """A notebook's or a kernel's markers are not well formed; the message says where."""
-
-
-# --- notebooks -------------------------------------------------------------------------------------
-
-def _replace_regions(lines, begin, end, replace, where):
-    """lines with every region from a line containing `begin` to the next containing `end`
-    replaced by replace(indent) (a list of lines). Returns (lines, regions replaced)."""
-    out, n, i = [], 0, 0
-    while i < len(lines):
-        if begin not in lines[i]:
-            if end in lines[i]:
-                raise EditionError(f"{where}: '{end}' without '{begin}'")
-            out.append(lines[i])
-            i += 1
-            continue
-        indent = re.match(r"[ \t]*", lines[i]).group(0)
-        j = i + 1
-        while j < len(lines) and end not in lines[j]:
-            if begin in lines[j]:
-                raise EditionError(f"{where}: '{begin}' inside another")
-            j += 1
-        if j == len(lines):
-            raise EditionError(f"{where}: '{begin}' has no '{end}'")
-        out += replace(indent)
-        n += 1
-        i = j + 1
-    return out, n
+FORMAT = "flashlab-edition/1"
+MANIFEST = "edition.json"                 # what an edition hands out; the top of an edition
+MARKER = "STUDENT.md"                     # the students' guide, at the top of an edition
+TOP_FILES = ("README.md", "pyproject.toml", "environment.yml", ".gitignore", "LICENSE")
+TREES = ("flashlab/", "kernels/", "notebooks/", "data/")
+LEFT_OUT = ("data/runs/", "notebooks/TEACHING.md", "notebooks/answers/")
+CAPSTONE_AFTER = 8      # notebook 99 builds on stages 05-08
+LAB_TRUTHS = "flashlab/course/labkeys.py"    # computes the labs' answers: never in an edition
+LAB_KEYS = "flashlab/course/lab_keys.json"   # what an edition's labs check against instead
+_NUMBERED = re.compile(r"^(kernels|notebooks|notebooks/src)/(\d\d)[a-z]?_[^/]*$")
 
 
-def student_cell(cell_type: str, source: str, where="cell"):
-    """(the student's source of one cell, {"solutions": n, "hidden": n}), or (None, counts) for
-    a cell the student edition leaves out (an instructor's answer)."""
-    counts = {"solutions": 0, "hidden": 0}
-    lines = source.split("\n")
-    if cell_type == "markdown":
-        first = next((ln.strip() for ln in lines if ln.strip()), "")
-        if first.startswith(INSTRUCTOR):
-            counts["instructor"] = 1
-            return None, counts
-        lines, counts["solutions"] = _replace_regions(
-            lines, BEGIN_SOLUTION, END_SOLUTION, lambda ind: [TEXT_STUB], where)
-    elif cell_type == "code":
-        lines, counts["hidden"] = _replace_regions(
-            lines, BEGIN_HIDDEN, END_HIDDEN, lambda ind: [], where)
-        lines, counts["solutions"] = _replace_regions(
-            lines, BEGIN_SOLUTION, END_SOLUTION, lambda ind: [ind + s for s in CODE_STUB], where)
-    return "\n".join(lines), counts
+@dataclass(frozen=True)
+class Assignment:
+    """The stages an edition hands out: first..last, their labs and kernel exercises."""
+    first: int
+    last: int
+
+    def __post_init__(self):
+        numbers = [st.number for st in _stages()]
+        for n in (self.first, self.last):
+            if n not in numbers:
+                raise ValueError(f"no stage {n}: the stages are {numbers[0]:02d}-{numbers[-1]:02d}")
+        if self.first > self.last:
+            raise ValueError(f"an assignment runs from an earlier stage to a later one, not "
+                             f"{self.first:02d} to {self.last:02d}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.first:02d}" if self.first == self.last else f"{self.first:02d}-{self.last:02d}"
+
+    def hands_out(self, number) -> bool:
+        return self.first <= number <= self.last
+
+    def stages(self) -> list:
+        return [st for st in _stages() if self.hands_out(st.number)]
+
+    def exercises(self, root=None) -> list:
+        """The exercises handed out, in course order: the labs of these stages and the kernel
+        exercises marked in their solution kernels (root/kernels/)."""
+        from .exercises import EXERCISES
+        from .kernels import _kernel_exercises
+        kernel = {ex.id for ex in _kernel_exercises(root)} if root is not None else None
+        return [ex for ex in EXERCISES if self.hands_out(_stage(ex.stage).number)
+                and (ex.kind != "kernel" or kernel is None or ex.id in kernel)]
 
 
-def _add(total, counts):
-    for k, v in counts.items():
-        total[k] = total.get(k, 0) + v
+def assignment(through=None, first=None) -> Assignment:
+    """--through NN [--from MM]: NN defaults to the last stage, MM to the first (the whole
+    course, every exercise)."""
+    numbers = [st.number for st in _stages()]
+    last = numbers[-1] if through is None else _stage(through).number
+    return Assignment(numbers[0] if first is None else _stage(first).number, last)
 
 
-def student_notebook(text: str, where="notebook"):
-    """(the student's .ipynb text, counts): student_cell on every cell, outputs cleared."""
-    import nbformat
+# --- which files, and how each is handed out -------------------------------------------------------
 
-    nb = nbformat.reads(text, as_version=4)
-    cells, total = [], {"solutions": 0, "hidden": 0, "instructor": 0, "outputs": 0}
-    for n, cell in enumerate(nb.cells):
-        source, counts = student_cell(cell.cell_type, cell.source, f"{where}, cell {n + 1}")
-        _add(total, counts)
-        if source is None:
-            continue
-        cell.source = source
-        if cell.cell_type == "code":
-            total["outputs"] += len(cell.get("outputs", []))
-            cell.outputs = []
-            cell.execution_count = None
-            cell.metadata.pop("execution", None)   # run timings
-            cell.metadata.pop("ExecuteTime", None)
-        cells.append(cell)
-    nb.cells = cells
-    out = nbformat.writes(nb)
-    return out if out.endswith("\n") else out + "\n", total
-
-
-_CELL = re.compile(r"^# %%")
-
-
-def student_source(text: str, where="source"):
-    """(the student's jupytext percent-format source, counts): the same cells as
-    student_notebook gives its notebook. Markdown lines there are '# text' (or '#')."""
-    lines = text.split("\n")
-    starts = [i for i, ln in enumerate(lines) if _CELL.match(ln)]
-    out = lines[:starts[0]] if starts else lines
-    total = {"solutions": 0, "hidden": 0, "instructor": 0}
-    for a, b in zip(starts, starts[1:] + [len(lines)]):
-        head, body = lines[a], lines[a + 1:b]
-        # jupytext ends a cell at its last non-blank line; the blank lines after it separate cells
-        end = len(body)
-        while end and not body[end - 1].strip():
-            end -= 1
-        body, gap = body[:end], body[end:]
-        markdown = "[markdown]" in head or "[md]" in head
-        if markdown:
-            content = [ln[2:] if ln.startswith("# ") else ln[1:] if ln.startswith("#") else ln
-                       for ln in body]
-            new, counts = student_cell("markdown", "\n".join(content), f"{where}, line {a + 1}")
-            _add(total, counts)
-            if new is None:
-                continue
-            body = [("# " + ln) if ln else "#" for ln in new.split("\n")] if new else []
-        else:
-            new, counts = student_cell("code", "\n".join(body), f"{where}, line {a + 1}")
-            _add(total, counts)
-            body = new.split("\n") if body else []
-        out += [head] + body + gap
-    return "\n".join(out), total
-
-
-# --- the edition -----------------------------------------------------------------------------------
-
-def listed_files(root) -> list:
-    """The solution edition's files, relative to root: what git lists (tracked, and untracked
-    files .gitignore does not exclude). Without git, every file but version control, caches and
-    build output."""
-    root = Path(root)
+def tracked_files(root) -> list:
+    """The files git tracks in root (an edition is written from these alone)."""
     try:
-        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
-                              "--exclude-standard"], capture_output=True, check=True).stdout
-        names = sorted({n for n in out.decode().split("\0") if n})
-    except (OSError, subprocess.CalledProcessError):
-        skip = {".git", "__pycache__", ".pytest_cache", ".ipynb_checkpoints", "build", "dist"}
-        names = sorted(str(p.relative_to(root)).replace(os.sep, "/") for p in root.rglob("*")
-                       if p.is_file() and not skip & set(p.relative_to(root).parts)
-                       and not any(part.endswith(".egg-info") for part in p.parts))
-    return names
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z"], capture_output=True,
+                             check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as err:
+        raise ValueError(f"{root} is not a git checkout: an edition is written from the files "
+                         f"git tracks there ({err})") from None
+    return sorted(n for n in out.decode().split("\0") if n)
 
 
-def _left_out(rel: str, root: Path, dest: Path) -> str | None:
-    """Why `rel` stays out of the student edition, or None."""
-    if any(rel.startswith(p) for p in ANSWER_KEYS):
-        return "answer key"
-    if any(rel.startswith(p) for p in LEFT_OUT):
-        return "graded work"
-    path = (root / rel).resolve()
-    if dest == path or dest in path.parents:
-        return "the edition being written"
-    for parent in path.parents:
-        if parent == root or root not in parent.parents:
-            break
-        if (parent / MARKER).is_file():
-            return "an earlier student edition"
+def number_of(rel: str):
+    """The stage number a kernel or notebook file belongs to (08a -> 8, 99 -> 99), or None."""
+    m = _NUMBERED.match(rel)
+    return int(m.group(2)) if m else None
+
+
+def left_out(rel: str, a: Assignment):
+    """Why `rel` is not in the edition of assignment `a`, or None."""
+    if rel in TOP_FILES:
+        return None
+    if rel == LAB_TRUTHS:
+        return "the labs' answers (the edition has their salted keys instead)"
+    if not rel.startswith(TREES):
+        return "the solution's own (tests, tools, CI)" if "/" in rel else "not part of an edition"
+    if rel.startswith(LEFT_OUT):
+        return "for the instructor" if "TEACHING" in rel or "answers" in rel else "raw logs"
+    n = number_of(rel)
+    if n == 99:
+        return None if a.last >= CAPSTONE_AFTER else "after the assignment's stages"
+    if n is not None and n > a.last:
+        return "after the assignment's stages"
     return None
 
 
-def _transform(rel: str, data: bytes, where: str, stats: dict):
-    """The student's version of one file's bytes."""
-    if rel.startswith("kernels/") and rel.endswith(".cu"):
+def _home_stubs(root) -> tuple:
+    """({exercise id: its stub lines}, {exercise id: its stage slug}) from root's kernels."""
+    stubs, homes = {}, {}
+    for st in _stages():
+        src = Path(root) / "kernels" / f"{st.slug}.cu"
+        if src.is_file():
+            for r in markers.exercises_in(src.read_text(), src.name):
+                stubs[r.id], homes[r.id] = list(r.stub), st.slug
+    return stubs, homes
+
+
+def kernel_text(text, number, handed_out, stubs, homes, where="kernel") -> str:
+    """A solution kernel as assignment hands it out (see edition_text): a stage handed out gets
+    its stubs; any stage keeps the solution of what is not handed out, without markers."""
+    return markers.edition_text(text, handed_out, stubs, homes, where)
+
+
+def _transform(rel, data, ids, stubs, homes, stats):
+    if rel.startswith("kernels/") and rel.endswith(".cu") and number_of(rel) is not None:
         text = data.decode()
-        found = regions(text, where)
-        if found:
-            stats["kernel_regions"] += len(found)
+        out = kernel_text(text, number_of(rel), ids, stubs, homes, rel)
+        n = sum(1 for r in markers.regions(text, rel) if r.id in ids)
+        if n:
+            stats["kernel_regions"] += n
             stats["kernels"].append(rel)
-            return student_text(text, where).encode()
-        return data
+        return out.encode()
     if rel.endswith(".ipynb"):
-        text, counts = student_notebook(data.decode(), where)
-        _add(stats["notebooks"], counts)
+        text, counts = nbtext.student_notebook(data.decode(), rel)
+        nbtext._add(stats["notebooks"], counts)
         return text.encode()
     if rel.startswith("notebooks/") and rel.endswith(".py") and b"# %%" in data:
-        text, counts = student_source(data.decode(), where)
-        _add(stats["sources"], counts)
+        text, counts = nbtext.student_source(data.decode(), rel)
+        nbtext._add(stats["sources"], counts)
         return text.encode()
     return data
 
 
-def student_md(root) -> str:
-    """STUDENT.md: what to do, the kernel exercises, how they are graded."""
-    from ..stages import stage
+# --- the leak check --------------------------------------------------------------------------------
 
-    rows = []
-    found = {r.id: r for rs in _stage_regions(root).values() for r in rs}
-    for ex in KERNEL_EXERCISES:
-        task = found[ex.id].task if ex.id in found else ex.title
-        rows.append(f"| `{ex.id}` | `kernels/{ex.stage}.cu` | {_needs(stage(ex.stage))} | "
-                    f"{ex.points} | {task} |")
-    table = "\n".join(rows)
-    return f"""# flashlab: the student edition
+def _searchable(rel, data) -> str | None:
+    """A file's text as the leak check reads it (a notebook: its cells and outputs), or None
+    for a binary file."""
+    if rel.endswith(".ipynb"):
+        nb = json.loads(data)
+        parts = []
+        for cell in nb.get("cells", []):
+            parts.append("".join(cell.get("source", "")))
+            for out in cell.get("outputs", []):
+                parts.append("".join(out.get("text", "")))
+                parts += ["".join(v) for v in out.get("data", {}).values() if isinstance(v, (str, list))]
+        return "\n".join(parts)
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
 
-This is your copy of the workbook. The kernels in `kernels/` are the real ones, except that the
-heart of each stage's idea is missing: between `// BEGIN EXERCISE <id>` and `// END EXERCISE <id>`
-you find the task and a stub that compiles but gives wrong answers. Write the code there (keep the
-two marker lines). The notebooks' exercise cells say `# YOUR CODE HERE`.
 
-## Setting up
+def hidden(root, a: Assignment, plan: dict) -> list:
+    """[(what, normalized line)] that the edition of `a` must not contain: each handed-out kernel
+    exercise's solution lines (less what the student has anyway: its stage's file outside the
+    regions and the stages before it, as handed out), each handed-out lab's answer code, and
+    every instructor's answer of the notebooks."""
+    root = Path(root)
+    found = []
+    given = ""
+    for st in _stages():
+        rel = f"kernels/{st.slug}.cu"
+        src = root / rel
+        if not src.is_file():
+            continue
+        if rel in plan:
+            given += "\n" + markers.flat(markers.strip_markers(plan[rel].decode()))
+        if not a.hands_out(st.number):
+            continue
+        for r in markers.exercises_in(src.read_text(), rel):
+            found += [(f"exercise {r.id}", line) for line in markers.solution_lines(r, given)]
+    import nbformat
+    handed = {ex.id for ex in a.exercises() if ex.kind == "lab"}
+    for nb_path in sorted((root / "notebooks").glob("*.ipynb")):
+        nb = nbformat.read(nb_path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "markdown" and nbtext.instructor_answer(cell.source):
+                for line in cell.source.split("\n"):
+                    n = markers.plain(line.replace(nbtext.INSTRUCTOR, ""))
+                    if len(n) >= 40:
+                        found.append((f"an instructor's answer in {nb_path.name}", n))
+            elif cell.cell_type == "code":
+                lab = _lab_answered(nb.cells, cell)
+                if lab in handed:
+                    for region in nbtext.solution_regions(cell.source):
+                        found += [(f"lab {lab}", code) for code in map(nbtext.python_code, region)
+                                  if code]
+    return found
 
-    pip install -e .          # here, in this folder: flashlab then builds *your* kernels/
-    flashlab grade            # see where you stand (any time; it changes nothing but submissions/)
 
-## What to do
+def _lab_answered(cells, cell):
+    """The lab whose answer `cell` holds: the lab its own labs.check call names, or (the answer
+    in a cell of its own) the one the next cell checks."""
+    own = nbtext.lab_of(cell.source)
+    if own or nbtext.BEGIN_SOLUTION not in cell.source:
+        return own
+    i = next(i for i, c in enumerate(cells) if c is cell)
+    return nbtext.lab_of(cells[i + 1].source) if i + 1 < len(cells) else None
 
-1. Read the notebooks in order (`notebooks/00_setup_and_the_gpu.ipynb` first). Each stage's
-   notebook explains the idea that its kernel exercise asks you to write.
-2. The **CPU labs** (notebooks 01, 02, 03, 05, 06, 07, 08): predict a number, write it where the cell
-   says `# YOUR CODE HERE`, run the cell: `labs.check(...)` says right or wrong, and why. They
-   need no GPU.
-3. The **kernel exercises** (below) need a GPU that runs the stage (the table says which
-   compute capability; a T4 is 7.5, an A100 8.0, an H100 9.0). Try one with
 
-       flashlab grade --exercise 03.coarsen_kernel
+def leaks(plan: dict, found: list) -> list:
+    """[(file, line number, what)] for each place the edition's files hold one of `found`."""
+    out = []
+    for rel, data in sorted(plan.items()):
+        text = _searchable(rel, data)
+        if text is None:
+            continue
+        lines = markers.plain(text).split("\n")
+        for what, secret in found:
+            for i, line in enumerate(lines):
+                if secret in line:
+                    out.append((rel, i + 1, what))
+    return sorted(set(out))
 
-   A stage's exercises are checked together (the stage is one kernel): write all of a stage's
-   regions before expecting it to pass.
-4. **Questions for discussion** close every notebook: answer them in the notebook.
-5. Hand in: `flashlab grade --name "<your name or team>"` grades everything and writes
-   `submissions/<name>-<gpu>-<time>.json`; hand in that file.
 
-## How kernel exercises are scored
+# --- the edition -----------------------------------------------------------------------------------
 
-The stage is built from your `kernels/`, then checked against a float64 reference on random
-inputs: every output element is first set to NaN (an element you never write fails), sequence
-lengths include 1, 17, 1000 and 4096 (no tile size divides them all), causal and not, each dtype
-the GPU runs. A wrong answer scores 0, and the message names the first failing case and its first
-wrong element (batch, head, row, column, got, expected). A right one is timed against the stage
-before it, built from this same folder (or the nearest earlier one that passes), and scored by
-its speed relative to the solution's: points x min(1, speed / {SPEED_TOLERANCE}), so within
-{100 - round(100 * SPEED_TOLERANCE)} % of the solution's speed earns every point. Without a usable
-GPU, kernel exercises are skipped with one line saying why; the labs are graded anywhere.
+def plan(root, a: Assignment, stats=None) -> tuple:
+    """({path: bytes} of the edition of `a`, {path: why left out}), nothing written yet."""
+    root = Path(root)
+    stats = _new_stats() if stats is None else stats
+    ids = {ex.id for ex in a.exercises(root) if ex.kind == "kernel"}
+    stubs, homes = _home_stubs(root)
+    files, out = {}, {}
+    for rel in tracked_files(root):
+        src = root / rel
+        if not src.is_file():
+            continue
+        why = left_out(rel, a)
+        if why:
+            out[rel] = why
+            continue
+        try:
+            files[rel] = _transform(rel, src.read_bytes(), ids, stubs, homes, stats)
+        except ValueError as err:  # a marker problem: nothing is written
+            raise EditionError(f"cannot write the edition: {err}") from err
+    from .labkeys import compile_keys
+    files[LAB_KEYS] = (json.dumps(compile_keys(salt=secrets.token_hex(16)), indent=1) + "\n").encode()
+    files[MANIFEST] = (json.dumps(manifest(root, a), indent=1) + "\n").encode()
+    files[MARKER] = student_md(a, root).encode()
+    return files, out
 
-`tests/` are the solution edition's tests. Until your kernels are written, the ones that read the
-solution's code fail here (the static SASS evidence, the recorded registers and source hashes,
-lines the lesson models quote); `flashlab grade` is what scores your work.
 
-| exercise | file | GPU (compute capability) | points | task |
-|---|---|---|---|---|
-{table}
-"""
+def manifest(root, a: Assignment) -> dict:
+    """edition.json: the assignment, its exercises, and the solution it was written from."""
+    return dict(format=FORMAT, assignment=a.name, first=a.first, last=a.last,
+                stages=[st.slug for st in _stages() if st.number <= a.last],
+                exercises=[dict(id=ex.id, kind=ex.kind, stage=ex.stage, points=ex.points,
+                                title=ex.title) for ex in a.exercises(root)],
+                solution_commit=_commit(root))
 
+
+def read_manifest(root):
+    """An edition's edition.json as a dict, or None where root is not an edition."""
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if data.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a flashlab edition manifest ({FORMAT})")
+    return data
+
+
+def _commit(root):
+    try:
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _new_stats():
+    return {"kernels": [], "kernel_regions": 0,
+            "notebooks": {"solutions": 0, "hidden": 0, "instructor": 0, "outputs": 0},
+            "sources": {"solutions": 0, "hidden": 0, "instructor": 0}}
+
+
+def write(dest, root=None, through=None, first=None, force=False) -> str:
+    """Write the edition of assignment --from `first` --through `through` (default: every stage)
+    of `root` (default: this repository) to `dest`; returns a summary. FileExistsError where dest
+    holds anything, unless force (files are written over; nothing else there is removed).
+    EditionError, and nothing written, where the edition would hold a solution it hands out."""
+    root = Path(root or paths.ROOT).resolve()
+    dest = Path(dest).resolve()
+    a = assignment(through, first)
+    if dest == root or dest in root.parents:
+        raise ValueError(f"an edition cannot be written to {dest}: it holds the solution edition "
+                         f"({root})")
+    if dest.exists() and not dest.is_dir():
+        raise FileExistsError(f"{dest} is a file")
+    if dest.exists() and any(dest.iterdir()) and not force:
+        raise FileExistsError(f"{dest} is not empty: choose a new folder, or pass --force to "
+                              "write over what is there")
+    stats = _new_stats()
+    files, out = plan(root, a, stats)
+    found = leaks(files, hidden(root, a, files))
+    if found:
+        shown = "; ".join(f"{rel}:{n} holds {what}" for rel, n, what in found[:8])
+        raise EditionError(f"assignment {a.name} cannot be written: {len(found)} place"
+                           f"{'s' * (len(found) != 1)} would show a solution it hands out: {shown}"
+                           + (" ..." if len(found) > 8 else ""))
+    for rel, data in files.items():
+        path = dest / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        src = root / rel
+        if src.is_file():
+            shutil.copymode(src, path)
+    return _summary(dest, a, stats, files, out)
+
+
+def _summary(dest, a, s, files, out) -> str:
+    nb = s["notebooks"]
+    ex = a.exercises()
+    lines = [f"wrote assignment {a.name} to {dest}: {len(files)} files, stages "
+             f"01-{a.last:02d}, handing out {len(ex)} exercises "
+             f"({', '.join(e.id for e in ex)})",
+             f"  kernels: {s['kernel_regions']} regions stubbed in {len(s['kernels'])} files "
+             f"({', '.join(Path(k).stem for k in s['kernels']) or 'none'})",
+             f"  notebooks: {nb['solutions']} solution regions and {nb['instructor']} "
+             f"instructor's answers replaced, {nb['hidden']} hidden tests removed, "
+             f"{nb['outputs']} outputs cleared"]
+    by_why = {}
+    for rel, why in out.items():
+        by_why.setdefault(why, []).append(rel)
+    for why, rels in sorted(by_why.items()):
+        shown = ", ".join(rels[:3]) + (f", ... ({len(rels)} files)" if len(rels) > 3 else "")
+        lines.append(f"  left out ({why}): {shown}")
+    lines.append(f"next: give students this folder (a repository of its own, or a zip); they "
+                 f"follow its {MARKER}")
+    return "\n".join(lines)
+
+
+# --- STUDENT.md ------------------------------------------------------------------------------------
 
 def _needs(st) -> str:
     """"8.0+", or "7.5+ (bf16: 8.0+)" for a stage with a dtype that needs more."""
     cc = lambda c: ".".join(map(str, c))  # noqa: E731
     extra = getattr(st, "dtype_min_cc", {}) or {}
     more = ", ".join(f"{dt}: {cc(c)}+" for dt, c in extra.items() if tuple(c) > tuple(st.min_cc))
-    return f"{cc(st.min_cc)}" + ("" if st.arch_specific else "+") + (f" ({more})" if more else "")
+    return f"{cc(st.min_cc)}" + (" only" if st.arch_specific else "+") + (f" ({more})" if more else "")
 
 
-def _stage_regions(root) -> dict:
-    out = {}
-    for p in sorted(Path(root, "kernels").glob("[0-9][0-9]_*.cu")):
-        try:
-            found = regions(p.read_text(), str(p))
-        except ValueError:
-            continue
-        if found:
-            out[p.stem] = found
-    return out
+def student_md(a: Assignment, root=None) -> str:
+    """STUDENT.md for assignment `a`: what is handed out and where, how to install on a laptop
+    without a GPU, on Colab and on a GPU machine, how to check the work and how to hand it in."""
+    from .kernels import SPEED_TOLERANCE
+    root = Path(root or paths.ROOT)
+    exs = a.exercises(root)
+    tasks = {}
+    for st in a.stages():
+        src = root / "kernels" / f"{st.slug}.cu"
+        if src.is_file():
+            tasks.update({r.id: r.title for r in markers.exercises_in(src.read_text(), src.name)})
+    rows = []
+    for ex in exs:
+        st = _stage(ex.stage)
+        if ex.kind == "lab":
+            where, gpu = f"`notebooks/{st.slug}.ipynb`, section Exercises", "none (CPU)"
+        else:
+            where, gpu = f"`kernels/{st.slug}.cu`", _needs(st)
+        rows.append(f"| `{ex.id}` | {ex.kind} | {where} | {gpu} | {ex.points} | "
+                    f"{tasks.get(ex.id, ex.title)} |")
+    total = sum(ex.points for ex in exs)
+    notebooks = ", ".join(f"{st.number:02d}" for st in a.stages())
+    carried = ""
+    if any(markers.regions(p.read_text(), p.name) and any(
+            r.carried and r.id in {e.id for e in exs} for r in markers.regions(p.read_text()))
+           for p in sorted((root / "kernels").glob("[0-9][0-9]_*.cu"))
+           if a.hands_out(number_of(f"kernels/{p.name}") or 0)):
+        carried = ("\n\nA later stage of this assignment keeps an earlier one's code: where its kernel "
+                   "says `// BEGIN CARRIED <id>`, write the code of exercise `<id>` again (copy "
+                   "yours from that exercise's own stage and fit it to the names around it). "
+                   "The later stage is checked with it, so it passes only once that region is "
+                   "written too.")
+    return f"""# flashlab, assignment {a.name}
 
+This folder is your copy of the workbook for this assignment: stages 01 to {a.last:02d}, their
+notebooks, and the recorded measurements the notebooks replay. You work on the stages
+{notebooks}: read their notebooks, answer their labs, and write their kernel exercises.
 
-def write(dest, root=None, force=False) -> str:
-    """Write the student edition of `root` (default: this repository) to `dest`; returns a summary
-    of what was written and left out. FileExistsError where dest holds anything, unless force
-    (then files are written over; nothing else there is removed)."""
-    root = Path(root or paths.ROOT).resolve()
-    dest = Path(dest).resolve()
-    if dest == root or dest in root.parents:
-        raise ValueError(f"the student edition cannot be written to {dest}: it holds the solution "
-                         f"edition ({root})")
-    if dest.exists() and not dest.is_dir():
-        raise FileExistsError(f"{dest} is a file")
-    if dest.exists() and any(dest.iterdir()) and not force:
-        raise FileExistsError(f"{dest} is not empty: choose a new folder, or pass --force to "
-                              "write over what is there")
-    stats = {"files": 0, "kernels": [], "kernel_regions": 0, "left_out": {},
-             "notebooks": {"solutions": 0, "hidden": 0, "instructor": 0, "outputs": 0},
-             "sources": {"solutions": 0, "hidden": 0, "instructor": 0}}
-    plan = []
-    for rel in listed_files(root):
-        src = root / rel
-        if not src.is_file():  # deleted in the working tree, or a submodule
-            continue
-        why = _left_out(rel, root, dest)
-        if why:
-            stats["left_out"].setdefault(why, []).append(rel)
-            continue
-        try:
-            plan.append((rel, src, _transform(rel, src.read_bytes(), rel, stats)))
-        except ValueError as err:  # a marker problem: nothing is written
-            raise EditionError(f"cannot write the student edition: {err}") from err
-    for rel, src, data in plan:
-        out = dest / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(data)
-        shutil.copymode(src, out)
-        stats["files"] += 1
-    (dest / MARKER).write_text(student_md(root))
-    return _summary(dest, stats)
+| exercise | kind | where | GPU (compute capability) | points | task |
+|---|---|---|---|---|---|
+{chr(10).join(rows)}
+
+{total} points in all.
+
+- A **lab** is a cell in the notebook's Exercises section: predict a number, set `answer = ...`
+  where the cell says `# YOUR CODE HERE`, and run the cell below it, which says right or
+  wrong and why. Labs need no GPU.
+- A **kernel exercise** is a region of a stage's kernel, between `// BEGIN EXERCISE <id>` and
+  `// END EXERCISE <id>`, holding a stub that compiles but gives wrong answers: write the code
+  there and keep the two marker lines. It needs a GPU of the compute capability in the table
+  (a T4 is 7.5, an A100 8.0, an H100 9.0). A stage's regions are checked together.{carried}
+- The **questions for discussion** at the end of each notebook have a cell `YOUR ANSWER HERE`
+  under them: write your answer there.
+
+## Installing
+
+You need Python 3.10 or newer. Make a virtual environment in this folder first:
+
+    python -m venv .venv
+    source .venv/bin/activate          # Windows: .venv\\Scripts\\activate
+
+**A laptop without an NVIDIA GPU** (every notebook replays the recorded measurements, and the
+labs work): install PyTorch's CPU build first, then this folder with Jupyter.
+
+    pip install torch --index-url https://download.pytorch.org/whl/cpu
+    pip install -e ".[notebooks]"
+
+On a Mac, `pip install torch` is already the CPU build.
+
+**A machine with an NVIDIA GPU and the CUDA toolkit** (`nvcc --version` works): PyTorch from
+PyPI brings CUDA.
+
+    pip install -e ".[notebooks]"
+
+**Colab** (*Runtime → Change runtime type → T4 GPU* for stages 01-04 live): a notebook's first
+cell clones your copy and installs it; Colab already has PyTorch and Jupyter.
+
+    %cd /content
+    !git clone -q <your copy's URL> flashlab
+    %cd /content/flashlab
+    !pip install -q -e .
+
+Installing with `-e` matters: flashlab then builds the kernels in *this* folder's `kernels/`.
+Open the notebooks with `jupyter lab notebooks/`.
+
+## Checking your work
+
+    flashlab grade                               # every exercise of this assignment
+    flashlab grade --exercise {exs[0].id if exs else 'NN.name'}
+
+`flashlab grade` grades what is in this folder the way your instructor will: each lab by
+running its notebook top to bottom in a fresh Python, through the lab's answer cell (so an
+answer that uses a name an earlier cell defines works, and one that needs a cell you have not
+run does not); each kernel exercise by building its stage from your region, checking it and
+timing it. Without a GPU the kernel exercises are skipped, saying why.
+
+A kernel is checked against a float64 reference on random inputs and on inputs made to exercise
+its idea (scores that grow along the keys, so that every rescale and fallback path runs; the
+causal mask): every output element is first set to NaN, sequence lengths include 1, 17, 1000
+and 4096, causal and not, each dtype the GPU runs. A wrong answer scores 0 and names the first
+failing case and its first wrong element (batch, head, row, column, got, expected). A right one
+is timed against the stage before it, and scores points x min(1, speed / {SPEED_TOLERANCE}) of
+the solution's speed: within {100 - round(100 * SPEED_TOLERANCE)} % of it earns every point.
+
+## Handing in
+
+Hand in this folder as your instructor asks: push it to your repository (they `git clone` it),
+zip it, or on Colab download the notebooks you worked in (*File → Download → .ipynb*) and the
+kernels you changed. What is graded is what you hand in: the notebooks (`.ipynb`; a notebook's
+`notebooks/src/*.py` twin is read only where the `.ipynb` is missing) and your code between the
+exercise markers. Nothing else you change counts, and no score you report yourself is read.
+"""
 
 
 write_student_edition = write
-
-
-def _summary(dest, s) -> str:
-    nb, src = s["notebooks"], s["sources"]
-    lines = [f"wrote the student edition to {dest}: {s['files']} files and {MARKER}",
-             f"  kernels: {s['kernel_regions']} exercise regions stubbed in "
-             f"{len(s['kernels'])} files ({', '.join(Path(k).stem for k in s['kernels'])})",
-             f"  notebooks: {nb['solutions']} solution regions replaced, {nb['hidden']} hidden "
-             f"test regions and {nb['instructor']} instructor's answers removed, "
-             f"{nb['outputs']} outputs cleared (sources: {src['solutions']} / {src['hidden']} / "
-             f"{src['instructor']})"]
-    for why, rels in sorted(s["left_out"].items()):
-        shown = ", ".join(rels[:4]) + (f", ... ({len(rels)} files)" if len(rels) > 4 else "")
-        lines.append(f"  left out ({why}): {shown}")
-    lines.append(f"next: cd {dest} && pip install -e . && flashlab grade")
-    return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    """`flashlab student DIR [--root ROOT] [--force]`."""
-    ap = argparse.ArgumentParser(prog="flashlab student",
-                                 description="Write the student edition of the workbook to DIR.")
-    ap.add_argument("dir", metavar="DIR", help="where to write it (a new or empty folder)")
-    ap.add_argument("--root", default=str(paths.ROOT), help="the solution edition to start from")
-    ap.add_argument("--force", action="store_true", help="write into DIR even if it is not empty")
-    args = ap.parse_args(argv)
-    try:
-        print(write(args.dir, root=args.root, force=args.force))
-    except (FileExistsError, ValueError) as err:
-        print(f"flashlab student: {err}", file=sys.stderr)
-        return 1
-    return 0
