@@ -210,3 +210,38 @@ def test_the_leaderboard_ranks_each_gpu_model_apart(tmp_path, capsys):
     assert list(boards["Tesla T4"]["student"]) == ["carol"]
     assert {p.name for p in figs} == {"02.sectors.png", "02.tile_copy.png"}
     assert "never" in capsys.readouterr().out.lower()
+
+
+def test_two_gradings_never_time_on_one_gpu_at_once(monkeypatch, tmp_path):
+    """Each stage report (build, check, timing) runs in a child process that holds this GPU's
+    lock: two gradings side by side (two threads of --jobs, two Slurm tasks on one node) take
+    their turns."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from flashlab.course import kernels
+    monkeypatch.setenv("FLASHLAB_LOCK_DIR", str(tmp_path / "locks"))
+    spans = []
+
+    def fake_run(cmd, env=None, **kw):
+        start = time.monotonic()
+        time.sleep(0.5)
+        spans.append((start, time.monotonic()))
+        mark = env["FLASHLAB_REPORT_MARK"]
+        return SimpleNamespace(stdout=f'{mark} {{"stage": "02_coalesced", "passed": true}}\n',
+                               stderr="", returncode=0)
+    monkeypatch.setattr(kernels.subprocess, "run", fake_run)
+    kernels._REPORTS.clear()
+    trees = [tmp_path / f"t{i}" for i in range(3)]
+    for t in trees:
+        (t / "kernels").mkdir(parents=True)
+    threads = [threading.Thread(target=kernels.report, args=(t, "02_coalesced")) for t in trees]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    kernels._REPORTS.clear()
+    spans.sort()
+    assert len(spans) == 3 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    assert list((tmp_path / "locks").glob("*.lock"))

@@ -5,11 +5,13 @@
                                               (--no-save: just check that they run)
   python tools/notebooks.py check             exit 1 if any .ipynb's cells differ from its source
   python tools/notebooks.py refresh-labs [NAMES]
+  python tools/notebooks.py refresh-diffs [NAMES]
                                               run notebooks in replay mode on this machine (no
                                               GPU: CUDA_VISIBLE_DEVICES empty, FLASHLAB_DATA a
                                               temporary copy of data/) and copy into the
                                               committed .ipynb only the outputs of the CPU labs'
-                                              cells (prompt, answer, check)
+                                              cells (prompt, answer, check), or of the cells
+                                              showing a diff of two kernels (source text)
 
 NAMES are stems or prefixes: 08 selects 08_tuned and its appendix 08a_tuning_log, 08a the
 appendix alone; no NAMES, every notebook.
@@ -205,11 +207,20 @@ def lab_cells(nb) -> dict:
     return found
 
 
-def refresh_labs(names=None, timeout=1200):
-    """Execute each selected notebook that has labs, as it is, in replay mode (no GPU; data/
-    copied to a temporary folder, so the recorded tables are not touched), and copy into the
-    notebook on disk the outputs, execution counts and timings of its lab cells only. Every other
-    cell keeps the outputs of the run that recorded them."""
+def diff_cells(nb) -> dict:
+    """{"diff": indices of the cells that show a diff of two kernels (nb.show_diff)}: their
+    output is the kernels' source text, the same on any machine."""
+    found = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and "nb.show_diff(" in c.source]
+    return {"diff": tuple(found)} if found else {}
+
+
+def refresh_labs(names=None, timeout=1200, select=lab_cells):
+    """Execute each selected notebook that has labs (or the cells `select` picks), as it is, in
+    replay mode (no GPU; data/ copied to a temporary folder, so the recorded tables are not
+    touched), and copy into the notebook on disk the outputs, execution counts and timings of
+    those cells only: cells whose output is computed on the CPU from the source tree (a lab's
+    question and check, a diff of two kernels). Every other cell keeps the outputs of the run
+    that recorded them."""
     from nbclient import NotebookClient
     saved = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "FLASHLAB_DATA")}
     with tempfile.TemporaryDirectory(prefix="flashlab-labs-") as tmp:
@@ -220,7 +231,7 @@ def refresh_labs(names=None, timeout=1200):
                 if not wanted(path, names):
                     continue
                 nb = nbformat.read(path, as_version=4)
-                labs = lab_cells(nb)
+                labs = select(nb)
                 if not labs:
                     continue
                 run = copy.deepcopy(nb)
@@ -243,7 +254,7 @@ def refresh_labs(names=None, timeout=1200):
                         if "execution" in run.cells[i].metadata:
                             nb.cells[i].metadata["execution"] = run.cells[i].metadata["execution"]
                 nbformat.write(nb, path)
-                print(f"refreshed the lab cells of {path.relative_to(ROOT)}: "
+                print(f"refreshed the {select.__name__.replace('_', ' ')} of {path.relative_to(ROOT)}: "
                       f"{', '.join(labs)}", flush=True)
         finally:
             for k, v in saved.items():
@@ -255,7 +266,7 @@ def refresh_labs(names=None, timeout=1200):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["build", "execute", "check", "refresh-labs"])
+    ap.add_argument("command", choices=["build", "execute", "check", "refresh-labs", "refresh-diffs"])
     ap.add_argument("names", nargs="*", help="notebook stems or numbers (default: all)")
     ap.add_argument("--no-save", action="store_true", help="execute without writing outputs")
     args = ap.parse_args(argv)
@@ -265,6 +276,8 @@ def main(argv=None):
         execute(args.names, save=not args.no_save)
     elif args.command == "refresh-labs":
         refresh_labs(args.names)
+    elif args.command == "refresh-diffs":
+        refresh_labs(args.names, select=diff_cells)
     else:
         bad = differences()
         print("\n".join(bad) if bad else "notebooks match their sources")

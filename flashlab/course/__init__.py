@@ -1,11 +1,12 @@
-"""The course layer, on top of everything else: exercises with checks, the student edition,
-grading and the class leaderboard (`flashlab student`, `flashlab grade`, `flashlab leaderboard`).
+"""The course layer, on top of everything else: exercises with checks, the editions an
+instructor hands out, grading (a student's own check, and a class's hand-ins), the leaderboard
+and nbgrader (`flashlab student`, `flashlab grade`, `flashlab leaderboard`, `flashlab nbgrader`).
 
     from flashlab.course import labs
-    labs.check("02.sectors", 32)            # a CPU lab: right or wrong, and why
-    from flashlab.course import exercises
+    labs.answer_check("02.sectors", 5)      # a CPU lab: right or wrong, and why
+    from flashlab.course import exercises, grade
     exercises.EXERCISES                     # every exercise, CPU labs and kernel exercises
-    exercises.grade(exercises.exercise("02.sectors"), root)   # one exercise of the edition in root
+    grade.grade_tree("week3")               # every exercise an edition hands out
 
 The two records every module here shares are defined in this file, which imports no module of
 the course, so that the registry (exercises), the labs and the kernel exercises can all import

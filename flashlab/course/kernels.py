@@ -1,41 +1,33 @@
 """Kernel exercises: regions of the real kernels that the student writes, and their grading.
 
-A region is marked in kernels/NN_*.cu (the repository is the solution edition):
+The regions are marked in kernels/NN_*.cu (flashlab.markers: an exercise's region in its own
+stage, and the regions of later stages that carry its code). KERNEL_EXERCISES is read from the
+markers of the kernels that are there, in the solution edition's form or in an edition's as
+handed out: the id, the stage whose .cu holds it, the task's first clause as its title, and its
+points (10, or as many as "// BEGIN EXERCISE 05.quad_sum (5 points): ..." gives).
 
-    // BEGIN EXERCISE 03.coarsen_kernel: <the task, in a sentence>
-    // <the task, continued: comment lines right after BEGIN belong to it>
-    ...the solution code (it starts with a line that is not a comment)...
-    // STUB: // TODO: <what the stub leaves undone>
-    // STUB: <code that compiles and gives a wrong answer>
-    // END EXERCISE 03.coarsen_kernel
+grade_kernel(ex, root, solution=None) builds ex's stage from root/kernels/ (an edition, or a
+hand-in's work tree: the edition's file with the student's regions spliced in), checks it
+(flashlab.check: float64 reference, NaN-poisoned output, ragged N, both masks, each dtype this GPU
+runs, the model's strided layout, and keys that grow along the sequence, so that every rescale
+path and stage 13's fallback run) and, when it is right, times it at the teaching config and
+under the causal mask:
 
-The markers are where an exercise is declared: KERNEL_EXERCISES is read from them (the id, the
-stage whose .cu holds it, the task's first clause as its title, and its points: 10, or as many as
-"// BEGIN EXERCISE 05.quad_sum (5 points): ..." gives). Every marker line is a comment, so the
-solution edition compiles to exactly the code it had before the markers. The student edition
-(flashlab.course.student) keeps BEGIN, the task and END, and puts the STUB lines' code (the
-text after "// STUB: ", at the markers' indentation) where the solution was: it compiles, never
-hangs, never reads out of bounds, and fails the stage's check. Its first line is always a
-"// TODO:" comment; a region that still holds one has not been written.
-
-grade_kernel(ex, root) builds ex's stage from root/kernels/, checks it (flashlab.check: float64
-reference, NaN-poisoned output, ragged N, both masks, each dtype this GPU runs) and, when it is
-right, times it against the reference stage (the stage before, built from the same edition):
-
-    speed = the solution's time, estimated / the student's time, where the solution's time is
-            the reference's time measured now / the solution's recorded speedup over the reference
-            (data/results.csv, on this GPU model where recorded, else the GPU that recorded last);
-            where no reference stage of the edition passes its check, the solution's recorded time
-            on this GPU model stands in.
+    speed = the slowest of solution time / student time over those configs, the solution's stage
+            (the solution edition at `solution`) timed in turn on this GPU; without a solution at
+            hand (a student checking their own work), the solution's recorded speedup over the
+            nearest earlier stage that passes here stands in (data/results.csv, this GPU model
+            where recorded, else the GPU that recorded last), or its recorded time.
     score = 0 if the check fails, else points * min(1, speed / 0.95)
 
-Within 5 % of the solution (timing noise) earns full points; half the solution's speed earns
-about half. Where nothing recorded says how fast the solution is, a right answer earns full
-points and the message says that speed was not scored. A wrong one names the first failing case
-and its first wrong element (batch, head, row, column, got, expected).
+Within 5 % of the solution (timing noise) earns full points; half its speed earns about half.
+Where nothing says how fast the solution is, a right answer earns full points and the message
+says that speed was not scored. A wrong one names the first failing case and its first wrong
+element (batch, head, row, column, got, expected).
 
 Each stage is built, checked and timed in a child process (a crash or a hang in a student's
-kernel takes only that process with it), at most once per edition, stage and source text.
+kernel takes only that process with it) that holds this GPU's lock (gpu_lock_path: two gradings
+never time on one GPU at once), at most once per tree, stage and source text.
 """
 import hashlib
 import json
