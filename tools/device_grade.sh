@@ -9,13 +9,13 @@
 # Usage: FLASHLAB_COMMIT=abc [PHASES="prebuild tests class"] [ASSIGNMENTS="09:13 05:06"] bash tools/device_grade.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+python3 -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} || exit 1
 export PYTHONUNBUFFERED=1 FLASHLAB_COMMIT=${FLASHLAB_COMMIT:?set FLASHLAB_COMMIT}
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p data/runs
-git init -q . && git add -A && git -c user.name=device -c user.email=device@localhost commit -qm tree \
-  || { echo "no git here"; exit 1; }
+git init -q . && git add -A && { git diff --cached --quiet && git rev-parse -q --verify HEAD >/dev/null \
+  || git -c user.name=device -c user.email=device@localhost commit -qm tree; } || { echo "no git here"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv
 python3 -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda, torch.cuda.get_device_name())"
 for phase in ${PHASES:-prebuild tests class}; do case $phase in
