@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -76,8 +77,9 @@ def _notebook(root: Path, slug: str):
     return None
 
 
-def grade_labs(root, labs, cell_timeout=None) -> dict:
-    """{lab id: Result} for `labs` (Exercises) of the tree at `root`, each from its notebook."""
+def grade_labs(root, labs, cell_timeout=None, parallel=4) -> dict:
+    """{lab id: Result} for `labs` (Exercises) of the tree at `root`, each from its notebook; up
+    to `parallel` notebooks run at once (each in a kernel of its own)."""
     from . import labrun
     from .labs import answer_check
     root = Path(root)
@@ -85,16 +87,18 @@ def grade_labs(root, labs, cell_timeout=None) -> dict:
     by_stage = {}
     for ex in labs:
         by_stage.setdefault(ex.stage, []).append(ex)
-    for slug, exs in by_stage.items():
+
+    def one(slug):
+        exs = by_stage[slug]
         nb = _notebook(root, slug)
         if nb is None:
-            for ex in exs:
-                out[ex.id] = Result(ex.id, False, 0.0, f"no notebook notebooks/{slug}.ipynb")
-            continue
+            return {ex.id: Result(ex.id, False, 0.0, f"no notebook notebooks/{slug}.ipynb")
+                    for ex in exs}
         data = root / "data"
         got = labrun.answers(nb, [ex.id for ex in exs],
                              cell_timeout=cell_timeout or labrun.CELL_TIMEOUT_S,
                              data_dir=data if data.is_dir() else None)
+        found = {}
         for ex in exs:
             a = got[ex.id]
             if a.status == "answered":
@@ -105,7 +109,12 @@ def grade_labs(root, labs, cell_timeout=None) -> dict:
             else:
                 r = Result(ex.id, False, 0.0, a.why)
             r.score = min(max(float(r.score), 0.0), ex.points) if r.ok else 0.0
-            out[ex.id] = r
+            found[ex.id] = r
+        return found
+
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(by_stage)))) as pool:
+        for found in pool.map(one, sorted(by_stage)):
+            out.update(found)
     return out
 
 
@@ -126,27 +135,38 @@ def grade_tree(root=".", only=None, gpu=None, solution=None, cell_timeout=None, 
         chosen = [ex for ex in chosen if ex.id in wanted]
     gpu = gpu_available() if gpu is None else gpu
     results = {}
-    labs = [ex for ex in chosen if ex.kind == "lab"]
-    for ex in labs:
-        results[ex.id] = None
-    for lab_id, r in grade_labs(root, labs, cell_timeout).items():
-        results[lab_id] = r
-        if each:
-            each(next(ex for ex in labs if ex.id == lab_id), r)
-    for ex in chosen:
-        if ex.kind != "kernel":
-            continue
-        if not gpu:
-            r = Result.skipped(ex, NO_GPU)
-        else:
-            try:
-                r = grade_kernel(ex, root, solution=solution)
-            except Exception as err:  # noqa: BLE001 -- the student's build may raise anything
-                r = Result(ex.id, False, 0.0, f"the grader stopped on {type(err).__name__}: {err}")
-            r.score = min(max(float(r.score), 0.0), ex.points) if r.ok else 0.0
+    told = threading.Lock()
+
+    def done(ex, r):
         results[ex.id] = r
         if each:
-            each(ex, r)
+            with told:
+                each(ex, r)
+
+    labs = [ex for ex in chosen if ex.kind == "lab"]
+    # The labs run on the CPU (a notebook kernel each) while the kernel exercises use the GPU.
+    def labs_done(future):  # as soon as they are: a hand-in stopped later keeps them
+        if future.exception() is None:
+            for lab_id, r in future.result().items():
+                done(next(ex for ex in labs if ex.id == lab_id), r)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        lab_results = pool.submit(grade_labs, root, labs, cell_timeout)
+        lab_results.add_done_callback(labs_done)
+        for ex in chosen:
+            if ex.kind != "kernel":
+                continue
+            if not gpu:
+                r = Result.skipped(ex, NO_GPU)
+            else:
+                try:
+                    r = grade_kernel(ex, root, solution=solution)
+                except Exception as err:  # noqa: BLE001 -- the student's build may raise anything
+                    r = Result(ex.id, False, 0.0,
+                               f"the grader stopped on {type(err).__name__}: {err}")
+                r.score = min(max(float(r.score), 0.0), ex.points) if r.ok else 0.0
+            done(ex, r)
+        lab_results.result()  # raises what grading the labs raised
     return [(ex, results[ex.id]) for ex in chosen]
 
 
