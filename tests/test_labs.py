@@ -477,3 +477,17 @@ def test_a_labs_notebook_does_not_give_its_answer_away(ex, data_dir):
             if phrase == "700" and where != "markdown":
                 continue                        # timings in ns are everywhere in outputs
             assert phrase not in text, (where, phrase)
+
+
+def test_a_count_may_carry_its_unit_and_a_blank_string_is_blank():
+    """"5 sectors" is read as the 5 it counts (as "700 ns" is for a time), another unit is not;
+    an empty or all-blank answer is not answered, not wrong."""
+    assert labs.answer_check("02.sectors", "5 sectors").verdict == \
+        labs.answer_check("02.sectors", 5).verdict == "right"
+    assert labs.answer_check("02.sectors", "5 sector").verdict == "right"
+    wrong = labs.answer_check("02.sectors", "5 bytes")
+    assert wrong.verdict == "wrong" and "a whole number of sectors" in wrong.message
+    assert labs.answer_check("07.pipeline_period", "700 ns").verdict == "right"
+    for blank in ("", "   "):
+        r = labs.answer_check("02.sectors", blank)
+        assert r.verdict == "blank" and r.score == 0

@@ -48,9 +48,24 @@ def _join(xs):
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
 
+def _without_unit(text: str, what: str) -> str:
+    """'5 sectors' -> '5' where the unit is the one `what` asks for ("a whole number of
+    sectors"), singular or plural; any other text stays as it is."""
+    m = re.fullmatch(r"\s*(\S+?)\s+([A-Za-z][A-Za-z-]*)\s*", text)
+    if not m:
+        return text
+    unit = m.group(2).lower().rstrip("s")
+    asked = {w.rstrip("s") for w in re.findall(r"[a-z]+", what.lower())} - {"a", "of", "number",
+                                                                          "whole"}
+    return m.group(1) if unit in asked else text
+
+
 def _whole(answer, what="a whole number", fraction=None) -> int:
-    """A whole number from an int, an integral float or a string of one ("0x..." too).
-    `fraction` (with {x}) is the message for a number that is not whole."""
+    """A whole number from an int, an integral float or a string of one ("0x..." too, and with
+    the unit it is counted in: "5 sectors"). `fraction` (with {x}) is the message for a number
+    that is not whole."""
+    if isinstance(answer, str):
+        answer = _without_unit(answer, what)
     if isinstance(answer, (bool, np.bool_)):
         raise _Unreadable(f"the answer is {what}, not {answer!r}")
     if isinstance(answer, (int, np.integer)):  # exactly, even past 2**53 (a 64-bit descriptor)

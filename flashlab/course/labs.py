@@ -87,7 +87,8 @@ def _verdict(lab, answer, data) -> Result:
         return Result.skipped(ex, "the lab keys have no entry for this lab")
     if "skipped" in entry:
         return Result.skipped(ex, entry["skipped"])
-    if answer is None:   # not answered: a blank, not a wrong answer (Result.status)
+    if answer is None or isinstance(answer, str) and not answer.strip():
+        # not answered: a blank, not a wrong answer (Result.status)
         blank = _result(ex, False, f"not answered: set `answer` to {lab.form.what}")
         blank.status = "blank"
         return blank
