@@ -49,8 +49,8 @@ def _join(xs):
 
 
 def _without_unit(text: str, what: str) -> str:
-    """'5 sectors' -> '5' where the unit is the one `what` asks for ("a whole number of
-    sectors"), singular or plural; any other text stays as it is."""
+    """'N blocks' -> 'N' where the unit is the one `what` asks for ("a whole number of
+    blocks"), singular or plural; any other text stays as it is."""
     m = re.fullmatch(r"\s*(\S+?)\s+([A-Za-z][A-Za-z-]*)\s*", text)
     if not m:
         return text
@@ -62,7 +62,7 @@ def _without_unit(text: str, what: str) -> str:
 
 def _whole(answer, what="a whole number", fraction=None) -> int:
     """A whole number from an int, an integral float or a string of one ("0x..." too, and with
-    the unit it is counted in: "5 sectors"). `fraction` (with {x}) is the message for a number
+    the unit it is counted in: "N sectors"). `fraction` (with {x}) is the message for a number
     that is not whole."""
     if isinstance(answer, str):
         answer = _without_unit(answer, what)
