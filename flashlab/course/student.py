@@ -408,11 +408,11 @@ def student_md(a: Assignment, root=None) -> str:
             r.carried and r.id in {e.id for e in exs} for r in markers.regions(p.read_text()))
            for p in sorted((root / "kernels").glob("[0-9][0-9]_*.cu"))
            if a.hands_out(number_of(f"kernels/{p.name}") or 0)):
-        carried = ("\n\nA later stage of this assignment keeps an earlier one's code: where its kernel "
-                   "says `// BEGIN CARRIED <id>`, write the code of exercise `<id>` again (copy "
-                   "yours from that exercise's own stage and fit it to the names around it). "
-                   "The later stage is checked with it, so it passes only once that region is "
-                   "written too.")
+        carried = ("\n  A later stage of this assignment keeps an earlier one's code: where its kernel\n"
+                   "  says `// BEGIN CARRIED <id>`, write the code of exercise `<id>` again (copy\n"
+                   "  yours from that exercise's own stage and fit it to the names around it). The\n"
+                   "  later stage is checked with it, so it passes only once that region is written\n"
+                   "  too.")
     return f"""# flashlab, assignment {a.name}
 
 This folder is your copy of the workbook for this assignment: stages 01 to {a.last:02d}, their
@@ -439,7 +439,7 @@ notebooks, and the recorded measurements the notebooks replay. You work on the s
 
 You need Python 3.10 or newer. Make a virtual environment in this folder first:
 
-    python -m venv .venv
+    python -m venv .venv               # .gitignore keeps it out of your repository
     source .venv/bin/activate          # Windows: .venv\\Scripts\\activate
 
 **A laptop without an NVIDIA GPU** (every notebook replays the recorded measurements, and the
@@ -488,8 +488,8 @@ the solution's speed: within {100 - round(100 * SPEED_TOLERANCE)} % of it earns 
 ## Handing in
 
 Hand in this folder as your instructor asks: push it to your repository (they `git clone` it),
-zip it, or on Colab download the notebooks you worked in (*File → Download → .ipynb*) and the
-kernels you changed. What is graded is what you hand in: the notebooks (`.ipynb`; a notebook's
+zip it (without `.venv/`), or on Colab download the notebooks you worked in (*File → Download →
+.ipynb*) and the kernels you changed. What is graded is what you hand in: the notebooks (`.ipynb`; a notebook's
 `notebooks/src/*.py` twin is read only where the `.ipynb` is missing) and your code between the
 exercise markers. Nothing else you change counts, and no score you report yourself is read.
 """
