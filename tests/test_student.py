@@ -657,6 +657,11 @@ def test_an_edition_is_written_from_tracked_files_only(tmp_path):
     assert not (tmp_path / "ed" / "data" / "private-notes.txt").exists()
 
 
+def test_an_edition_is_not_written_from_an_edition(week3, tmp_path):
+    with pytest.raises(ValueError, match="not the solution"):
+        student.write(tmp_path / "again", root=week3, through=6, first=5)
+
+
 def test_the_edition_refuses_a_folder_that_is_not_empty(tmp_path):
     (tmp_path / "keep.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not empty"):

@@ -322,6 +322,9 @@ def write(dest, root=None, through=None, first=None, force=False) -> str:
     EditionError, and nothing written, where the edition would hold a solution it hands out."""
     root = Path(root or paths.ROOT).resolve()
     dest = Path(dest).resolve()
+    if read_manifest(root) is not None:
+        raise ValueError(f"{root} is an edition as handed out, not the solution: an edition is "
+                         "written from the solution repository")
     a = assignment(through, first)
     if dest == root or dest in root.parents:
         raise ValueError(f"an edition cannot be written to {dest}: it holds the solution edition "

@@ -399,14 +399,16 @@ labs.check("03.occupancy", answer)
 # `float4` from the padded rows (strides `T::LDQ`, `T::LDK`), so that every value loaded feeds `TN`
 # or `TM` FMAs. Use the tile constants: at D = 128, and on a 7.5 GPU, a tile holds fewer keys.
 #
-# **How it is judged.** `flashlab grade` builds stage 03 from your `kernels/` and compares it with
-# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
-# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
-# 128, causal and not, fp32. A wrong kernel scores 0, and the message names the first failing case
-# and its first wrong element (batch, head, row, column, got, expected). A right one is timed at
-# the teaching config against stage 02, built from the same folder: full points at the solution's
-# speedup over it (within 5 %), fewer below. (Where your stage 02 fails its own check, the nearest
-# earlier stage that passes is the reference.)
+# **How it is judged.** `flashlab grade` builds stage 03 from your region in `kernels/` and compares
+# it with a float64 reference: the output is filled with NaN first (an element never written fails),
+# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
+# not, fp32, and keys whose size grows along the sequence, so that every row's maximum keeps rising
+# and each rescale path runs. A wrong kernel scores 0, and the message names the first failing case
+# and its first wrong element (batch, head, row, column, got, expected). A right one is timed at the
+# teaching config and under the causal mask: when your instructor grades, in turn with the
+# solution's stage on the same GPU, the slower of the two ratios counting; when you check your own
+# work, against the solution's recorded speedup over stage 02. Full points within 5 % of the
+# solution's speed, fewer below.
 #
 # **GPU:** compute capability 7.5 or newer (a T4 will do); without one, `flashlab grade` skips it
 # with one line saying why. Run it with

@@ -375,13 +375,16 @@ plots.roofline(last="04_wmma")
 # 16-column block of O, the accumulator loaded from `Ow` (stride `LDO`), P times V's blocks
 # (`row_major` `matrix_b` from `Vs`) added, and the block stored back.
 #
-# **How it is judged.** `flashlab grade` builds stage 04 from your `kernels/` and compares it with
-# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
-# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
-# 128, causal and not, fp16 and bf16. A wrong kernel scores 0, and the message names the first
-# failing case and its first wrong element (batch, head, row, column, got, expected). A right one
-# is timed at the teaching config against stage 03, built from the same folder: full points at the
-# solution's speedup over it (within 5 %), fewer below.
+# **How it is judged.** `flashlab grade` builds stage 04 from your region in `kernels/` and compares
+# it with a float64 reference: the output is filled with NaN first (an element never written fails),
+# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
+# not, fp16 and bf16, and keys whose size grows along the sequence, so that every row's maximum
+# keeps rising and each rescale path runs. A wrong kernel scores 0, and the message names the first
+# failing case and its first wrong element (batch, head, row, column, got, expected). A right one is
+# timed at the teaching config and under the causal mask: when your instructor grades, in turn with
+# the solution's stage on the same GPU, the slower of the two ratios counting; when you check your
+# own work, against the solution's recorded speedup over stage 03. Full points within 5 % of the
+# solution's speed, fewer below.
 #
 # **GPU:** compute capability 7.5 or newer: a T4 checks fp16 only, 8.0 checks bf16 too; without
 # one, `flashlab grade` skips it with one line saying why. Run them with

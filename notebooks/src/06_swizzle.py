@@ -374,13 +374,16 @@ labs.check("06.bank_map", answer)
 # `(col / 8) XOR (row % 8)`. Every tile access goes through `swz`, so the check passes with any
 # one-to-one layout; the time says whether yours is free of bank conflicts.
 #
-# **How it is judged.** `flashlab grade` builds stage 06 from your `kernels/` and compares it with
-# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
-# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
-# 128, causal and not, fp16 and bf16. A wrong kernel scores 0, and the message names the first
-# failing case and its first wrong element (batch, head, row, column, got, expected). A right one
-# is timed at the teaching config against stage 05, built from the same folder: full points at the
-# solution's speedup over it (within 5 %), fewer below.
+# **How it is judged.** `flashlab grade` builds stage 06 from your region in `kernels/` and compares
+# it with a float64 reference: the output is filled with NaN first (an element never written fails),
+# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
+# not, fp16 and bf16, the strided layout of a model's projections, and keys whose size grows along
+# the sequence, so that every row's maximum keeps rising and each rescale path runs. A wrong kernel
+# scores 0, and the message names the first failing case and its first wrong element (batch, head,
+# row, column, got, expected). A right one is timed at the teaching config and under the causal
+# mask: when your instructor grades, in turn with the solution's stage on the same GPU, the slower
+# of the two ratios counting; when you check your own work, against the solution's recorded speedup
+# over stage 05. Full points within 5 % of the solution's speed, fewer below.
 #
 # **GPU:** compute capability 8.0 or newer (an A100, L4, RTX 30 or 40 series, H100); without one,
 # `flashlab grade` skips it with one line saying why. Run it with

@@ -405,14 +405,17 @@ labs.check("07.pipeline_period", answer)
 # if there is one, into the buffer tile `j − 1` used (`load_tile_async`, K and V), and commit a
 # group every iteration, loads or not, as the prologue does.
 #
-# **How it is judged.** `flashlab grade` builds stage 07 from your `kernels/` and compares it with
-# a float64 reference on fresh random inputs: the output is filled with NaN first (an element never
-# written fails), N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and
-# 128, causal and not, fp16 and bf16. A wrong kernel scores 0, and the message names the first
-# failing case and its first wrong element (batch, head, row, column, got, expected). A right one
-# is timed at the teaching config against stage 06, built from the same folder: full points at the
-# solution's speedup over it (within 5 %), fewer below. A missing wait may pass by luck on one run
-# and fail on the next: make the order right by construction.
+# **How it is judged.** `flashlab grade` builds stage 07 from your region in `kernels/` and compares
+# it with a float64 reference: the output is filled with NaN first (an element never written fails),
+# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
+# not, fp16 and bf16, the strided layout of a model's projections, and keys whose size grows along
+# the sequence, so that every row's maximum keeps rising and each rescale path runs. A wrong kernel
+# scores 0, and the message names the first failing case and its first wrong element (batch, head,
+# row, column, got, expected). A right one is timed at the teaching config and under the causal
+# mask: when your instructor grades, in turn with the solution's stage on the same GPU, the slower
+# of the two ratios counting; when you check your own work, against the solution's recorded speedup
+# over stage 06. Full points within 5 % of the solution's speed, fewer below. A missing wait may
+# pass by luck on one run and fail on the next: make the order right by construction.
 #
 # **GPU:** compute capability 8.0 or newer (an A100, L4, RTX 30 or 40 series, H100); without one,
 # `flashlab grade` skips it with one line saying why. Run it with

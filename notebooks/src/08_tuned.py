@@ -339,8 +339,8 @@ labs.check("08.tuning", answer)
 #
 # `// BEGIN EXERCISE 08.lane_offsets` in `kernels/08_tuned.cu`: each lane's swizzled byte offsets
 # `av`, `kb`, `k`, computed once, as the region's comment specifies.
-# `flashlab grade --exercise 08.lane_offsets` checks stage 08 against float64 (NaN-poisoned output,
-# ragged N, both masks, fp16 and bf16), then scores its speed against stage 07. Compute capability
+# `flashlab grade --exercise 08.lane_offsets` checks stage 08 against float64 (as for stage 07's
+# exercise), then scores its speed against the solution's, under both masks. Compute capability
 # 8.0 or newer.
 
 # %% [markdown]

@@ -468,11 +468,16 @@ labs.check("09.descriptor", answer)
 # (`rows · 128` bytes per block: BR rows for Q, BC for K) and `(kk % 4) · 32` bytes into its rows;
 # both operands K-major with the 128-byte swizzle, stride byte offset 1024, leading offset 16.
 #
-# **How it is judged.** `flashlab grade` builds stage 09 from your `kernels/` and checks it against
-# a float64 reference on fresh random inputs: NaN-poisoned output, N = 1, 17, 1000 and 4096, D = 64
-# and 128, causal and not, fp16 and bf16. A wrong kernel scores 0 and the message names the first
-# failing case and its first wrong element. A right one is timed at the teaching config against
-# stage 08 built from the same folder: full points at the solution's speedup (within 5 %).
+# **How it is judged.** `flashlab grade` builds stage 09 from your region in `kernels/` and compares
+# it with a float64 reference: the output is filled with NaN first (an element never written fails),
+# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
+# not, fp16 and bf16, the strided layout of a model's projections, and keys whose size grows along
+# the sequence, so that every row's maximum keeps rising and each rescale path runs. A wrong kernel
+# scores 0, and the message names the first failing case and its first wrong element (batch, head,
+# row, column, got, expected). A right one is timed at the teaching config and under the causal
+# mask: when your instructor grades, in turn with the solution's stage on the same GPU, the slower
+# of the two ratios counting; when you check your own work, against the solution's recorded speedup
+# over stage 08. Full points within 5 % of the solution's speed, fewer below.
 #
 # **GPU:** compute capability 9.0 (H100, H200, GH200): `wgmma` exists nowhere else; elsewhere
 # `flashlab grade` skips it with one line saying why. Run it with

@@ -682,12 +682,18 @@ labs.check("11.registers", answer)
 # `item % tiles` times `BR`, counted from the last tile under the causal mask, so that a head's
 # longest item comes first.
 #
-# **How it is judged.** `flashlab grade` builds stage 11 from your `kernels/` and checks it against
-# a float64 reference on fresh random inputs (NaN-poisoned output, N = 1, 17, 1000 and 4096, D = 64
-# and 128, causal and not, fp16 and bf16, and the strided layout of a model's projections). Any
-# mapping that computes every item once is right; the order is scored by the time: a right kernel is
-# timed against stage 10 built from the same folder. A wrong one scores 0 with its first wrong
-# element named.
+# **How it is judged.** `flashlab grade` builds stage 11 from your region in `kernels/` and compares
+# it with a float64 reference: the output is filled with NaN first (an element never written fails),
+# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
+# not, fp16 and bf16, the strided layout of a model's projections, and keys whose size grows along
+# the sequence, so that every row's maximum keeps rising and each rescale path runs. A wrong kernel
+# scores 0, and the message names the first failing case and its first wrong element (batch, head,
+# row, column, got, expected). A right one is timed at the teaching config and under the causal
+# mask: when your instructor grades, in turn with the solution's stage on the same GPU, the slower
+# of the two ratios counting; when you check your own work, against the solution's recorded speedup
+# over stage 10. Full points within 5 % of the solution's speed, fewer below. Any mapping that
+# computes every item once is right; the order is scored by the time under the causal mask, where a
+# head's query tiles differ in length.
 #
 # **GPU:** compute capability 9.0 (H100, H200, GH200); elsewhere `flashlab grade` skips it with one
 # line saying why. Run it with

@@ -440,11 +440,17 @@ labs.check("12.store_sectors", answer)
 # 8 d + 2 t and 8 d + 2 t + 1, in the layout the TMA wrote Q in (section 2, step 1; `hp.sw128`
 # computes it in Python). The `+ 8 * 128` for row `row + 8` is already there.
 #
-# **How it is judged.** `flashlab grade` builds stage 12 from your `kernels/` and checks it against
-# a float64 reference on fresh random inputs (NaN-poisoned output, N = 1, 17, 1000 and 4096, D = 64
-# and 128, causal and not, fp16 and bf16, and the strided layout of a model's projections). A
-# right kernel is timed against stage 11 built from the same folder (a layout with bank conflicts
-# would show there); a wrong one scores 0 with its first wrong element named.
+# **How it is judged.** `flashlab grade` builds stage 12 from your region in `kernels/` and compares
+# it with a float64 reference: the output is filled with NaN first (an element never written fails),
+# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
+# not, fp16 and bf16, the strided layout of a model's projections, and keys whose size grows along
+# the sequence, so that every row's maximum keeps rising and each rescale path runs. A wrong kernel
+# scores 0, and the message names the first failing case and its first wrong element (batch, head,
+# row, column, got, expected). A right one is timed at the teaching config and under the causal
+# mask: when your instructor grades, in turn with the solution's stage on the same GPU, the slower
+# of the two ratios counting; when you check your own work, against the solution's recorded speedup
+# over stage 11. Full points within 5 % of the solution's speed, fewer below. A layout with bank
+# conflicts would show in the time.
 #
 # **GPU:** compute capability 9.0 (H100, H200, GH200); elsewhere `flashlab grade` skips it with one
 # line saying why. Run it with

@@ -388,13 +388,18 @@ labs.check("13.lazy_bound", answer)
 # of the warp has `max · scale_log2 > m + 8` (`__any_sync`), before touching `l`; otherwise add the
 # sums to `l` and return true.
 #
-# **How it is judged.** `flashlab grade` builds stage 13 from your `kernels/` and checks it against
-# a float64 reference on fresh random inputs (NaN-poisoned output, N = 1, 17, 1000 and 4096, D = 64
-# and 128, causal and not, fp16 and bf16, and the strided layout of a model's projections). A
-# right kernel is timed against stage 12 built from the same folder; a wrong one scores 0 with its
-# first wrong element named. Random inputs rarely take the classic path (section 3): test your
-# threshold on keys that grow along the sequence too (`tests/test_gpu.py`,
-# `test_scores_that_grow_along_the_keys`).
+# **How it is judged.** `flashlab grade` builds stage 13 from your region in `kernels/` and compares
+# it with a float64 reference: the output is filled with NaN first (an element never written fails),
+# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
+# not, fp16 and bf16, the strided layout of a model's projections, and keys whose size grows along
+# the sequence, so that every row's maximum keeps rising and each rescale path runs. A wrong kernel
+# scores 0, and the message names the first failing case and its first wrong element (batch, head,
+# row, column, got, expected). A right one is timed at the teaching config and under the causal
+# mask: when your instructor grades, in turn with the solution's stage on the same GPU, the slower
+# of the two ratios counting; when you check your own work, against the solution's recorded speedup
+# over stage 12. Full points within 5 % of the solution's speed, fewer below. Random inputs rarely
+# take the classic path (section 3); the keys that grow along the sequence take it, so
+# a pass without the check and its fallback fails there.
 #
 # **GPU:** compute capability 9.0 (H100, H200, GH200); elsewhere `flashlab grade` skips it with one
 # line saying why. Run it with
