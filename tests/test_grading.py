@@ -245,3 +245,8 @@ def test_two_gradings_never_time_on_one_gpu_at_once(monkeypatch, tmp_path):
     spans.sort()
     assert len(spans) == 3 and all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
     assert list((tmp_path / "locks").glob("*.lock"))
+
+
+def test_an_answer_is_found_after_its_question_even_without_its_check(tmp_path):
+    nb = notebook(tmp_path / "a.ipynb", f'print(labs.prompt("{LAB}"))', "answer = 7", check=False)
+    assert labrun.answers(nb, [LAB])[LAB] == labrun.Answer("answered", 7)

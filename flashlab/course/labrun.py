@@ -18,6 +18,7 @@ must not build or time kernels on the machine's GPU. Its data/ is the edition's 
 """
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -79,11 +80,19 @@ def _decode(x):
     return x
 
 
+_PROMPT = re.compile(r"""labs\s*\.\s*prompt\s*\(\s*["'](\d\d\.[a-z0-9_]+)["']""")
+
+
 def answer_cells(cells) -> dict:
-    """{lab id: index of its answer cell}: the code cell holding `### BEGIN SOLUTION` (or, in a
-    student's copy, `# YOUR CODE HERE` or their own code) just before the cell that calls
-    labs.check(id, answer); the check cell itself where the answer is in it."""
+    """{lab id: index of its answer cell}: the code cell right after the one that prints the
+    lab's question (`labs.prompt(id)`); where that cell is gone, the code cell just before the one
+    that calls labs.check(id, answer), or that cell itself where the answer is in it."""
     found = {}
+    for i, cell in enumerate(cells):
+        m = _PROMPT.search(cell.source) if cell.cell_type == "code" else None
+        if m and m.group(1) not in found and i + 1 < len(cells) \
+                and cells[i + 1].cell_type == "code":
+            found[m.group(1)] = i + 1
     for i, cell in enumerate(cells):
         if cell.cell_type != "code":
             continue
@@ -126,8 +135,9 @@ def answers(notebook: Path, labs, cell_timeout=CELL_TIMEOUT_S, data_dir=None) ->
         return {lab: Answer("missing", why=f"{notebook.name} is not a readable notebook ({err})")
                 for lab in labs}
     where = answer_cells(nb.cells)
-    out = {lab: Answer("missing", why=f"{notebook.name} has no cell that runs "
-                                      f"labs.check(\"{lab}\", answer)")
+    out = {lab: Answer("missing", why=f"{notebook.name} has no cell that prints "
+                                      f"labs.prompt(\"{lab}\") or runs labs.check(\"{lab}\", "
+                                      "answer)")
            for lab in labs if lab not in where}
     wanted = sorted((where[lab], lab) for lab in labs if lab in where)
     if not wanted:
