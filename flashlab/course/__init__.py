@@ -43,6 +43,7 @@ class Result:
     score: float = 0.0   # 0 .. the exercise's points
     message: str = ""    # right or wrong and why; for kernels the first failing case and element
     status: str = ""     # "blank" or "timeout" where a wrong result is one of those; else ""
+    gpu: str = ""        # the GPU model a kernel exercise was timed on ("" for a lab)
 
     @classmethod
     def skipped(cls, exercise, why: str) -> "Result":

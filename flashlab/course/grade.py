@@ -270,7 +270,7 @@ def grade_handin(handin, edition, manifest, timeout=STUDENT_TIMEOUT_S, cell_time
         why = f"the hand-in could not be read: {err}"
         return h, [(ex, Result(ex.id, False, 0.0, why)) for ex in chosen], 0.0
     todo = [ex.id for ex in chosen if ex.id not in h.problems]
-    got = {}
+    got, stopped = {}, None
     if todo:
         mark = f"{_MARK}-{secrets.token_hex(8)}"
         cmd = [sys.executable, "-m", "flashlab", "grade", str(h.work), "--json",
@@ -286,7 +286,7 @@ def grade_handin(handin, edition, manifest, timeout=STUDENT_TIMEOUT_S, cell_time
         try:  # run from the scratch folder: `python -m` must import this flashlab, not a copy
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
                                   cwd=str(scratch))
-            stdout, stopped = proc.stdout, None
+            stdout = proc.stdout
             if proc.returncode != 0:
                 stopped = (f"the grader's process failed (exit status {proc.returncode}): "
                            f"{(proc.stderr or '').strip()[-400:]}")
@@ -304,12 +304,11 @@ def grade_handin(handin, edition, manifest, timeout=STUDENT_TIMEOUT_S, cell_time
         elif ex.id in got:
             d = got[ex.id]
             score = min(max(float(d["score"]), 0.0), ex.points) if d["ok"] else 0.0
-            r = Result(ex.id, d["ok"], score, d["message"], d.get("status", ""))
-            r.gpu = d.get("gpu", "cpu")
-            results.append((ex, r))
+            results.append((ex, Result(ex.id, d["ok"], score, d["message"], d.get("status", ""),
+                                       gpu=d.get("gpu", "cpu"))))
         else:
-            why = stopped if todo and stopped else "not graded"
-            status = "timeout" if "took over" in (why or "") else ""
+            why = stopped or "not graded"
+            status = "timeout" if "took over" in why else ""
             results.append((ex, Result(ex.id, False, 0.0, why, status=status)))
     shutil.rmtree(h.work.parent, ignore_errors=True)
     return h, results, time.monotonic() - started
@@ -319,7 +318,7 @@ def gradebook_rows(h, results, assignment) -> list:
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return [dict(student=h.name, assignment=assignment, exercise=ex.id, kind=ex.kind,
                  stage=ex.stage, points=round(r.score, 3), max_points=ex.points,
-                 verdict=r.verdict, why=r.message, gpu=getattr(r, "gpu", "cpu"), graded=stamp,
+                 verdict=r.verdict, why=r.message, gpu=r.gpu or "cpu", graded=stamp,
                  handed_in=str(h.source)) for ex, r in results]
 
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import markers
-from ..stages import stage as _stage
 
 SKIP = {".git", ".ipynb_checkpoints", "__pycache__", ".venv", "venv", "node_modules"}
 
@@ -147,6 +146,3 @@ def _carried_ids(path: Path, handed) -> set:
         return set()
     return {r.id for r in markers.regions(path.read_text(), path.name) if r.carried and r.id in handed}
 
-
-def stage_number(slug) -> int:
-    return _stage(slug).number

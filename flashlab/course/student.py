@@ -144,16 +144,10 @@ def _home_stubs(root) -> tuple:
     return stubs, homes
 
 
-def kernel_text(text, number, handed_out, stubs, homes, where="kernel") -> str:
-    """A solution kernel as assignment hands it out (see edition_text): a stage handed out gets
-    its stubs; any stage keeps the solution of what is not handed out, without markers."""
-    return markers.edition_text(text, handed_out, stubs, homes, where)
-
-
 def _transform(rel, data, ids, stubs, homes, stats):
     if rel.startswith("kernels/") and rel.endswith(".cu") and number_of(rel) is not None:
         text = data.decode()
-        out = kernel_text(text, number_of(rel), ids, stubs, homes, rel)
+        out = markers.edition_text(text, ids, stubs, homes, rel)
         n = sum(1 for r in markers.regions(text, rel) if r.id in ids)
         if n:
             stats["kernel_regions"] += n
