@@ -40,8 +40,8 @@ def warp_elements(stage, D=64, step=0, warp=0):
     """(row, column) in the 32 x D tile of the element each lane loads in one load instruction.
 
     01_naive, `Kj[(tx * d) + x] = ... K[qkv_offset + (size_t)key * d + x]`: lane t reads row t,
-    column x = `step`. 02_coalesced, load_tile's `src[(size_t)first * d + e]` with
-    e = tid + step * 1024 and tid = 32 * warp + lane: the lanes read consecutive elements."""
+    column x = `step`. 02_coalesced's load_tile: thread tid = 32 * warp + lane reads element
+    tid + step * 1024 of the tile, so the lanes read consecutive elements."""
     lanes = np.arange(WARP)
     if _slug(stage) == "01_naive":
         if not 0 <= step < D:
@@ -161,7 +161,7 @@ def smem_accesses(stage, D=64, with_source=False) -> pd.DataFrame:
                 ("S[(Bc * tx) + y] * Vj[(y * d) + x]", "Vj[y*d + x]", "P·V", D * BC, bcast)]
     else:  # lane tx = key of the tile for S, output column tx, tx+32, ... for O; warp ty = row
         per_lane = math.ceil(D / WARP)
-        rows = [("tile[e] = r < N ? src[", "Qi[e] store (load_tile)", "load Q_i",
+        rows = [("tile[e] = ", "Qi[e] store (load_tile)", "load Q_i",
                  math.ceil(BR * D / (BR * WARP)), t),  # Br*D elements over Br*32 threads
                 ("Qi[ty * d + x] * Kj[tx * d + x]", "Qi[ty*d + x]", "scores", D, bcast),
                 ("Qi[ty * d + x] * Kj[tx * d + x]", "Kj[tx*d + x]", "scores", D, t * D),
@@ -306,15 +306,16 @@ def wmma_smem_traffic(D=64, BC=64, elem=2) -> pd.DataFrame:
     in the order the kernel runs them: its 16 rows of S, P and O, the whole K and V tiles its
     fragments read, and its quarter of the block's K/V tile stores. `kind` says whether the step
     is a ROUND_TRIP (S, P and O pass through shared memory because WMMA fragments are opaque)
-    or moves OPERANDS. `source` is the line of the .cu file the step comes from."""
+    or moves OPERANDS. `source` is the call of the .cu file the step comes from (its arguments
+    are stage 04's exercises)."""
     r, f32 = WMMA, 4
     rows = [
         ("copy K, V tiles (1/4 of the block's stores)", 2 * BC * D * elem // WMMA_WARPS, OPERANDS,
          "load_rows<BC, D, LDK, THREADS>(Ks, K, k0, N, threadIdx.x)"),
         ("QKᵀ: K fragments", BC * D * elem, OPERANDS,
-         "wmma::load_matrix_sync(kf, Ks + F * n * LDK + F * k, LDK)"),
+         "wmma::load_matrix_sync(kf, ...)"),
         ("store S (fp32 accumulators)", r * BC * f32, ROUND_TRIP,
-         "wmma::store_matrix_sync(Sw + F * n, sf, LDS, wmma::mem_row_major)"),
+         "wmma::store_matrix_sync(Sw ...)"),
         ("softmax: load S", r * BC * f32, ROUND_TRIP,
          "*reinterpret_cast<const float2*>(Sw + softmax_row(i, h) * LDS + 2 * c + 32 * b)"),
         ("softmax: store P", r * BC * elem, ROUND_TRIP,
@@ -322,13 +323,13 @@ def wmma_smem_traffic(D=64, BC=64, elem=2) -> pd.DataFrame:
         ("softmax: rescale O rows by α (load + store)", 2 * r * D * f32, ROUND_TRIP,
          "scale_row<D>(Ow + r * LDO, c, alpha)"),
         ("PV: P fragments", r * BC * elem, ROUND_TRIP,
-         "wmma::load_matrix_sync(pf[k], Pw + F * k, LDP)"),
+         "wmma::load_matrix_sync(pf[k], ...)"),
         ("PV: V fragments", BC * D * elem, OPERANDS,
-         "wmma::load_matrix_sync(vf, Vs + F * k * LDK + F * n, LDK)"),
+         "wmma::load_matrix_sync(vf, ...)"),
         ("PV: load O as accumulator", r * D * f32, ROUND_TRIP,
-         "wmma::load_matrix_sync(of, Ow + F * n, LDO, wmma::mem_row_major)"),
+         "wmma::load_matrix_sync(of, ...)"),
         ("PV: store O", r * D * f32, ROUND_TRIP,
-         "wmma::store_matrix_sync(Ow + F * n, of, LDO, wmma::mem_row_major)"),
+         "wmma::store_matrix_sync(Ow ...)"),
     ]
     return pd.DataFrame(rows, columns=["step", "bytes", "kind", "source"])
 

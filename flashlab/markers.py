@@ -340,6 +340,18 @@ def solution_lines(region: Region, given="") -> list:
     return out
 
 
+def fragments(line: str, given="", least=18) -> list:
+    """The pieces of a normalized solution line between its `;`, `=`, `?` and `:` (an
+    expression, a call with its arguments) of at least `least` characters and not in `given`:
+    so that a quote of part of a line (a docstring citing its address arithmetic) is found too."""
+    out = []
+    for piece in re.split(r"[;?]|(?<![=!<>])=(?!=)|(?<!:):(?!:)", line):
+        piece = piece.strip()
+        if len(piece) >= least and piece not in given and piece != line and piece not in out:
+            out.append(piece)
+    return out
+
+
 def flat(text: str) -> str:
     """Code as it counts as given: every line normalized (comments dropped), joined by newlines."""
     return "\n".join(normalize(line) for line in text.splitlines())

@@ -87,7 +87,7 @@ def test_wmma_traffic_at_d64():
 def test_wmma_model_quotes_the_kernel():
     text = stage("04_wmma").source.read_text()
     for fragment in dg.wmma_smem_traffic()["source"]:
-        assert fragment in text, fragment
+        assert fragment.split(" ...")[0] in text, fragment
 
 
 def test_serial_work():

@@ -84,7 +84,8 @@ def _verdict(lab, answer, data) -> Result:
     ex = lab.exercise
     entry = data["labs"].get(ex.id)
     if entry is None:
-        return Result.skipped(ex, "the lab keys have no entry for this lab")
+        return Result.skipped(ex, f"lab {ex.id} is not part of this assignment: its edition has "
+                                  "no key for it")
     if "skipped" in entry:
         return Result.skipped(ex, entry["skipped"])
     if answer is None or isinstance(answer, str) and not answer.strip():

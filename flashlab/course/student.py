@@ -126,6 +126,8 @@ def left_out(rel: str, a: Assignment):
     if rel.startswith(LEFT_OUT):
         return "for the instructor" if "TEACHING" in rel or "answers" in rel else "raw logs"
     n = number_of(rel)
+    if n is not None and re.match(r"notebooks/(src/)?\d\d[a-z]_", rel) and a.hands_out(n):
+        return "the appendix of a stage it hands out (it shows that stage's solution)"
     if n == 99:
         return None if a.last >= CAPSTONE_AFTER else "after the assignment's stages"
     if n is not None and n > a.last:
@@ -202,7 +204,9 @@ def hidden(root, a: Assignment, plan: dict) -> list:
         if not a.hands_out(st.number):
             continue
         for r in markers.exercises_in(src.read_text(), rel):
-            found += [(f"exercise {r.id}", line) for line in markers.solution_lines(r, given)]
+            for line in markers.solution_lines(r, given):
+                found += [(f"exercise {r.id}", piece)
+                          for piece in [line, *markers.fragments(line, given)]]
     import nbformat
     handed = {ex.id for ex in a.exercises() if ex.kind == "lab"}
     for nb_path in sorted((root / "notebooks").glob("*.ipynb")):
@@ -269,7 +273,11 @@ def plan(root, a: Assignment, stats=None) -> tuple:
         except ValueError as err:  # a marker problem: nothing is written
             raise EditionError(f"cannot write the edition: {err}") from err
     from .labkeys import compile_keys
-    files[LAB_KEYS] = (json.dumps(compile_keys(salt=secrets.token_hex(16)), indent=1) + "\n").encode()
+    keys = compile_keys(salt=secrets.token_hex(16))   # the assignment's labs only
+    labs = {ex.id for ex in a.exercises(root) if ex.kind == "lab"}
+    keys["labs"] = {lab: entry for lab, entry in keys["labs"].items() if lab in labs}
+    files[LAB_KEYS] = (json.dumps(keys, indent=1) + "\n").encode()
+    files["README.md"] = readme(a).encode()
     files[MANIFEST] = (json.dumps(manifest(root, a), indent=1) + "\n").encode()
     files[MARKER] = student_md(a, root).encode()
     return files, out
@@ -366,6 +374,30 @@ def _summary(dest, a, s, files, out) -> str:
     lines.append(f"next: give students this folder (a repository of its own, or a zip); they "
                  f"follow its {MARKER}")
     return "\n".join(lines)
+
+
+# --- README.md and STUDENT.md ----------------------------------------------------------------------
+
+def readme(a: Assignment) -> str:
+    """The edition's README: what the folder is, and where to start (the solution's README
+    describes files an edition leaves out)."""
+    rows = "\n".join(f"| [{st.number:02d} — {st.title}](notebooks/{st.slug}.ipynb) | "
+                     f"{'this assignment' if a.hands_out(st.number) else 'solved'} |"
+                     for st in _stages() if st.number <= a.last)
+    return f"""# flashlab, assignment {a.name}
+
+A workbook that builds a FlashAttention kernel one optimisation at a time, and proves every step
+with measurements: each stage is one CUDA file in `kernels/` and one notebook in `notebooks/`.
+This folder is the edition of one assignment. **Start with [STUDENT.md](STUDENT.md)**: how to
+install it, what to do, how to check your work and how to hand it in.
+
+| stage | |
+|---|---|
+| [00 — setup and the GPU](notebooks/00_setup_and_the_gpu.ipynb) | read first |
+{rows}
+
+`data/` holds the measurements the notebooks replay where this machine cannot run a stage.
+"""
 
 
 # --- STUDENT.md ------------------------------------------------------------------------------------
