@@ -6,12 +6,14 @@
   python tools/notebooks.py check             exit 1 if any .ipynb's cells differ from its source
   python tools/notebooks.py refresh-labs [NAMES]
   python tools/notebooks.py refresh-diffs [NAMES]
+  python tools/notebooks.py refresh-cells NAMES --match TEXT
                                               run notebooks in replay mode on this machine (no
                                               GPU: CUDA_VISIBLE_DEVICES empty, FLASHLAB_DATA a
                                               temporary copy of data/) and copy into the
                                               committed .ipynb only the outputs of the CPU labs'
-                                              cells (prompt, answer, check), or of the cells
-                                              showing a diff of two kernels (source text)
+                                              cells (prompt, answer, check), of the cells
+                                              showing a diff of two kernels (source text), or of
+                                              the code cells holding TEXT (a CPU model's table)
 
 NAMES are stems or prefixes: 08 selects 08_tuned and its appendix 08a_tuning_log, 08a the
 appendix alone; no NAMES, every notebook.
@@ -266,7 +268,9 @@ def refresh_labs(names=None, timeout=1200, select=lab_cells):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["build", "execute", "check", "refresh-labs", "refresh-diffs"])
+    ap.add_argument("command", choices=["build", "execute", "check", "refresh-labs", "refresh-diffs",
+                                        "refresh-cells"])
+    ap.add_argument("--match", help="refresh-cells: the text a code cell's source holds")
     ap.add_argument("names", nargs="*", help="notebook stems or numbers (default: all)")
     ap.add_argument("--no-save", action="store_true", help="execute without writing outputs")
     args = ap.parse_args(argv)
@@ -278,6 +282,14 @@ def main(argv=None):
         refresh_labs(args.names)
     elif args.command == "refresh-diffs":
         refresh_labs(args.names, select=diff_cells)
+    elif args.command == "refresh-cells":
+        if not args.match:
+            raise SystemExit("refresh-cells needs --match TEXT")
+
+        def matching_cells(nb):
+            found = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and args.match in c.source]
+            return {args.match: tuple(found)} if found else {}
+        refresh_labs(args.names, select=matching_cells)
     else:
         bad = differences()
         print("\n".join(bad) if bad else "notebooks match their sources")
