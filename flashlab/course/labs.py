@@ -115,12 +115,12 @@ def answer_check(id, answer) -> Result:
     return _verdict(_lab_of(id), answer, keys())
 
 
-def check(id, answer) -> Result:
-    """A notebook's check cell. Right (or a lab that cannot be checked here): print the verdict
-    and return the Result. Wrong or not answered: raise LabWrong, whose message is the verdict
-    (so nbgrader's autograder gives the cell no points)."""
+def check(id, answer) -> None:
+    """A notebook's check cell. Right (or a lab that cannot be checked here): print the verdict,
+    and return nothing (a value would be the cell's output, which nbgrader's autograder would try
+    to read as a partial score; answer_check returns the Result). Wrong or not answered: raise
+    LabWrong, whose message is the verdict (so the autograder gives the cell no points)."""
     result = answer_check(id, answer)
     if result.ok is False:
         raise LabWrong(str(result), result)
     print(result)
-    return result
