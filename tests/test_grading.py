@@ -250,3 +250,14 @@ def test_two_gradings_never_time_on_one_gpu_at_once(monkeypatch, tmp_path):
 def test_an_answer_is_found_after_its_question_even_without_its_check(tmp_path):
     nb = notebook(tmp_path / "a.ipynb", f'print(labs.prompt("{LAB}"))', "answer = 7", check=False)
     assert labrun.answers(nb, [LAB])[LAB] == labrun.Answer("answered", 7)
+
+
+def test_a_notebook_graded_in_an_edition_cannot_reach_the_solutions_answers(edition, tmp_path):
+    """The kernel imports the edition's own package, in which the labs' answers (labkeys) are
+    not, even where the grader's flashlab has them."""
+    nb = notebook(tmp_path / "a.ipynb", "from flashlab.course import labkeys\n"
+                  f"answer = next(iter(labkeys.key('{LAB}').right))")
+    got = labrun.answers(nb, [LAB], package_root=edition)[LAB]
+    assert got.status == "error" and "labkeys" in got.why, got
+    where = notebook(tmp_path / "b.ipynb", "import flashlab\nanswer = flashlab.__file__")
+    assert labrun.answers(where, [LAB], package_root=edition)[LAB].value.startswith(str(edition))

@@ -91,3 +91,18 @@ def test_an_nbgrader_course_releases_autogrades_and_gives_feedback(tmp_path):
         assert (blank.code_score, blank.max_code_score) == (0, full)
     for who in ("solution", "blank"):
         assert list((course / "feedback" / who / name).glob("*.html"))
+    # the notebooks ran against the edition: a cell that shows a kernel showed the student's
+    # stub, so no feedback holds a handed-out kernel exercise's solution
+    import html
+    from flashlab import markers
+    from flashlab.course import kernels
+    secrets = [(r.id, piece) for r in markers.exercises_in(
+        (paths.ROOT / "kernels" / "02_coalesced.cu").read_text())
+        for line in markers.solution_lines(r) for piece in [line, *markers.fragments(line)]]
+    assert secrets and kernels.KERNEL_EXERCISES
+    shown_stub = False
+    for page in (course / "feedback").rglob("*.html"):
+        text = markers.plain(html.unescape(page.read_text()))
+        assert not [s for _, s in secrets if s in text], page
+        shown_stub |= "one thread writes zeros" in text      # 02's stub, as the student has it
+    assert shown_stub

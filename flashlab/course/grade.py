@@ -97,7 +97,8 @@ def grade_labs(root, labs, cell_timeout=None, parallel=4) -> dict:
         data = root / "data"
         got = labrun.answers(nb, [ex.id for ex in exs],
                              cell_timeout=cell_timeout or labrun.CELL_TIMEOUT_S,
-                             data_dir=data if data.is_dir() else None)
+                             data_dir=data if data.is_dir() else None,
+                             package_root=root if (root / "flashlab").is_dir() else None)
         found = {}
         for ex in exs:
             a = got[ex.id]

@@ -14,7 +14,9 @@ read time out. Cells that raise do not stop it (as nbgrader's autograder runs a 
 the answer cell's own error decides whether the lab is blank or broken.
 
 The kernel runs in replay mode (CUDA_VISIBLE_DEVICES empty): a lab needs no GPU, and grading
-must not build or time kernels on the machine's GPU. Its data/ is the edition's own.
+must not build or time kernels on the machine's GPU. Its data/ and its flashlab package are the
+edition's own (package_root), as the student had them: the solution's labkeys, which computes the
+labs' answers, is not importable there.
 """
 import json
 import os
@@ -119,9 +121,13 @@ def kernelspec_dir() -> Path:
     return d
 
 
-def answers(notebook: Path, labs, cell_timeout=CELL_TIMEOUT_S, data_dir=None) -> dict:
+def answers(notebook: Path, labs, cell_timeout=CELL_TIMEOUT_S, data_dir=None,
+            package_root=None) -> dict:
     """{lab id: Answer} for each of `labs` in `notebook` (an .ipynb), read by running the notebook
-    through the last of their answer cells in a fresh kernel (see the module's docstring)."""
+    through the last of their answer cells in a fresh kernel (see the module's docstring).
+    package_root: a tree whose flashlab/ the notebook imports, ahead of any other (the edition as
+    handed out, in whose package the labs' answers are not: a cell that reaches for them finds
+    nothing)."""
     import nbformat
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
@@ -160,6 +166,9 @@ def answers(notebook: Path, labs, cell_timeout=CELL_TIMEOUT_S, data_dir=None) ->
     env.update(CUDA_VISIBLE_DEVICES="", PYDEVD_DISABLE_FILE_VALIDATION="1", MPLBACKEND="Agg")
     if data_dir is not None:
         env["FLASHLAB_DATA"] = str(data_dir)
+    if package_root is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(package_root),
+                                             *filter(None, [env.get("PYTHONPATH")])])
     client = NotebookClient(nb, km=km, timeout=cell_timeout, allow_errors=True,
                             interrupt_on_timeout=False, startup_timeout=120,
                             resources={"metadata": {"path": str(notebook.parent)}})

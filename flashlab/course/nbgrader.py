@@ -15,9 +15,10 @@ checked by tests, so that the committed notebooks are nbgrader's source notebook
   * any other cell holding a solution region: a solution cell.
 
 In the course folder, `nbgrader generate_assignment NAME` writes the release (solutions and
-instructor's answers out), `nbgrader autograde NAME` runs each submission in replay mode (the
-config hides the GPU from the notebooks) and scores the labs, `nbgrader generate_feedback NAME`
-writes each student's feedback. The kernel exercises are not nbgrader's: they need the
+instructor's answers out), `nbgrader autograde NAME` runs each submission in replay mode against
+the assignment's edition (the config hides the GPU and puts the edition's package first: the
+kernels a notebook shows are the students' stubs) and scores the labs, `nbgrader
+generate_feedback NAME` writes each student's feedback. The kernel exercises are not nbgrader's: they need the
 edition's kernels and a GPU (`flashlab grade --class`).
 """
 import re
@@ -39,6 +40,11 @@ c.CourseDirectory.course_id = "flashlab"
 # need no GPU, and grading must not build or time kernels on this machine's GPU.
 os.environ["CUDA_VISIBLE_DEVICES"] = ""
 os.environ.setdefault("MPLBACKEND", "Agg")
+# ... and against the assignment's edition, as the students have it: its kernels hold the stubs
+# (a notebook that shows a kernel shows theirs, never the solution, in the feedback too) and its
+# package holds the labs' salted keys, not their answers.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [{edition!r}, *filter(None, [os.environ.get("PYTHONPATH")])])
 c.ExecutePreprocessor.timeout = 300
 '''
 
@@ -99,11 +105,14 @@ def assignment_name(a) -> str:
 
 
 def write_course(dest, through=None, first=None, force=False, root=None) -> str:
-    """Write nbgrader_config.py (where there is none) and source/<assignment>/ with the
-    assignment's solution notebooks (their nbgrader metadata applied) under `dest`."""
+    """Write under `dest` the assignment's edition (edition-<assignment>/, as `flashlab student`
+    writes it: what nbgrader runs the notebooks against), nbgrader_config.py pointing at it, and
+    source/<assignment>/ with the assignment's solution notebooks (their nbgrader metadata
+    applied; notebook 00 too, for an assignment that starts at stage 01)."""
     import nbformat
 
     from .student import assignment
+    from .student import write as write_edition
     root = Path(root or paths.ROOT)
     a = assignment(through, first)
     name = assignment_name(a)
@@ -111,21 +120,24 @@ def write_course(dest, through=None, first=None, force=False, root=None) -> str:
     source = dest / "source" / name
     if source.exists() and any(source.iterdir()) and not force:
         raise FileExistsError(f"{source} is not empty: pass --force to write over it")
+    edition = dest / f"edition-{name}"
+    write_edition(edition, root=root, through=a.last, first=a.first, force=force)
     source.mkdir(parents=True, exist_ok=True)
     config = dest / "nbgrader_config.py"
-    if not config.exists():
-        config.write_text(CONFIG)
+    config.write_text(CONFIG.format(edition=str(edition.resolve())))
     written = []
-    for st in a.stages():
-        nb_path = root / "notebooks" / f"{st.slug}.ipynb"
+    slugs = (["00_setup_and_the_gpu"] if a.first == 1 else []) + [st.slug for st in a.stages()]
+    for slug in slugs:
+        nb_path = root / "notebooks" / f"{slug}.ipynb"
         if not nb_path.is_file():
             continue
-        nb = apply(nbformat.read(nb_path, as_version=4), st.slug)
+        nb = apply(nbformat.read(nb_path, as_version=4), slug)
         nbformat.write(nb, source / nb_path.name)
         written.append(nb_path.name)
     labs = [ex.id for ex in a.exercises(root) if ex.kind == "lab"]
-    return (f"wrote {source}: {', '.join(written)} (labs {', '.join(labs) or 'none'}) and "
-            f"{config.name}\nnext: cd {dest} && nbgrader generate_assignment {name}  (the release "
-            f"is release/{name}/); students also need the assignment's edition installed "
-            f"(`flashlab student DIR --through {a.last:02d} --from {a.first:02d}`) for the "
-            "package and kernels the notebooks use")
+    return (f"wrote {source}: {', '.join(written)} (labs {', '.join(labs) or 'none'}), "
+            f"{config.name} and the edition nbgrader runs them against, {edition.name}/\n"
+            f"next: cd {dest} && nbgrader generate_assignment {name}  (the release is "
+            f"release/{name}/); hand students the edition too ({edition.name}/, its STUDENT.md): "
+            "its package and kernels are what the notebooks use, and its notebooks/ is where "
+            "they put the release's")
