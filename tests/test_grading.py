@@ -174,6 +174,7 @@ def test_the_gradebook_keeps_one_row_per_student_and_exercise(tmp_path):
     assert [(r["student"], r["points"], r["verdict"]) for r in rows] == \
         [("alice", "2", "right"), ("bob", "2", "right")]
     assert list(rows[0]) == grade.COLUMNS
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")] == ["gradebook.csv"]
 
 
 def _book(tmp_path, rows):
@@ -261,3 +262,27 @@ def test_a_notebook_graded_in_an_edition_cannot_reach_the_solutions_answers(edit
     assert got.status == "error" and "labkeys" in got.why, got
     where = notebook(tmp_path / "b.ipynb", "import flashlab\nanswer = flashlab.__file__")
     assert labrun.answers(where, [LAB], package_root=edition)[LAB].value.startswith(str(edition))
+
+
+def test_a_copy_named_by_colab_or_a_browser_is_graded_and_a_stray_file_listed(edition, tmp_path):
+    mine = tmp_path / "fay"
+    mine.mkdir()
+    shutil.copyfile(edition / "notebooks" / "02_coalesced.ipynb", mine / "Copy of 02_coalesced.ipynb")
+    shutil.copyfile(edition / "notebooks" / "01_naive.ipynb", mine / "01_naive (1).ipynb")
+    shutil.copyfile(edition / "notebooks" / "01_naive.ipynb", mine / "my attempt.ipynb")
+    h = handin.make_work_tree(mine, edition, tmp_path, _manifest(edition))
+    assert set(h.problems) == {"02.tile_copy"}                     # both notebooks were found
+    assert any("not graded" in n and "my attempt.ipynb" in n for n in h.notes), h.notes
+    assert handin.plain_name("Copy of Copy of 02_coalesced (3).ipynb") == "02_coalesced.ipynb"
+
+
+def test_a_skipped_exercise_is_neither_zero_nor_counted(tmp_path):
+    """Graded where it could not run (no GPU), a kernel exercise is skipped: the leaderboard
+    leaves it out of the total and the possible points, and shows no figure for it."""
+    rows = [_row("alice", LAB, 2), _row("bob", LAB, 0),
+            dict(_row("alice", "02.tile_copy", 0, most=10), verdict="skipped"),
+            dict(_row("bob", "02.tile_copy", 0, most=10), verdict="skipped")]
+    boards, figs = leaderboard.run([_book(tmp_path, rows)], out_dir=tmp_path / "lb", out=lambda _: None)
+    board = boards["cpu"]
+    assert list(board["student"]) == ["alice", "bob"] and list(board["possible"]) == [2, 2]
+    assert {p.name for p in figs} == {"02.sectors.png"}

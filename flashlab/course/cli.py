@@ -57,7 +57,7 @@ def _cmd_grade(args):
                              "this assignment")
         grade.grade_class(args.handins, args.edition, out_dir=args.out, students=args.student,
                           jobs=args.jobs, timeout=args.timeout, cell_timeout=args.cell_timeout,
-                          gpu=False if args.no_gpu else None)
+                          gpu=False if args.no_gpu else None, only=args.exercise)
         return 0
     grade.run(args.dir, only=args.exercise, solution=args.solution,
               cell_timeout=args.cell_timeout, as_json=args.json,

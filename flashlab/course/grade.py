@@ -256,13 +256,14 @@ def handins(folder, students=None) -> list:
 
 
 def grade_handin(handin, edition, manifest, timeout=STUDENT_TIMEOUT_S, cell_timeout=None,
-                 solution=None, gpu=None, scratch=None) -> tuple:
+                 solution=None, gpu=None, scratch=None, only=None) -> tuple:
     """(HandIn, [(Exercise, Result)], seconds) for one hand-in: its work tree graded in a process
-    of its own, stopped after `timeout` seconds (what was not graded by then times out)."""
+    of its own, stopped after `timeout` seconds (what was not graded by then times out); only
+    the exercises in `only` where it is given."""
     from .handin import make_work_tree
     scratch = Path(scratch or tempfile.mkdtemp(prefix="flashlab-class-"))
     started = time.monotonic()
-    chosen = handed_out(edition)
+    chosen = [ex for ex in handed_out(edition) if not only or ex.id in set(only)]
     try:
         h = make_work_tree(handin, edition, scratch, manifest)
     except (ValueError, OSError) as err:
@@ -323,17 +324,19 @@ def gradebook_rows(h, results, assignment) -> list:
                  handed_in=str(h.source)) for ex, r in results]
 
 
-def write_gradebook(path, rows, students) -> None:
-    """Put `rows` in the gradebook CSV at `path`, replacing those of `students`; under a lock,
-    so that gradings running side by side (a Slurm array) each add their own."""
+def write_gradebook(path, rows, students, exercises=None) -> None:
+    """Put `rows` in the gradebook CSV at `path`, replacing those of `students` (only of the
+    `exercises` given, where they are); under a lock beside it (a hidden file), so that gradings
+    running side by side (a Slurm array) each add their own."""
     from filelock import FileLock
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock"):
+    with FileLock(str(path.with_name(f".{path.name}.lock"))):
         kept = []
         if path.is_file():
             with open(path, newline="", encoding="utf-8") as f:
-                kept = [r for r in csv.DictReader(f) if r["student"] not in set(students)]
+                kept = [r for r in csv.DictReader(f) if r["student"] not in set(students)
+                        or (exercises is not None and r["exercise"] not in set(exercises))]
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         with open(tmp, "w", newline="", encoding="utf-8") as f:
             w = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -352,11 +355,13 @@ def feedback(h, results, assignment) -> str:
     """What a student is told: their score, each exercise's verdict and why, what was read."""
     t = totals(results)
     lines = [f"# {h.name}: assignment {assignment}", "",
-             f"**{t['score']:g} of {t['possible']} points** "
-             f"({t['graded']} exercise{'s' * (t['graded'] != 1)} graded"
-             + (f", {t['skipped']} skipped" if t["skipped"] else "") + ")", "",
+             f"**{t['score']:g} of {t['points']} points** over the {t['graded']} "
+             f"exercise{'s' * (t['graded'] != 1)} graded"
+             + (f"; {t['skipped']} not graded here ({t['possible'] - t['points']} points), "
+                "to be graded where they can run" if t["skipped"] else ""), "",
              "| exercise | points | verdict |", "|---|---:|---|"]
-    lines += [f"| `{ex.id}` | {r.score:g} / {ex.points} | {r.verdict} |" for ex, r in results]
+    lines += [f"| `{ex.id}` | {'-' if r.ok is None else f'{r.score:g}'} / {ex.points} | "
+              f"{r.verdict} |" for ex, r in results]
     lines.append("")
     for ex, r in results:
         lines += [f"## {ex.id} ({ex.title})", "", r.message or "-", ""]
@@ -370,7 +375,8 @@ def _safe(name) -> str:
 
 
 def grade_class(handins_dir, edition, out_dir="grades", students=None, jobs=1,
-                timeout=STUDENT_TIMEOUT_S, cell_timeout=None, gpu=None, out=print) -> list:
+                timeout=STUDENT_TIMEOUT_S, cell_timeout=None, gpu=None, out=print,
+                only=None) -> list:
     """`flashlab grade --class`: grade every hand-in (see the module's docstring). Returns
     [(HandIn, [(Exercise, Result)], seconds)]."""
     from .student import read_manifest
@@ -388,15 +394,22 @@ def grade_class(handins_dir, edition, out_dir="grades", students=None, jobs=1,
     out(f"grading {len(items)} hand-in{'s' * (len(items) != 1)} of assignment "
         f"{manifest['assignment']} ({len(manifest['exercises'])} exercises), {jobs} at a time")
 
+    if only:
+        unknown = set(only) - {e["id"] for e in manifest["exercises"]}
+        if unknown:
+            raise ValueError(f"{', '.join(sorted(unknown))}: not an exercise of assignment "
+                             f"{manifest['assignment']}")
+
     def one(item):
         return grade_handin(item, edition, manifest, timeout, cell_timeout, gpu=gpu,
-                            scratch=scratch)
+                            scratch=scratch, only=only)
 
     done = []
     with ThreadPoolExecutor(max_workers=max(1, int(jobs))) as pool:
         for h, results, secs in pool.map(one, items):
             rows = gradebook_rows(h, results, manifest["assignment"])
-            write_gradebook(out_dir / GRADEBOOK, rows, [h.name])
+            write_gradebook(out_dir / GRADEBOOK, rows, [h.name],
+                            exercises=[ex.id for ex, _ in results] if only else None)
             (out_dir / "feedback" / f"{_safe(h.name)}.md").write_text(
                 feedback(h, results, manifest["assignment"]), encoding="utf-8")
             t = totals(results)

@@ -5,7 +5,9 @@ A hand-in is one of
   * a folder: a `git clone` of the student's repository, an unpacked zip, or loose files;
   * a .zip file;
 holding, for each stage the assignment hands out, the notebook (`NN_slug.ipynb`, anywhere in
-it; `notebooks/NN_slug.ipynb` first) and the kernel (`NN_slug.cu`; `kernels/NN_slug.cu` first).
+it; `notebooks/NN_slug.ipynb` first; "Copy of NN_slug.ipynb" and "NN_slug (1).ipynb" count as
+it) and the kernel (`NN_slug.cu`; `kernels/NN_slug.cu` first). Notebooks and kernels named after
+no stage of the edition are listed in the notes, never graded.
 Where a notebook's .ipynb is missing, its jupytext twin (`notebooks/src/NN_slug.py`) stands in;
 where both are there the .ipynb is what is graded (Colab saves only that one, and a clone's file
 times say nothing).
@@ -16,6 +18,7 @@ edition's file with the student's code spliced into its exercise and carried reg
 (flashlab.markers.splice: code that could reach outside its region is refused). Headers, other
 stages, the package and the data stay the edition's.
 """
+import re
 import shutil
 import tempfile
 import zipfile
@@ -61,13 +64,22 @@ def _files(root: Path) -> list:
     return out
 
 
+def plain_name(name: str) -> str:
+    """A file's name as it was handed out: "Copy of 02_coalesced.ipynb" (Colab's copy) and
+    "02_coalesced (1).ipynb" (a browser's second download) are 02_coalesced.ipynb."""
+    stem, dot, ext = name.rpartition(".")
+    stem = re.sub(r"^(Copy of\s+)+", "", stem if dot else name)
+    stem = re.sub(r"\s*\(\d+\)$", "", stem).strip()
+    return f"{stem}.{ext}" if dot else stem
+
+
 def find(files, name, prefer) -> Path | None:
-    """The file called `name` among `files`: one under a folder called `prefer` first, then the
-    one with the shortest path."""
-    hits = [p for p in files if p.name == name]
+    """The file called `name` among `files`, or named as a copy of it (plain_name): the exact
+    name first, then one under a folder called `prefer`, then the shortest path."""
+    hits = [p for p in files if plain_name(p.name) == name]
     if not hits:
         return None
-    return min(hits, key=lambda p: (p.parent.name != prefer, len(p.parts), str(p)))
+    return min(hits, key=lambda p: (p.name != name, p.parent.name != prefer, len(p.parts), str(p)))
 
 
 def _notebook(files, slug, dest: Path, notes):
@@ -76,6 +88,7 @@ def _notebook(files, slug, dest: Path, notes):
         shutil.copyfile(nb, dest)
         notes.append(f"{slug}: notebook {nb.name}")
         return True
+    notes.append(f"{slug}: no {slug}.ipynb handed in")
     src = find(files, f"{slug}.py", "src")
     if src is not None:
         import jupytext
@@ -84,9 +97,8 @@ def _notebook(files, slug, dest: Path, notes):
         notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                            "language": "python"}
         nbformat.write(notebook, dest)
-        notes.append(f"{slug}: no .ipynb handed in; its source {src.name} was graded instead")
+        notes[-1] += f"; its source {src.name} was graded instead"
         return True
-    notes.append(f"{slug}: no notebook handed in")
     return False
 
 
@@ -112,6 +124,14 @@ def make_work_tree(handin: Path, edition: Path, into: Path, manifest: dict) -> H
     h.work = work
     exercises = manifest["exercises"]
     handed = {ex["id"] for ex in exercises}
+    known = ({p.stem for p in (edition / "notebooks").glob("*.ipynb")}
+             | {p.stem for p in (edition / "kernels").glob("*.cu")})
+    stray = [p for p in files if p.suffix in (".ipynb", ".cu")
+             and plain_name(p.name).rsplit(".", 1)[0] not in known]
+    if stray:
+        h.notes.append("not graded (not named as a notebook or kernel of this edition): "
+                       + ", ".join(str(p.relative_to(root)) for p in stray[:8])
+                       + (f" and {len(stray) - 8} more" if len(stray) > 8 else ""))
     for slug in sorted({ex["stage"] for ex in exercises}):
         labs = [ex["id"] for ex in exercises if ex["stage"] == slug and ex["kind"] == "lab"]
         if labs and not _notebook(files, slug, work / "notebooks" / f"{slug}.ipynb", h.notes):

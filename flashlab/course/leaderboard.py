@@ -90,7 +90,9 @@ def models(df) -> list:
 def board(df, gpu) -> pd.DataFrame:
     """One GPU model's ranked table: a row per student graded on it (or, for the cpu board, every
     student), their total over the labs and that model's kernel exercises, a column per
-    exercise."""
+    exercise. An exercise skipped (not graded: no GPU to run it) counts in neither the total nor
+    the possible points, and shows as "-"."""
+    df = df[df["verdict"] != "skipped"]
     mine = df[(df["gpu"] == gpu) | (df["gpu"] == CPU)] if gpu != CPU else df[df["gpu"] == CPU]
     if gpu != CPU:
         on = set(df.loc[df["gpu"] == gpu, "student"])
@@ -155,13 +157,13 @@ def figure(exercise, df) -> Figure:
         axes[0].text(0.5, 0.5, "graded for no student", ha="center", va="center",
                      transform=axes[0].transAxes)
         axes[0].set_axis_off()
-    fig.suptitle(f"{exercise}: each student's points, one panel per GPU model (runs on "
-                 "different models are never compared)", fontsize=10)
+    fig.suptitle(f"{exercise}: points by student", fontsize=10)
     return fig
 
 
 def figures(df) -> dict:
-    """{exercise id: its Figure}, for every exercise in the gradebook."""
+    """{exercise id: its Figure}, for every exercise graded for some student (not skipped)."""
+    df = df[df["verdict"] != "skipped"]
     return {ex: figure(ex, df) for ex in _order(df["exercise"].unique())}
 
 
