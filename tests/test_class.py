@@ -170,7 +170,7 @@ def test_a_class_end_to_end(solution, laptop, tmp_path):
     assert wrong.startswith("Wrong: you said 4")            # why, without the right answer
     assert not labkeys.leaks("02.sectors", wrong, list(labkeys.key("02.sectors").right))
     feedback = (grades / "feedback" / "dee.md").read_text()
-    assert "timeout" in feedback and "0 of 14 points" in feedback
+    assert "timeout" in feedback and "0 of 4 points" in feedback and "1 not graded here" in feedback
 
     board = sh(flashlab + ["leaderboard", str(grades / "gradebook.csv"), "--out",
                            str(tmp_path / "lb")], cwd=solution)

@@ -454,9 +454,10 @@ notebooks, and the recorded measurements the notebooks replay. You work on the s
 
 {total} points in all.
 
-- A **lab** is a cell in the notebook's Exercises section: predict a number, set `answer = ...`
-  where the cell says `# YOUR CODE HERE`, and run the cell below it, which says right or
-  wrong and why. Labs need no GPU.
+- A **lab** is three cells in the notebook's Exercises section: the question, the answer cell
+  (predict the number, then replace `# YOUR CODE HERE` with `answer = ...`), and the check,
+  which says right or wrong and why; a wrong answer stops *Run All* there, as an error does.
+  Labs need no GPU.
 - A **kernel exercise** is a region of a stage's kernel, between `// BEGIN EXERCISE <id>` and
   `// END EXERCISE <id>`, holding a stub that compiles but gives wrong answers: write the code
   there and keep the two marker lines. It needs a GPU of the compute capability in the table
@@ -468,8 +469,10 @@ notebooks, and the recorded measurements the notebooks replay. You work on the s
 
 You need Python 3.10 or newer. Make a virtual environment in this folder first:
 
-    python -m venv .venv               # .gitignore keeps it out of your repository
+    python3 -m venv .venv              # Windows: python -m venv .venv
     source .venv/bin/activate          # Windows: .venv\\Scripts\\activate
+
+(`.gitignore` keeps `.venv/` out of your repository.)
 
 **A laptop without an NVIDIA GPU** (every notebook replays the recorded measurements, and the
 labs work): install PyTorch's CPU build first, then this folder with Jupyter.
@@ -516,11 +519,18 @@ the solution's speed: within {100 - round(100 * SPEED_TOLERANCE)} % of it earns 
 
 ## Handing in
 
-Hand in this folder as your instructor asks: push it to your repository (they `git clone` it),
-zip it (without `.venv/`), or on Colab download the notebooks you worked in (*File → Download →
-.ipynb*) and the kernels you changed. What is graded is what you hand in: the notebooks (`.ipynb`; a notebook's
-`notebooks/src/*.py` twin is read only where the `.ipynb` is missing) and your code between the
-exercise markers. Nothing else you change counts, and no score you report yourself is read.
+Hand in this folder as your instructor asks:
+
+- **a repository**: if you got this folder as a zip, make it one first (`git init`, `git add -A`,
+  `git commit -m "assignment {a.name}"`), then push it where your instructor says
+  (`git remote add origin <URL>`, `git push -u origin HEAD`); they `git clone` it;
+- **a zip** of this folder, without `.venv/`;
+- **from Colab**: download the notebooks you worked in (*File → Download → Download .ipynb*)
+  and the kernels you changed, keeping their names (a copy named "Copy of ..." is fine).
+
+What is graded is what you hand in: the notebooks (`.ipynb`; a notebook's `notebooks/src/*.py`
+twin is read only where the `.ipynb` is missing) and your code between the exercise markers.
+Nothing else you change counts, and no score you report yourself is read.
 """
 
 
