@@ -41,8 +41,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import paths
-from ..markers import (DEFAULT_POINTS, TODO, MarkerError, Region, exercises_in,  # noqa: F401
-                       regions, strip_markers, student_text)
+from ..markers import (TODO, MarkerError, exercises_in, regions, strip_markers,  # noqa: F401
+                       student_text)
 from ..stages import stages
 from . import Exercise, Result
 

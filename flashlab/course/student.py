@@ -38,8 +38,7 @@ from .. import paths
 from ..stages import stage as _stage
 from ..stages import stages as _stages
 from . import nbtext
-from .nbtext import (CODE_STUB, INSTRUCTOR, TEXT_STUB, EditionError,  # noqa: F401
-                     student_cell, student_notebook, student_source)
+from .nbtext import INSTRUCTOR, TEXT_STUB, EditionError  # noqa: F401 -- what tests read here
 
 FORMAT = "flashlab-edition/1"
 MANIFEST = "edition.json"                 # what an edition hands out; the top of an edition
