@@ -186,19 +186,16 @@ def execute(names=None, timeout=1200, save=True):
         print(f"executed {path.relative_to(ROOT)}", flush=True)
 
 
-_PROMPT = re.compile(r"""print\(labs\.prompt\(["'](\d\d\.[a-z0-9_]+)["']\)\)""")
-
-
 def lab_cells(nb) -> dict:
     """{lab id: (prompt, answer, check) cell indices} of a notebook whose labs follow the
     three-cell form: `print(labs.prompt(ID))`, the solution between the markers, then
     `labs.check(ID, answer)` alone. A lab whose cells are not so laid out is an error."""
     found = {}
     for i, cell in enumerate(nb.cells):
-        m = _PROMPT.search(cell.source) if cell.cell_type == "code" else None
-        if not m:
+        from flashlab.course.nbtext import prompt_of
+        lab = prompt_of(cell.source) if cell.cell_type == "code" else None
+        if not lab:
             continue
-        lab = m.group(1)
         answer, check = (nb.cells[j] if j < len(nb.cells) else None for j in (i + 1, i + 2))
         if (answer is None or check is None or answer.cell_type != "code"
                 or not answer.source.startswith("### BEGIN SOLUTION")

@@ -69,11 +69,8 @@ def _notebook(root: Path, slug: str):
         return nb
     src = root / "notebooks" / "src" / f"{slug}.py"
     if src.is_file():  # a source alone: its notebook, written beside the others
-        import jupytext
-        import nbformat
-        notebook = jupytext.read(src, fmt="py:percent")
-        nbformat.write(notebook, nb)
-        return nb
+        from .nbtext import notebook_from_source
+        return notebook_from_source(src, nb)
     return None
 
 

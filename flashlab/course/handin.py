@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import markers
+from . import nbtext
 
 SKIP = {".git", ".ipynb_checkpoints", "__pycache__", ".venv", "venv", "node_modules"}
 
@@ -91,12 +92,7 @@ def _notebook(files, slug, dest: Path, notes):
     notes.append(f"{slug}: no {slug}.ipynb handed in")
     src = find(files, f"{slug}.py", "src")
     if src is not None:
-        import jupytext
-        import nbformat
-        notebook = jupytext.read(src, fmt="py:percent")
-        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                           "language": "python"}
-        nbformat.write(notebook, dest)
+        nbtext.notebook_from_source(src, dest)
         notes[-1] += f"; its source {src.name} was graded instead"
         return True
     return False

@@ -20,7 +20,6 @@ labs' answers, is not importable there.
 """
 import json
 import os
-import re
 import secrets
 import subprocess
 import sys
@@ -82,33 +81,6 @@ def _decode(x):
     return x
 
 
-_PROMPT = re.compile(r"""labs\s*\.\s*prompt\s*\(\s*["'](\d\d\.[a-z0-9_]+)["']""")
-
-
-def answer_cells(cells) -> dict:
-    """{lab id: index of its answer cell}: the code cell right after the one that prints the
-    lab's question (`labs.prompt(id)`); where that cell is gone, the code cell just before the one
-    that calls labs.check(id, answer), or that cell itself where the answer is in it."""
-    found = {}
-    for i, cell in enumerate(cells):
-        m = _PROMPT.search(cell.source) if cell.cell_type == "code" else None
-        if m and m.group(1) not in found and i + 1 < len(cells) \
-                and cells[i + 1].cell_type == "code":
-            found[m.group(1)] = i + 1
-    for i, cell in enumerate(cells):
-        if cell.cell_type != "code":
-            continue
-        lab = nbtext.lab_of(cell.source)
-        if lab is None or lab in found:
-            continue
-        lines = [ln for ln in cell.source.splitlines() if ln.strip()]
-        if len(lines) > 1 or i == 0 or cells[i - 1].cell_type != "code":
-            found[lab] = i      # the answer and the check in one cell
-        else:
-            found[lab] = i - 1
-    return found
-
-
 def kernelspec_dir() -> Path:
     """A folder holding one kernel spec that runs this interpreter, whatever other kernels the
     machine has registered (a user-wide "python3" may be another environment's Python)."""
@@ -140,7 +112,7 @@ def answers(notebook: Path, labs, cell_timeout=CELL_TIMEOUT_S, data_dir=None,
     except Exception as err:  # noqa: BLE001 -- a hand-in may be any file
         return {lab: Answer("missing", why=f"{notebook.name} is not a readable notebook ({err})")
                 for lab in labs}
-    where = answer_cells(nb.cells)
+    where = nbtext.answer_cells(nb.cells)
     out = {lab: Answer("missing", why=f"{notebook.name} has no cell that prints "
                                       f"labs.prompt(\"{lab}\") or runs labs.check(\"{lab}\", "
                                       "answer)")

@@ -21,14 +21,12 @@ kernels a notebook shows are the students' stubs) and scores the labs, `nbgrader
 generate_feedback NAME` writes each student's feedback. The kernel exercises are not nbgrader's: they need the
 edition's kernels and a GPU (`flashlab grade --class`).
 """
-import re
 from pathlib import Path
 
 from .. import paths
 from . import nbtext
 
 SCHEMA = 3
-_PROMPT = re.compile(r"""labs\s*\.\s*prompt\s*\(\s*["'](\d\d\.[a-z0-9_]+)["']""")
 
 CONFIG = '''\
 # nbgrader's configuration for a flashlab assignment (written by `flashlab nbgrader`).
@@ -81,8 +79,8 @@ def cell_metadata(cells, stem: str) -> list:
         elif kind == "code" and nbtext.lab_of(source):
             lab = nbtext.lab_of(source)
             m = _meta(grade_id(lab, "check"), grade=True, locked=True, points=points.get(lab, 0))
-        elif kind == "code" and _PROMPT.search(source):
-            m = _meta(grade_id(_PROMPT.search(source).group(1), "prompt"), locked=True)
+        elif kind == "code" and nbtext.prompt_of(source):
+            m = _meta(grade_id(nbtext.prompt_of(source), "prompt"), locked=True)
         elif kind == "markdown" and nbtext.BEGIN_SOLUTION in source:
             m = _meta(f"{stem[:2]}-text-{i}", grade=True, solution=True, points=0)
         out.append(m)

@@ -157,6 +157,46 @@ def lab_of(source: str):
     return m.group(1) if m else None
 
 
+def prompt_of(source: str):
+    """The lab id whose question a cell prints (`labs.prompt("02.sectors")`), or None."""
+    m = re.search(r"""labs\s*\.\s*prompt\s*\(\s*["'](\d\d\.[a-z0-9_]+)["']""", source)
+    return m.group(1) if m else None
+
+
+def answer_cells(cells) -> dict:
+    """{lab id: index of its answer cell} in a notebook's cells: the code cell right after the
+    one that prints the lab's question (labs.prompt); where that cell is gone, the code cell just
+    before the one that calls labs.check(id, answer), or that cell itself where the answer is in
+    it."""
+    found = {}
+    for i, cell in enumerate(cells):
+        lab = prompt_of(cell.source) if cell.cell_type == "code" else None
+        if lab and lab not in found and i + 1 < len(cells) and cells[i + 1].cell_type == "code":
+            found[lab] = i + 1
+    for i, cell in enumerate(cells):
+        lab = lab_of(cell.source) if cell.cell_type == "code" else None
+        if lab is None or lab in found:
+            continue
+        lines = [ln for ln in cell.source.splitlines() if ln.strip()]
+        if len(lines) > 1 or i == 0 or cells[i - 1].cell_type != "code":
+            found[lab] = i      # the answer and the check in one cell
+        else:
+            found[lab] = i - 1
+    return found
+
+
+def notebook_from_source(src, dest):
+    """Write the notebook of a jupytext percent-format source `src` to `dest` (a hand-in or an
+    edition whose .ipynb is missing: its source stands in)."""
+    import jupytext
+    import nbformat
+    notebook = jupytext.read(src, fmt="py:percent")
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                       "language": "python"}
+    nbformat.write(notebook, dest)
+    return dest
+
+
 def python_code(line: str) -> str:
     """A Python line as the leak check compares it: its # comment dropped (outside strings),
     whitespace collapsed; "" for a comment or a blank line."""

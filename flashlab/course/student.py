@@ -216,23 +216,12 @@ def hidden(root, a: Assignment, plan: dict) -> list:
                     n = markers.plain(line.replace(nbtext.INSTRUCTOR, ""))
                     if len(n) >= 40:
                         found.append((f"an instructor's answer in {nb_path.name}", n))
-            elif cell.cell_type == "code":
-                lab = _lab_answered(nb.cells, cell)
-                if lab in handed:
-                    for region in nbtext.solution_regions(cell.source):
-                        found += [(f"lab {lab}", code) for code in map(nbtext.python_code, region)
-                                  if code]
+        for lab, i in nbtext.answer_cells(nb.cells).items():
+            if lab in handed:
+                for region in nbtext.solution_regions(nb.cells[i].source):
+                    found += [(f"lab {lab}", code) for code in map(nbtext.python_code, region)
+                              if code]
     return found
-
-
-def _lab_answered(cells, cell):
-    """The lab whose answer `cell` holds: the lab its own labs.check call names, or (the answer
-    in a cell of its own) the one the next cell checks."""
-    own = nbtext.lab_of(cell.source)
-    if own or nbtext.BEGIN_SOLUTION not in cell.source:
-        return own
-    i = next(i for i, c in enumerate(cells) if c is cell)
-    return nbtext.lab_of(cells[i + 1].source) if i + 1 < len(cells) else None
 
 
 def leaks(plan: dict, found: list) -> list:
