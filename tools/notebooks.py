@@ -30,7 +30,6 @@ that did not produce it.
 import argparse
 import copy
 import os
-import re
 import shutil
 import sys
 import tempfile
