@@ -9,7 +9,8 @@
     fl.results.load()                 # the shared table, data/results.csv (flashlab.tables)
 """
 from . import tables
-from .bench import SWEEP_NS, TEACHING, Config, bench, flops, sweep, teaching, time_fn
+from .bench import bench, time_fn
+from .configs import SWEEP_NS, TEACHING, Config, flops, sweep, teaching
 from .check import check
 from .env import environment, gpu_available
 from .measure import measure_baselines, measure_stage

@@ -26,12 +26,13 @@ from pathlib import Path
 import pandas as pd
 
 from . import picks, tables
-from .bench import SWEEP, Config, bench
+from .bench import bench
+from .configs import SWEEP, Config
 from .build import build_module
 from .check import check
 from .env import environment
 from .picks import FIELDS, segments, tuned  # noqa: F401  (FIELDS: the candidate's fields)
-from .stages import Attention
+from .runtime import Attention
 from .tables import TUNE08
 
 CANDIDATES = {  # (BC, WARPS, WM, STAGES, Q_REGS); the first of each is stage 07's shape
@@ -47,7 +48,7 @@ STAGE07 = "stage 07's shape, switches off"
 CHOSEN = "chosen"
 SWITCHES = picks.switches()   # {name: bit}, from the kernel's own `enum Opts`
 ALL_OPTS = picks.all_opts()
-NS = SWEEP.ns                 # the sweep's sequence lengths (flashlab.bench.SWEEP)
+NS = SWEEP.ns                 # the sweep's sequence lengths (flashlab.configs.SWEEP)
 
 
 def chosen_by_n(df):

@@ -12,74 +12,11 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
 
 import torch
 
-from .inputs import dtype_of
+from .configs import Config, tflops
 from .reference import reference, rel_err
-
-
-@dataclass(frozen=True)
-class Config:
-    B: int
-    H: int
-    N: int
-    D: int
-    causal: bool = False
-    dtype: str = "fp32"
-
-    @property
-    def flops(self) -> float:
-        return flops(self.B, self.H, self.N, self.D, self.causal)
-
-    @property
-    def label(self) -> str:
-        return f"B={self.B} H={self.H} N={self.N} D={self.D} {self.dtype}" + \
-               (" causal" if self.causal else "")
-
-    def inputs(self, device="cuda", seed=0):
-        """Random q, k, v for this config (never zeros: they hide unwritten output)."""
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed)
-        return tuple(torch.randn(self.B, self.H, self.N, self.D, generator=gen, device=device,
-                                 dtype=dtype_of(self.dtype)) for _ in range(3))
-
-
-def flops(B, H, N, D, causal=False) -> float:
-    """4·B·H·N²·D (two matmuls of 2·N²·D each), half of it when causal."""
-    f = 4.0 * B * H * N * N * D
-    return f / 2 if causal else f
-
-
-def tflops(config: Config, ms: float) -> float:
-    return config.flops / (ms * 1e-3) / 1e12
-
-
-# The teaching config: small enough that stage 01 runs in well under a second.
-TEACHING = Config(B=4, H=16, N=1024, D=64, causal=False, dtype="fp32")
-
-
-class Sweep(NamedTuple):
-    tokens: int       # B·N
-    width: int        # H·D
-    ns: tuple         # sequence lengths
-    head_dims: tuple
-
-
-# The FlashAttention paper's sweep: B·N = 16k tokens, H·D = 2048, N = 512..16k, D = 64 and 128.
-SWEEP = Sweep(16384, 2048, (512, 1024, 2048, 4096, 8192, 16384), (64, 128))
-SWEEP_NS = SWEEP.ns
-
-
-def teaching(dtype="fp32") -> Config:
-    return Config(TEACHING.B, TEACHING.H, TEACHING.N, TEACHING.D, False, dtype)
-
-
-def sweep(dtype="fp16", head_dims=SWEEP.head_dims):
-    """The sweep's configs in `dtype`: every N, at each head dim, causal and not."""
-    return [Config(SWEEP.tokens // n, SWEEP.width // d, n, d, c, dtype)
-            for d in head_dims for c in (False, True) for n in SWEEP.ns]
 
 
 @dataclass

@@ -2,7 +2,8 @@
 import argparse
 import sys
 
-from .bench import TEACHING
+from . import dtypes
+from .configs import TEACHING
 
 # The command list, once: the CLI's help shows it, and README.md's copy is generated from it.
 COMMANDS = [
@@ -83,13 +84,10 @@ def _cannot(what, st=None):
 
 
 def _cmd_run(args):
-    from . import paths
     from .runner import run
     df = run(args.stage or None, with_baselines=not args.no_baselines,
              with_sweep=not args.no_sweep, progress=not args.no_progress,
              with_profile=args.profile, with_stages=not args.no_stages, baselines=args.baseline)
-    if paths.data_dir() == paths.ROOT / "data" and not df.attrs.get("replay"):
-        _cmd_readme(argparse.Namespace(check=False))  # the repository's own table changed
     return 1 if df.attrs.get("failed") else 0
 
 
@@ -145,7 +143,8 @@ def _cmd_check(args):
 
 def _cmd_bench(args):
     from .baselines import NAMES, Baseline
-    from .bench import Config, bench
+    from .bench import bench
+    from .configs import Config
     from .env import environment
     from .stages import stage
     from .tables import RESULTS
@@ -175,7 +174,7 @@ def _cmd_profile(args):
 
     from . import profile as prof
     from . import tables
-    from .bench import Config
+    from .configs import Config
     ok, why = prof.available()
     if args.stage and ok:
         cfg = Config(args.B, args.H, args.N, args.D, args.causal, args.dtype)
@@ -294,7 +293,7 @@ def parser():
     p.add_argument("--H", type=int, default=TEACHING.H)
     p.add_argument("--N", type=int, default=TEACHING.N)
     p.add_argument("--D", type=int, default=TEACHING.D)
-    p.add_argument("--dtype", default=TEACHING.dtype, choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--dtype", default=TEACHING.dtype, choices=dtypes.NAMES)
     p.add_argument("--causal", action="store_true")
     p.set_defaults(fn=_cmd_profile)
 
@@ -303,7 +302,7 @@ def parser():
                        "causal and not) and compare with attention computed in float64. "
                        "Exit status 1 if any case fails.")
     p.add_argument("stage", help="number or name, e.g. 03 or 03_coarsened")
-    p.add_argument("--dtype", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--dtype", choices=dtypes.NAMES)
     p.add_argument("--D", type=int, action="append", help="head dim (repeatable)")
     p.add_argument("--seed", type=int)
     p.set_defaults(fn=_cmd_check)
@@ -317,7 +316,7 @@ def parser():
     p.add_argument("--H", type=int, default=TEACHING.H, help=f"heads (default {TEACHING.H})")
     p.add_argument("--N", type=int, default=TEACHING.N, help=f"sequence length (default {TEACHING.N})")
     p.add_argument("--D", type=int, default=TEACHING.D, help=f"head dim (default {TEACHING.D})")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    p.add_argument("--dtype", default="fp32", choices=dtypes.NAMES)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--runs", type=int, default=20, help="at least this many timed runs (default 20)")
     p.add_argument("--record", action="store_true", help="also write the row to data/results.csv")
@@ -343,7 +342,7 @@ def parser():
                        "SDPA, the inputs the adapter had to copy, and the forward pass's time. "
                        "Records data/model.csv. Without a GPU: print the recorded rows.")
     p.add_argument("--stage", action="append", metavar="NN", help="only this stage (repeatable)")
-    p.add_argument("--dtype", action="append", choices=["fp16", "bf16"],
+    p.add_argument("--dtype", action="append", choices=dtypes.HALF,
                    help="fp16 or bf16 (repeatable; default both)")
     p.add_argument("--batch", type=int, default=8, help="sequences (default 8)")
     p.add_argument("--seq", type=int, default=1024, help="tokens per sequence (default 1024)")

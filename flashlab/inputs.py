@@ -2,9 +2,13 @@
 kernel runs, so a wrong call never becomes a wrong answer, a hang or a CUDA fault."""
 import torch
 
-DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+from .dtypes import DTYPES as _DTYPES
+from .dtypes import NAMES
+
+# flashlab.dtypes lists them; here each is a torch dtype
+DTYPES = {d.name: getattr(torch, d.torch) for d in _DTYPES.values()}    # {"fp16": torch.float16}
+DTYPE_NAMES = {dt: name for name, dt in DTYPES.items()}                 # {torch.float16: "fp16"}
+DTYPE_CODES = {DTYPES[d.name]: d.code for d in _DTYPES.values()}        # {torch.float16: 1}
 
 
 def dtype_of(name) -> torch.dtype:
@@ -14,7 +18,16 @@ def dtype_of(name) -> torch.dtype:
     try:
         return DTYPES[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
+        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(NAMES)}") from None
+
+
+def random_qkv(cfg, device="cuda", seed=0) -> tuple:
+    """Random q, k, v of config cfg's shape and dtype, from a seeded generator (never zeros:
+    they hide unwritten output)."""
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return tuple(torch.randn(cfg.B, cfg.H, cfg.N, cfg.D, generator=gen, device=device,
+                             dtype=dtype_of(cfg.dtype)) for _ in range(3))
 
 
 def strides(t) -> tuple:

@@ -5,7 +5,8 @@ import torch
 
 from . import baselines as _baselines
 from . import ptxas
-from .bench import ROUNDS, bench, error_at, sweep, teaching, time_interleaved, timing_row
+from .bench import ROUNDS, bench, error_at, time_interleaved, timing_row
+from .configs import sweep, teaching
 from .check import FP32_TOL, check
 from .env import environment
 from .reference import reference

@@ -294,7 +294,8 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
     `calls` calls: attention, and copies as other), its wall time (bench.time_fn: call after
     call, what the GPU took per call) and the host's time per call (bench.host_ms: the Python
     call and its launches, which a model pays whenever the GPU catches up with it)."""
-    from .bench import flops, host_ms, time_fn
+    from .bench import host_ms, time_fn
+    from .configs import flops
     from .check import case_inputs
     from .inputs import dtype_of
 

@@ -16,7 +16,7 @@ import pandas as pd
 
 from . import paths, profile_schema, tables
 from .baselines import COMPARED
-from .bench import SWEEP, teaching
+from .configs import SWEEP, teaching
 from .stages import before as _before, stage as _stage, stages
 from .tables import RESULTS, at_config, stage_at_teaching
 

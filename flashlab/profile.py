@@ -23,7 +23,7 @@ import sys
 import pandas as pd
 
 from . import paths, tables
-from .bench import Config, teaching
+from .configs import Config, teaching
 from .env import environment, gpu_available
 from .profile_schema import COLUMNS, METRICS, STALL_REASONS
 from .stages import stage as _stage

@@ -19,7 +19,7 @@ from pathlib import Path
 from . import build, paths
 from .build import NVCC_FLAGS
 from .paths import KERNELS
-from .stages import CTYPES
+from .dtypes import CTYPES
 
 CACHE = Path(os.environ.get("FLASHLAB_CACHE", Path.home() / ".cache" / "flashlab")) / "ptxas"
 

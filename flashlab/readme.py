@@ -9,7 +9,7 @@ import html
 
 from . import paths, tables
 from .baselines import COMPARED
-from .bench import SWEEP, teaching
+from .configs import SWEEP, teaching
 from .stages import stages
 from .tables import RESULTS, NotRecorded
 
@@ -166,13 +166,25 @@ def commands_block(commands) -> str:
     return "```text\n" + commands.rstrip("\n") + "\n```"
 
 
+def _tables(text: str) -> str:
+    return render(render(text, stage_table()), sweep_table(), SWEEP_START, SWEEP_END)
+
+
+def update_tables() -> bool:
+    """Rewrite README.md's two tables from data/results.csv (what `flashlab run` does after it
+    has recorded); True where they changed."""
+    text = README.read_text()
+    new = _tables(text)
+    if new != text:
+        README.write_text(new)
+    return new != text
+
+
 def update(commands, check=False) -> int:
     """Rewrite README.md's generated parts (commands: the CLI's command list); with check, only
     say whether they are out of date (exit status 1)."""
     text = README.read_text()
-    new = render(text, stage_table())
-    new = render(new, sweep_table(), SWEEP_START, SWEEP_END)
-    new = render(new, commands_block(commands), COMMANDS_START, COMMANDS_END)
+    new = render(_tables(text), commands_block(commands), COMMANDS_START, COMMANDS_END)
     if check:
         if new != text:
             print("README.md's generated parts are out of date: run flashlab readme")

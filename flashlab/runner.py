@@ -1,18 +1,25 @@
 """`flashlab run`: build, check and time every stage and the baselines, record, plot, print.
 Without a GPU it replays what data/ holds; a stage this GPU or toolkit cannot build is replayed
-too, with one line saying why, and the rest run live."""
+too, with one line saying why, and the rest run live.
+
+What a run times is decided once, here: plan() lists its jobs, each naming the stages, baselines
+and configs it times (the lists themselves are flashlab.measure's); flashlab.worker runs one job
+in its own process exactly as planned; and when the run has recorded into the repository's own
+data/, it rewrites README.md's tables."""
+import json
 import os
 import subprocess
 import sys
+from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 import pandas as pd
 
-from . import paths, plots, tables
+from . import measure, paths, plots, readme, tables
 from .baselines import COMPARED
 from .baselines import NAMES as BASELINES
+from .configs import Config, teaching
 from .env import environment, gpu_available
-from .measure import configs_for
 from .stages import stage as get_stage
 from .stages import stages as all_stages
 from .tables import RESULTS
@@ -52,9 +59,77 @@ def replay(out=print):
     return df
 
 
-def _job(args, log, out):
+@dataclass(frozen=True)
+class Job:
+    """One job of a run, run by flashlab.worker in its own process (a stage that crashes the CUDA
+    context takes only its own results with it).
+
+    task "peaks": the GPU's ceilings. "stage": check stages[0], then time it at `timed` (exit 3
+    if the check fails; `untimed`, the configs the sweep job times, then get a "failed check"
+    row too). "sweep": the checked stages and the baselines, timed in turn at each of `timed`.
+    "baselines": the baselines at `timed`. "profile": stages[i] under Nsight Compute at
+    timed[i]."""
+    task: str
+    name: str = ""
+    stages: tuple = ()      # slugs
+    baselines: tuple = ()
+    timed: tuple = ()       # Configs
+    untimed: tuple = ()
+    rounds: int = 0         # sweep: rounds in turn at each config (0: measure's default)
+
+    def __post_init__(self):
+        object.__setattr__(self, "name", self.name or self.task)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text) -> "Job":
+        d = json.loads(text)
+        for k in ("timed", "untimed"):
+            d[k] = tuple(Config(**c) for c in d[k])
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def sweep_job(stages, compared, rounds=0) -> Job:
+    """The job that times the fast stages' sweeps in turn with the compared baselines."""
+    return Job("sweep", stages=tuple(s.slug for s in stages), baselines=tuple(compared),
+               timed=tuple(measure.interleaved_configs(stages, bool(compared))), rounds=rounds)
+
+
+def plan(stages, with_baselines=True, with_sweep=True, with_profile=False, baselines=None) -> list:
+    """The jobs of a run over `stages` (those this machine runs), in order: the peaks, a job a
+    stage, the sweep (the fast stages in turn with SDPA's compared backends at each config),
+    the profiles, the baselines (at the teaching configs, then over the sweep those the sweep job
+    did not time)."""
+    names = tuple(b for b in BASELINES if b in (baselines or BASELINES)) if with_baselines else ()
+    compared = tuple(b for b in COMPARED if b in names)
+    interleave = with_sweep and any(s.fast for s in stages)
+    jobs = [Job("peaks")] if with_baselines else []
+    for st in stages:
+        configs = measure.configs_for(st)  # the teaching configs, and a fast stage's sweeps
+        alone = [c for c in configs if c == teaching(c.dtype)]
+        elsewhere = [c for c in configs if c not in alone] if interleave else []
+        jobs.append(Job("stage", st.slug, stages=(st.slug,), timed=tuple(alone),
+                        untimed=tuple(elsewhere)))
+    if interleave:
+        jobs.append(sweep_job([s for s in stages if s.fast], compared))
+    if with_profile:
+        jobs.append(Job("profile", stages=tuple(s.slug for s in stages),
+                        timed=tuple(teaching(s.dtypes[0]) for s in stages)))
+    if names:
+        teach = measure.baseline_configs(with_sweep=False)
+        jobs.append(Job("baselines", stages=(), baselines=names, timed=tuple(teach)))
+        rest = tuple(n for n in names if n not in compared) if interleave else names
+        if with_sweep and rest:
+            jobs.append(Job("baselines", "baselines (sweep)", baselines=rest,
+                            timed=tuple(c for c in measure.baseline_configs() if c not in teach)))
+    return jobs
+
+
+def _job(job, log, out):
     """Run one worker, copying its output to the log and the screen; returns its exit code."""
-    cmd = [sys.executable, "-u", "-m", "flashlab.worker", *args]
+    cmd = [sys.executable, "-u", "-m", "flashlab.worker", job.to_json()]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     log.write(f"$ {' '.join(cmd)}\n")
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -91,13 +166,7 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
     for slug, why in replayed.items():
         out(f"{slug}: replayed from {RESULTS.path()}, not run: {why}")
     chosen = [s for s in chosen if s.slug not in replayed]
-    # The fast stages' sweep is timed in one job, in turn with SDPA's compared backends at each
-    # config, once every stage has passed its check in its own job.
-    interleave = with_sweep and any(s.fast for s in chosen)
-    compared = [b for b in COMPARED if b in (baselines or BASELINES)] if with_baselines else []
-    planned = (["peaks"] if with_baselines else []) + [s.slug for s in chosen] \
-        + (["sweep"] if interleave else []) + (["profile"] if with_profile else []) \
-        + (["baselines"] if with_baselines else [])
+    planned = plan(chosen, with_baselines, with_sweep, with_profile, baselines)
     paths.runs_dir().mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     log_path = paths.runs_dir() / f"run-{stamp}.log"
@@ -109,43 +178,34 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
         bar = tqdm(total=len(planned), desc="flashlab run", unit="job", disable=not progress,
                    file=sys.stderr)
         say = bar.write if progress else out
-
-        def job(name, args):
-            bar.set_postfix_str(name)
-            code = _job(args, log, say)
+        passed = set()
+        for job in planned:
+            if job.task == "sweep":  # only the stages that passed their checks
+                job = sweep_job([get_stage(k) for k in job.stages if k in passed], job.baselines,
+                                job.rounds)
+                if not job.stages and not job.baselines:
+                    bar.update()
+                    continue
+            bar.set_postfix_str(job.name)
+            code = _job(job, log, say)
             bar.update()
-            if code != 0:
-                failed.append(name)
-                msg = f"{name}: {'check failed' if code == 3 else f'crashed (exit {code})'}"
+            if code == 0 and job.task == "stage":
+                passed.add(job.stages[0])
+            elif code != 0:
+                failed.append(job.name)
+                msg = f"{job.name}: {'check failed' if code == 3 else f'crashed (exit {code})'}"
                 log.write(msg + "\n")
                 say(msg)
-                if code != 3 and name not in ("peaks", "baselines", "profile", "sweep"):
-                    _record_crash(name, env, code)
-            return code == 0
-
-        if with_baselines:
-            job("peaks", ["peaks"])
-        passed = [s for s in chosen if job(s.slug, [s.slug] + (
-            ["--no-sweep"] if not with_sweep else ["--sweep-elsewhere"] if s.fast else []))]
-        if interleave:
-            fast = [s.slug for s in passed if s.fast]
-            if fast or compared:
-                job("sweep", ["sweep"] + [a for k in fast for a in ("--stage", k)]
-                    + [a for b in compared for a in ("--baseline", b)])
-            else:
-                bar.update()
-        if with_profile:
-            job("profile", ["profile"] + [a for s in chosen for a in ("--stage", s.slug)])
-        if with_baselines:
-            job("baselines", ["baselines"] + (["--sweep-elsewhere"] if interleave and compared
-                                              else ["--no-sweep"] * (not with_sweep))
-                + [a for b in baselines or () for a in ("--baseline", b)])
+                if code != 3 and job.task == "stage":
+                    _record_crash(job, env, code)
         bar.close()
     df = RESULTS.load()
     figs = plots.save_all(df)
     out(table(df))
     out(f"log: {log_path}")
     out("figures: " + ", ".join(str(f) for f in figs))
+    if paths.data_dir() == paths.ROOT / "data":  # the repository's own table changed
+        readme.update_tables()
     unreported = unreported_registers(df, env["time"])
     if unreported:
         out(unreported)
@@ -168,8 +228,10 @@ def unreported_registers(df, started) -> str:
             f"carry no registers (the log says which kernel was not found)")
 
 
-def _record_crash(slug, env, code):
-    rows = [dict(stage=slug, kind="stage", dtype=c.dtype, B=c.B, H=c.H, N=c.N, D=c.D,
+def _record_crash(job, env, code):
+    """A stage's job crashed: every config it was to be timed at (here or by the sweep job) says
+    so, so that no earlier timing of it stands as this commit's."""
+    rows = [dict(stage=job.stages[0], kind="stage", dtype=c.dtype, B=c.B, H=c.H, N=c.N, D=c.D,
                  causal=c.causal, status="error", note=f"worker exited with {code}", **env)
-            for c in configs_for(get_stage(slug))]
+            for c in (*job.timed, *job.untimed)]
     RESULTS.upsert(pd.DataFrame(rows))

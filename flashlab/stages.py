@@ -1,19 +1,19 @@
-"""The stages of the workbook, in order, and the callable that each one builds."""
-import math
+"""The stages of the workbook, in order: the registry, every per-stage fact as plain data.
+
+No torch here: what needs the GPU or the compiler (building a stage, asking what this machine
+has) is in flashlab.runtime, which a Stage's build() and unavailable() reach when called."""
 from dataclasses import dataclass, field
 
-import torch
-
-from . import build as _build
-from .inputs import DTYPE_CODES, DTYPE_NAMES, REMEMBERED, strides, validate
 from .paths import KERNELS
 
-
-# The C++ element type each dtype is instantiated with, as a demangled kernel name spells it.
-CTYPES = {"fp32": "float", "fp16": "__half", "bf16": "__nv_bfloat16"}
 # Machine-code facts every stage shares (flashlab.sass categories: True = present in every kernel
 # of the stage, False = absent from all): exp through MUFU.EX2, fp32 FMAs, nothing spilled.
 COMMON_SASS = {"MUFU.EX2": True, "FFMA": True, "LDL": False, "STL": False}
+
+
+def _nvcc_missing() -> bool:
+    from .build import nvcc
+    return nvcc() is None
 
 
 def _cc(capability) -> str:
@@ -49,6 +49,8 @@ class Stage:
     arch_specific: bool = False  # needs sm_XXa (wgmma, setmaxnreg): exactly min_cc's architecture
     idea_metrics: tuple = ()  # Nsight Compute metrics (flashlab.profile_schema) its idea moves
     sass: dict = field(default_factory=dict, compare=False)  # machine-code evidence beyond COMMON_SASS
+    builds_on: object = None  # the number of the stage it improves on, diffs against and is timed
+    #                        beside; None: the one before it in order (the first stage: nothing)
 
     @property
     def name(self) -> str:
@@ -100,9 +102,10 @@ class Stage:
         if not self.source.is_file():  # an edition of an assignment before this stage
             return f"kernels/{self.slug}.cu is not in this edition"
         if capability is None:
-            if not torch.cuda.is_available():
+            from .runtime import capability as _here
+            capability = _here()
+            if capability is None:
                 return "no CUDA GPU here"
-            capability = torch.cuda.get_device_capability()
         need = _cc(self.min_cc)
         have = _cc(capability)
         if self.arch_specific and tuple(capability) != tuple(self.min_cc):
@@ -114,7 +117,7 @@ class Stage:
         if dtype is not None and tuple(capability) < self.min_cc_of(dtype):
             return (f"{self.slug} {dtype} needs compute capability {_cc(self.min_cc_of(dtype))} or "
                     f"newer; this GPU is {have}")
-        if toolkit and _build.nvcc() is None:
+        if toolkit and _nvcc_missing():
             return f"building {self.slug} needs nvcc (the CUDA toolkit), which is not installed here"
         return None
 
@@ -124,9 +127,10 @@ class Stage:
         is 7.5"}); {} where it runs in every dtype, or does not run at all (unavailable() says
         why)."""
         if capability is None:
-            if not torch.cuda.is_available():
+            from .runtime import capability as _here
+            capability = _here()
+            if capability is None:
                 return {}
-            capability = torch.cuda.get_device_capability()
         if self.unavailable(capability, toolkit=False) is not None:
             return {}
         return {dt: why for dt in self.dtypes
@@ -144,108 +148,14 @@ class Stage:
         runs = [dt for dt in self.dtypes if dt not in missing]
         return f"runs live in {'/'.join(runs)}; " + "; ".join(missing.values())
 
-    def build(self, verbose=False) -> "Attention":
-        """Compile (or load from cache) and return attn(q, k, v, causal=False, out=None)."""
-        why = self.unavailable(toolkit=False)
-        if why is not None:
-            raise RuntimeError(f"cannot build {self.slug} here: {why}")
-        arch = self.arch(torch.cuda.get_device_capability())
-        return Attention(self, _build.build_module(self.source, verbose=verbose, arch=arch))
+    def build(self, verbose=False):
+        """Compile (or load from cache) and return attn(q, k, v, causal=False, out=None): a
+        flashlab.runtime.Attention."""
+        from .runtime import build
+        return build(self, verbose=verbose)
 
     def __str__(self):
         return f"{self.slug}: {self.title}"
-
-
-# The current CUDA stream's handle as an int: torch's own raw getter where it has one (what
-# Triton's launcher calls; it builds no torch.cuda.Stream object, which costs 3-6 us of host time
-# on the H100's host), else the public way.
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _current_stream(device_index: int) -> int:
-    if _raw_stream is not None:
-        return _raw_stream(device_index)
-    return torch.cuda.current_stream(device_index).cuda_stream
-
-
-def refuse_autograd(who, q, k, v, out=None):
-    """Raise ValueError where autograd would record this call: grad mode is on (the caller checks
-    torch.is_grad_enabled(), which costs nothing) and q, k, v or out requires grad. A stage's
-    kernel writes o through a raw pointer, so torch would hand back an output cut off from the
-    graph, and a model trained through it would get no gradient through attention."""
-    named = {"q": q, "k": k, "v": v, "out": out}
-    wants = [n for n, t in named.items() if getattr(t, "requires_grad", False)]
-    if wants:
-        raise ValueError(
-            f"{who}: {', '.join(wants)} {'requires' if len(wants) == 1 else 'require'} grad, and "
-            "this stage has no backward pass: its output would carry no gradient. For inference, "
-            "call it under torch.no_grad() or torch.inference_mode() (or pass detached tensors); "
-            "to train, use torch.nn.functional.scaled_dot_product_attention")
-
-
-class Attention:
-    """A built stage: attn(q, k, v, causal=False, out=None, scale=None) -> o, all (B, H, N, D)."""
-
-    def __init__(self, stage: Stage, module):
-        self.stage = stage
-        self.module = module
-        # (B, H, N, D, dtype, causal, device) -> (dtype code, workspace bytes) of a problem this
-        # stage took: what the registry and the kernel file said of it, asked once per problem
-        self._plans = {}
-
-    def __repr__(self):
-        return f"<flashlab attention {self.stage.slug}>"
-
-    def _plan(self, q, causal):
-        """(dtype code, workspace bytes) for q's problem, or a ValueError saying why not."""
-        st = self.stage
-        if DTYPE_NAMES[q.dtype] in st.dtype_min_cc:  # bf16 on a T4, say: refused, never run
-            why = st.unavailable(torch.cuda.get_device_capability(q.device), toolkit=False,
-                                 dtype=DTYPE_NAMES[q.dtype])
-            if why is not None:
-                raise ValueError(why)
-        if causal and not st.causal:
-            raise ValueError(f"{st.slug}: causal attention is not supported by this stage")
-        B, H, N, D = q.shape
-        code = DTYPE_CODES[q.dtype]
-        why = self.module.unsupported(B, H, N, D, code, causal)
-        if why is not None:
-            raise ValueError(f"{st.slug}: {why}")
-        return code, self.module.workspace_bytes(B, H, N, D, code, causal)
-
-    def __call__(self, q, k, v, causal=False, out=None, scale=None):
-        st = self.stage
-        if torch.is_grad_enabled():  # never a silent detach: o would carry no gradient to q, k, v
-            refuse_autograd(st.slug, q, k, v, out)
-        validate(st.slug, q, k, v, st.dtypes, out, row_strides=st.row_strides)
-        causal = bool(causal)
-        B, H, N, D = q.shape
-        problem = (B, H, N, D, q.dtype, causal, q.device)
-        plan = self._plans.get(problem)
-        if plan is None:
-            plan = self._plan(q, causal)
-            if len(self._plans) >= REMEMBERED:
-                self._plans.clear()
-            self._plans[problem] = plan
-        code, ws_bytes = plan
-        scale = D ** -0.5 if scale is None else float(scale)
-        if not (0 < scale < math.inf):  # stage 08 folds it into exp2 after taking the row max
-            raise ValueError(f"{st.slug}: scale must be a positive finite number, got {scale}")
-        out = torch.empty_like(q) if out is None else out
-        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
-        layout = tuple(strides(t) for t in (q, k, v, out)) if st.row_strides else None
-        if q.get_device() == torch.cuda.current_device():  # no device switch to pay for
-            self._launch(q, k, v, out, ws, B, H, N, D, code, causal, scale, layout)
-        else:
-            with torch.cuda.device(q.device):
-                self._launch(q, k, v, out, ws, B, H, N, D, code, causal, scale, layout)
-        return out
-
-    def _launch(self, q, k, v, out, ws, B, H, N, D, code, causal, scale, layout):
-        stream = _current_stream(q.get_device())
-        self.module.launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                           ws.data_ptr() if ws is not None else 0, B, H, N, D, code, causal,
-                           scale, stream, layout)
 
 
 # A scalar fp32 stage does no tensor-core work.
@@ -395,9 +305,12 @@ def introduced_through(key) -> set:
 
 
 def before(key):
-    """The stage a stage improves on, and its notebook measures against: the one before it in
-    order (None for the first)."""
-    i = _STAGES.index(stage(key))
+    """The stage a stage improves on, and its notebook diffs and measures against: its builds_on,
+    or else the one before it in order (None for the first)."""
+    st = stage(key)
+    if st.builds_on is not None:
+        return stage(st.builds_on)
+    i = _STAGES.index(st)
     return _STAGES[i - 1] if i > 0 else None
 
 

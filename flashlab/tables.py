@@ -1,7 +1,8 @@
 """Every table flashlab records in data/, and the questions everyone asks of them. No other module
 opens these files or filters their rows by hand.
 
-  results.csv   a row per (stage or baseline, config, dtype, causal, GPU): times, TFLOP/s, error
+  results.csv   a row per (stage or baseline, pass, config, dtype, causal, GPU, GPU count): times,
+                TFLOP/s, error
   checks.csv    every correctness case of every stage's last check
   peaks.csv     the GPU's measured ceilings (matmul TFLOP/s, copy TB/s)
   profile.csv   Nsight Compute metrics (raw ncu output beside it, in profiles/)
@@ -14,8 +15,8 @@ Each is a Table: its file, key and column types, a loader that gives the same ty
 and an upsert that holds a file lock and replaces the file by an atomic rename, so a killed run or
 two notebooks writing at once never corrupt or lose it.
 
-The results table's columns stage, dtype, B, H, N, D, causal, median_ms, tflops, rel_err, gpu are
-a contract outside tools may read (RESULTS.contract).
+The results table's columns stage, dtype, B, H, N, D, causal, median_ms, tflops, rel_err, gpu,
+pass, gpus are a contract outside tools may read (RESULTS.contract).
 
 Which GPU's numbers are shown is decided in one place, gpu_shown(): every number one view (a
 notebook, a figure, a table, the README) shows comes from that one GPU, and the view says which.
@@ -31,7 +32,8 @@ from filelock import FileLock
 
 from . import paths
 from .baselines import COMPARED
-from .bench import SWEEP, Config, teaching
+from .configs import SWEEP, Config, teaching
+from .dtypes import NAMES
 from .env import environment, gpu_available
 from .profile_schema import COLUMNS as PROFILE_COLUMNS
 from .profile_schema import KEY as PROFILE_KEY
@@ -165,9 +167,12 @@ def _with_percentages(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-_CONTRACT = ["stage", "dtype", "B", "H", "N", "D", "causal", "median_ms", "tflops", "rel_err", "gpu"]
+# pass: "forward" or "backward" (configs.PASSES), what the row times; gpus: how many GPUs one
+# call ran on (1, or a ring's ranks). Rows recorded before these columns were forward, on one GPU.
+_CONTRACT = ["stage", "dtype", "B", "H", "N", "D", "causal", "median_ms", "tflops", "rel_err", "gpu",
+             "pass", "gpus"]
 RESULTS = Table(
-    "results.csv", key=["stage", "dtype", "B", "H", "N", "D", "causal", "gpu"],
+    "results.csv", key=["stage", "pass", "dtype", "B", "H", "N", "D", "causal", "gpu", "gpus"],
     columns=_CONTRACT + [
         "kind",                # "stage" or "baseline"
         "status",              # "ok", "failed check", "error", "unsupported"
@@ -179,11 +184,13 @@ RESULTS = Table(
         "retimes",             # timings discarded because they disagreed (see bench.time_fn)
         "registers", "smem_static_bytes", "spill_bytes",   # ptxas: the kernel that runs there
         *SOFTWARE, "note"],
-    ints=["B", "H", "N", "D"], bools=["causal"], contract=_CONTRACT,
+    ints=["B", "H", "N", "D", "gpus"], bools=["causal"], contract=_CONTRACT,
+    defaults={"pass": "forward", "gpus": 1},
     floats=["median_ms", "tflops", "rel_err", "p20_ms", "p80_ms", "tflops_p20", "tflops_p80",
             "pct_sdpa_flash", "pct_sdpa_best", "runs", "warmup_runs", "retimes", "registers",
             "smem_static_bytes", "spill_bytes"],
-    sort=["gpu", "dtype", "D", "causal", "N", "B", "H", "stage"], derive=_with_percentages)
+    sort=["gpu", "gpus", "pass", "dtype", "D", "causal", "N", "B", "H", "stage"],
+    derive=_with_percentages)
 CHECKS = Table(
     "checks.csv", key=["stage", "dtype", "B", "H", "N", "D", "causal", "layout", "gpu"],
     columns=["stage", "B", "H", "N", "D", "causal", "dtype", "rel_err", "tol", "passed", "gpu",
@@ -291,10 +298,13 @@ def since(df: pd.DataFrame, time: str) -> pd.DataFrame:
     return df[df["time"].astype(str) >= time]
 
 
-def at_config(df: pd.DataFrame, cfg: Config) -> pd.DataFrame:
-    """The rows of df measured at config cfg."""
-    return df[(df["B"] == cfg.B) & (df["H"] == cfg.H) & (df["N"] == cfg.N) & (df["D"] == cfg.D)
-              & (df["causal"].astype(bool) == cfg.causal) & (df["dtype"] == cfg.dtype)]
+def at_config(df: pd.DataFrame, cfg: Config, pass_="forward") -> pd.DataFrame:
+    """The rows of df measured at config cfg, of one pass where df says (results.csv does)."""
+    hit = ((df["B"] == cfg.B) & (df["H"] == cfg.H) & (df["N"] == cfg.N) & (df["D"] == cfg.D)
+           & (df["causal"].astype(bool) == cfg.causal) & (df["dtype"] == cfg.dtype))
+    if "pass" in df:
+        hit &= df["pass"] == pass_
+    return df[hit]
 
 
 def on_gpu(df: pd.DataFrame, gpu) -> pd.DataFrame:
@@ -344,13 +354,10 @@ def recorded_checks(name=None, gpu=None) -> pd.DataFrame:
     return recorded(name, gpu, CHECKS)
 
 
-TEACHING_DTYPES = ("fp32", "fp16", "bf16")
-
-
 def teaching_rows(df, gpu) -> pd.DataFrame:
     """Every row of `gpu` at the teaching config, in each dtype (whatever its status)."""
     df = on_gpu(df, gpu)
-    return pd.concat([at_config(df, teaching(d)) for d in TEACHING_DTYPES])
+    return pd.concat([at_config(df, teaching(d)) for d in NAMES])
 
 
 def stage_at_teaching(df, st) -> pd.DataFrame:
@@ -369,10 +376,13 @@ def is_sweep(df) -> pd.Series:
     return (df["B"] * df["N"] == SWEEP.tokens) & (df["H"] * df["D"] == SWEEP.width)
 
 
-def sweep_rows(df, gpu, dtype="fp16") -> pd.DataFrame:
-    """The sweep's rows of `gpu` in `dtype` that ran."""
+def sweep_rows(df, gpu, dtype="fp16", pass_="forward") -> pd.DataFrame:
+    """The sweep's rows of `gpu` in `dtype` that ran, of one pass, on one GPU each."""
     df = ok(on_gpu(df, gpu))
-    return df[(df["dtype"] == dtype) & is_sweep(df)]
+    hit = (df["dtype"] == dtype) & is_sweep(df)
+    if "pass" in df:
+        hit &= (df["pass"] == pass_) & (df["gpus"] == 1)
+    return df[hit]
 
 
 def sweep_at(N, D, causal, dtype="fp16", gpu=None, df=None) -> pd.Series:

@@ -349,7 +349,7 @@ def loop_orders(n=5, config=None):
     (stage 03): one block per query tile (colours, in parallel) walks its row; m, l and O stay
     in registers and O_i is written once. Footer: grid sizes and bytes moved at `config`
     (default: the teaching config), from global_bytes()."""
-    from .bench import TEACHING
+    from .configs import TEACHING
     cfg = config or TEACHING
     fig = Figure(figsize=(11, 5.6))
     axes = fig.subplots(1, 2)

@@ -5,7 +5,7 @@ so this is written only into temporary data directories, never into data/."""
 import pandas as pd
 
 from flashlab import profile_schema
-from flashlab.bench import teaching
+from flashlab.configs import teaching
 from flashlab.stages import stages
 
 # metric -> value per stage, in stage order (01, 02, 03, ...); the last value repeats.

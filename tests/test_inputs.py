@@ -8,7 +8,7 @@ import torch
 import flashlab as fl
 from flashlab import build
 from flashlab.inputs import dtype_of, validate
-from flashlab.stages import Attention
+from flashlab.runtime import Attention
 
 SHAPE = (1, 2, 16, 16)  # N == D, so a transpose keeps the shape but not the layout
 

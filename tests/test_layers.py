@@ -1,7 +1,8 @@
 """The package's layers, read from the source with ast (imports inside functions count too):
 
-  core     inputs, reference, build, the stage registry, the exercise markers, check, bench, the recorded tables —
-           imports nothing above it
+  core     dtypes, configs, inputs, reference, build, the stage registry and its runtime, the
+           exercise markers, check, bench, the recorded tables — imports nothing above it; the
+           registry, the dtypes and the configs are plain data (PLAIN): no torch at import
   tools    runner, profile, ptxas, sass, plots, report, readme, cli, the autotune, ... — on the core
   lessons  the notebooks' helpers and their per-notebook diagrams and models
   course   exercises, labs, grading, the leaderboard, the student edition, and the `flashlab`
@@ -19,8 +20,8 @@ from flashlab import paths
 
 PACKAGE = paths.ROOT / "flashlab"
 LAYERS = {
-    "core": ["paths", "env", "inputs", "reference", "build", "stages", "check", "bench", "markers",
-             "baselines", "profile_schema", "tables"],
+    "core": ["paths", "dtypes", "configs", "env", "inputs", "reference", "build", "stages",
+             "runtime", "check", "bench", "markers", "baselines", "profile_schema", "tables"],
     "tools": ["ptxas", "sass", "picks", "measure", "peaks", "profile",
               "profile_target", "worker", "runner", "plots", "report", "readme", "cli",
               "autotune", "model", "cells"],
@@ -29,6 +30,10 @@ LAYERS = {
     "course": ["course", "__main__"],
 }
 RANK = {name: i for i, name in enumerate(LAYERS)}
+# Plain data: importing one imports no torch, pandas or numpy, at its top level or through the
+# flashlab modules it imports there (what needs the GPU is reached inside a function, when called).
+PLAIN = ["paths", "dtypes", "configs", "stages", "markers", "profile_schema"]
+HEAVY = {"torch", "pandas", "numpy", "matplotlib", "triton"}
 
 
 def module_name(path: Path) -> str:
@@ -172,3 +177,40 @@ def test_no_module_imports_a_submodule_the_package_rebinds():
                 found += [f"{name}: from {'.' * node.level} import {a.name}" for a in node.names
                           if a.name in rebound]
     assert not found, found
+
+
+def _top_level_imports(path: Path) -> set:
+    """The modules a file imports at its top level (not inside a function), by their full name;
+    a relative import resolved against the package."""
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module_name(path).split(".")[:-node.level + (path.name == "__init__.py") or None]
+                mod = ".".join(base + ([node.module] if node.module else []))
+                out |= {f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules() else mod
+                        for a in node.names}
+            else:
+                out.add(node.module)
+    return out
+
+
+def test_the_registry_configs_and_dtypes_are_plain_data():
+    """flashlab.stages, .configs and .dtypes (and what they import at their top level) import no
+    torch, pandas or numpy: the registry is read by the scaffold, the editions and the tests
+    without a GPU stack; a Stage's build() reaches flashlab.runtime when it is called."""
+    known = modules()
+    for name in PLAIN:
+        assert f"flashlab.{name}" in known and layer(f"flashlab.{name}") == "core", name
+        todo, seen = [f"flashlab.{name}"], set()
+        while todo:
+            mod = todo.pop()
+            if mod in seen:
+                continue
+            seen.add(mod)
+            for imp in _top_level_imports(known[mod]):
+                assert imp.split(".")[0] not in HEAVY, f"{mod} imports {imp} (reached from {name})"
+                if imp in known:
+                    todo.append(imp)

@@ -145,7 +145,7 @@ def test_training_a_model_on_a_stage_is_refused_not_silently_detached():
     """A GPT-2 whose attention is a built stage, run with grad mode on (its weights require grad,
     so q, k, v do): a ValueError naming the stage, raised before any kernel, not logits with no
     gradient through attention. Under no_grad the call goes on (to validate's CUDA rule here)."""
-    from flashlab.stages import Attention
+    from flashlab.runtime import Attention
 
     class Untouchable:
         def __getattr__(self, name):

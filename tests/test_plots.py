@@ -13,7 +13,7 @@ from matplotlib.text import Annotation, Text  # noqa: E402
 
 import synthetic_profile  # noqa: E402
 from flashlab import plots, tables  # noqa: E402
-from flashlab.bench import teaching  # noqa: E402
+from flashlab.configs import teaching  # noqa: E402
 from flashlab.stages import stage, stages  # noqa: E402
 
 GPU = "Some GPU"

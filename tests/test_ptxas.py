@@ -10,7 +10,7 @@ import pytest
 
 import flashlab as fl
 from flashlab import build, measure, picks, ptxas, tables
-from flashlab.stages import CTYPES
+from flashlab.dtypes import CTYPES
 from flashlab.paths import KERNELS
 
 from conftest import NVCC, needs_nvcc

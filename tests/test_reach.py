@@ -13,7 +13,7 @@ import flashlab as fl
 from flashlab import build, diagrams, ptxas, tiling
 from flashlab.paths import KERNELS
 
-stages = importlib.import_module("flashlab.stages")  # the module (fl.stages is the function)
+runtime = importlib.import_module("flashlab.runtime")
 
 from test_ptxas import NVCC, needs_nvcc  # noqa: E402  (one definition of "nvcc is here")
 
@@ -100,8 +100,8 @@ def test_bf16_on_a_t4_is_refused_before_any_kernel_runs(a_t4, monkeypatch):
         def __getattr__(self, name):
             pytest.fail(f"the kernel module was called ({name}) for bf16 on a T4")
 
-    monkeypatch.setattr(stages, "validate", lambda *args, **kwargs: None)  # CPU tensors here
-    attn = stages.Attention(fl.stage("04_wmma"), Module())
+    monkeypatch.setattr(runtime, "validate", lambda *args, **kwargs: None)  # CPU tensors here
+    attn = runtime.Attention(fl.stage("04_wmma"), Module())
     q = torch.zeros(1, 1, 16, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=re.escape(BF16)):
         attn(q, q, q)
@@ -205,7 +205,7 @@ def test_stage_04s_notebook_runs_live_on_a_t4_and_says_why_not_bf16(a_t4, empty_
 
 def test_measuring_stage_04_on_a_t4_leaves_bf16_out(a_t4, monkeypatch):
     from flashlab import measure
-    from flashlab.bench import teaching
+    from flashlab.configs import teaching
     timed, lines = [], []
 
     class Passed:

@@ -233,8 +233,8 @@ def test_run_times_only_the_baselines_asked_for(monkeypatch, data_dir):
     monkeypatch.setattr(runner, "gpu_available", lambda: True)
     monkeypatch.setattr(runner.plots, "save_all", lambda df: [])
     jobs = []
-    monkeypatch.setattr(runner, "_job", lambda args, log, out: jobs.append(args) or 0)
+    monkeypatch.setattr(runner, "_job", lambda job, log, out: jobs.append(job) or 0)
     runner.run(["01"], baselines=["sdpa_flash", "sdpa_cudnn"], progress=False, out=lambda m: None)
-    assert ["baselines", "--baseline", "sdpa_flash", "--baseline", "sdpa_cudnn"] in jobs
+    assert {j.baselines for j in jobs if j.task == "baselines"} == {("sdpa_flash", "sdpa_cudnn")}
     with pytest.raises(ValueError, match="sdpa_flash, sdpa_cudnn"):
         runner.run(["01"], baselines=["sdpa_nope"], progress=False, out=lambda m: None)

@@ -49,6 +49,26 @@ def test_load_without_a_table(empty_data_dir):
     assert list(df.columns) == results.columns
 
 
+def test_a_row_says_its_pass_and_gpu_count_and_older_rows_read_as_forward_on_one(empty_data_dir):
+    """pass and gpus are in the key: a backward row, or one timed on a ring of 4 GPUs, stands
+    beside the forward row of the same config; a table written before the columns existed reads
+    as forward passes on one GPU; the sweep's queries read forward rows of one GPU."""
+    old = pd.DataFrame([row("05_mma", N=512, B=32, H=32, dtype="fp16")])
+    old.to_csv(results.path(), index=False)
+    df = results.load()
+    assert list(df["pass"]) == ["forward"] and list(df["gpus"]) == [1]
+    df = results.upsert([row("05_mma", N=512, B=32, H=32, dtype="fp16", tflops=2.0,
+                             **{"pass": "backward"}),
+                         row("05_mma", N=512, B=32, H=32, dtype="fp16", tflops=3.0, gpus=4)])
+    assert len(df) == 3 and not df.duplicated(results.key).any()
+    with open(results.path(), newline="") as f:
+        assert {"pass", "gpus"} <= set(next(csv.reader(f)))
+    assert list(tables.sweep_rows(df, "NVIDIA Test GPU")["tflops"]) == [1.0]
+    assert list(tables.sweep_rows(df, "NVIDIA Test GPU", pass_="backward")["tflops"]) == [2.0]
+    cfg = tables.Config(32, 32, 512, 64, False, "fp16")
+    assert list(tables.at_config(df, cfg)["tflops"]) == [1.0, 3.0]
+
+
 def test_upsert_inserts_and_replaces_by_key(empty_data_dir):
     results.upsert([row("01_naive", tflops=1.0)])
     results.upsert([row("01_naive", tflops=2.0, median_ms=0.5, note="newer")])
@@ -79,7 +99,7 @@ def test_every_key_column_separates_rows(empty_data_dir):
 
 def test_contract_columns_come_first_in_order(empty_data_dir):
     assert results.contract == ["stage", "dtype", "B", "H", "N", "D", "causal", "median_ms",
-                                "tflops", "rel_err", "gpu"]
+                                "tflops", "rel_err", "gpu", "pass", "gpus"]
     assert results.columns[:len(results.contract)] == results.contract
     assert set(results.key) <= set(results.contract)
     table = results.upsert([row("01_naive")])

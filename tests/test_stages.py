@@ -3,7 +3,7 @@ import pytest
 
 import flashlab as fl
 from flashlab import paths
-from flashlab.inputs import DTYPES
+from flashlab.dtypes import DTYPES
 
 STAGES = fl.stages()
 NOTEBOOK_SRC = paths.NOTEBOOKS / "src"
@@ -96,3 +96,43 @@ def test_the_stage_before():
     assert before(1) is None
     assert before("12_tma_store") is fl.stage(11)
     assert [before(st) for st in fl.stages()[1:]] == fl.stages()[:-1]
+
+
+def test_a_stage_can_build_on_one_that_is_not_the_previous_number(monkeypatch):
+    """builds_on names the stage a stage improves on where it is not the one before it (a
+    backward stage building on a forward one, say)."""
+    import dataclasses
+    import importlib
+
+    stages = importlib.import_module("flashlab.stages")  # fl.stages is the function
+    extra = dataclasses.replace(fl.stage(13), number=14, slug="14_toy", builds_on=5)
+    monkeypatch.setattr(stages, "_STAGES", stages._STAGES + (extra,))
+    assert stages.before("14_toy") is fl.stage(5)
+    assert stages.before(13) is fl.stage(12)
+
+
+def test_each_notebook_diffs_its_stage_against_the_one_it_builds_on():
+    """The diff a notebook shows is against the registry's before(): nb.show_diff(old, new)."""
+    import re
+
+    from flashlab.stages import before
+    for st in fl.stages():
+        src = paths.ROOT / "notebooks" / "src" / f"{st.slug}.py"
+        for old, new in re.findall(r'nb\.show_diff\("(\w+)", "(\w+)"', src.read_text()):
+            if new == st.slug:
+                assert before(st) is not None and old == before(st).slug, (st.slug, old)
+
+
+def test_the_kernel_abi_numbers_the_dtypes_as_the_one_list_does():
+    """kernels/flashlab.h's FlashlabDtype mirrors flashlab.dtypes.DTYPES: the binding passes a
+    dtype's code, and a kernel reads it by the enum's names."""
+    import re
+
+    from flashlab import inputs
+    header = (paths.KERNELS / "flashlab.h").read_text()
+    enum = re.search(r"enum FlashlabDtype \{([^}]*)\}", header)[1]
+    codes = {name: int(code) for name, code in re.findall(r"FLASHLAB_(\w+)\s*=\s*(\d+)", enum)}
+    spelled = {"F32": "fp32", "F16": "fp16", "BF16": "bf16"}
+    assert {spelled[n]: c for n, c in codes.items()} == {n: d.code for n, d in DTYPES.items()}
+    assert {inputs.DTYPE_NAMES[t]: c for t, c in inputs.DTYPE_CODES.items()} == \
+        {n: d.code for n, d in DTYPES.items()}

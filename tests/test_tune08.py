@@ -13,7 +13,7 @@ import pytest
 
 from flashlab import autotune as tune08
 from flashlab import cli, paths, picks, ptxas, tables, tuning
-from flashlab.bench import SWEEP
+from flashlab.configs import SWEEP
 
 from conftest import needs_nvcc
 

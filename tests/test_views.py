@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import flashlab as fl
-from flashlab import build, cli, plots, readme, runner, tables
+from flashlab import build, cli, measure, plots, readme, runner, tables
 from flashlab import notebook as nb
+from flashlab.baselines import NAMES as BASELINE_NAMES
 
 A, B = "GPU A", "GPU B"
 
@@ -144,7 +145,7 @@ def test_without_nvcc_nothing_builds(a_t4, monkeypatch):
 
 def test_run_replays_the_stages_this_gpu_cannot_run(two_gpus, a_t4, monkeypatch):
     jobs, lines = [], []
-    monkeypatch.setattr(runner, "_job", lambda args, log, out: jobs.append(args[0]) or 0)
+    monkeypatch.setattr(runner, "_job", lambda job, log, out: jobs.append(job.name) or 0)
     monkeypatch.setattr(runner.plots, "save_all", lambda df: [])
     df = runner.run(["05", "03"], with_baselines=False, progress=False, out=lines.append)
     assert jobs == ["03_coarsened"]
@@ -179,57 +180,74 @@ def an_h100(monkeypatch):
 def test_run_times_the_sweep_in_one_job_in_turn_with_the_compared_backends(two_gpus, an_h100,
                                                                             monkeypatch):
     """Each stage is checked in its own job; the fast ones that pass are timed over the sweep in
-    one more job beside sdpa_flash and sdpa_cudnn, which the baselines job then leaves alone."""
+    one more job beside sdpa_flash and sdpa_cudnn, which the baselines jobs then leave alone.
+    The runner's plan says which configs each job times; a stage that fails its check is left
+    out of the sweep job."""
     jobs = []
 
-    def fake_job(args, log, out):
-        jobs.append(args)
-        return 3 if args[0] == "11_warpspec" else 0  # stage 11 fails its check
+    def fake_job(job, log, out):
+        jobs.append(job)
+        return 3 if job.name == "11_warpspec" else 0  # stage 11 fails its check
 
     monkeypatch.setattr(runner, "_job", fake_job)
     monkeypatch.setattr(runner.plots, "save_all", lambda df: [])
+    monkeypatch.setattr(runner.readme, "update_tables", lambda: False)
+    teach, sweep = [fl.teaching("fp16"), fl.teaching("bf16")], fl.sweep("fp16") + fl.sweep("bf16")
     df = runner.run(["03", "11", "12"], progress=False, out=lambda m: None)
-    assert jobs == [["peaks"], ["03_coarsened"], ["11_warpspec", "--sweep-elsewhere"],
-                    ["12_tma_store", "--sweep-elsewhere"],
-                    ["sweep", "--stage", "12_tma_store", "--baseline", "sdpa_flash",
-                     "--baseline", "sdpa_cudnn"],
-                    ["baselines", "--sweep-elsewhere"]]
+    assert [j.name for j in jobs] == ["peaks", "03_coarsened", "11_warpspec", "12_tma_store",
+                                      "sweep", "baselines", "baselines (sweep)"]
+    _, st03, st11, st12, swept, base, base_sweep = jobs
+    assert st03.timed == (fl.teaching("fp32"),) and st03.untimed == ()
+    assert list(st12.timed) == teach and set(st12.untimed) == set(sweep)
+    assert swept.stages == ("12_tma_store",) and swept.baselines == ("sdpa_flash", "sdpa_cudnn")
+    assert set(swept.timed) == set(sweep)
+    assert list(base.timed) == measure.baseline_configs(with_sweep=False)
+    assert set(base_sweep.baselines) == set(BASELINE_NAMES) - {"sdpa_flash", "sdpa_cudnn"}
+    assert set(base_sweep.timed) == set(fl.sweep("fp16"))
     assert df.attrs["failed"] == ["11_warpspec"]
 
     jobs.clear()
     runner.run(["12"], baselines=["sdpa_math"], progress=False, out=lambda m: None)
-    assert jobs[2:] == [["sweep", "--stage", "12_tma_store"], ["baselines", "--baseline", "sdpa_math"]]
+    assert [(j.name, j.stages, j.baselines) for j in jobs[2:]] == [
+        ("sweep", ("12_tma_store",), ()), ("baselines", (), ("sdpa_math",)),
+        ("baselines (sweep)", (), ("sdpa_math",))]
     jobs.clear()
     runner.run(["12"], with_sweep=False, progress=False, out=lambda m: None)
-    assert jobs == [["peaks"], ["12_tma_store", "--no-sweep"], ["baselines", "--no-sweep"]]
+    assert [j.name for j in jobs] == ["peaks", "12_tma_store", "baselines"]
+    assert list(jobs[1].timed) == teach and jobs[1].untimed == ()
     jobs.clear()
     runner.run(["03"], progress=False, out=lambda m: None)  # no fast stage: no sweep job
-    assert jobs == [["peaks"], ["03_coarsened"], ["baselines"]]
+    assert [j.name for j in jobs] == ["peaks", "03_coarsened", "baselines", "baselines (sweep)"]
+    assert set(jobs[-1].timed) == set(fl.sweep("fp16")) and jobs[-1].baselines == BASELINE_NAMES
 
 
-def test_the_worker_leaves_the_sweep_to_the_sweep_job(monkeypatch):
-    from flashlab import measure, worker
-    from flashlab.baselines import COMPARED, NAMES
+def test_the_worker_runs_a_job_as_the_plan_says(monkeypatch):
+    """A job goes to the worker as JSON and comes back the same; the worker times what it names
+    and nothing else."""
+    from flashlab import worker
     calls = []
     monkeypatch.setattr(measure, "measure_baselines",
                         lambda configs, names, log: calls.append(("baselines", configs, names)))
     monkeypatch.setattr(measure, "measure_interleaved",
-                        lambda stages, baselines, log, **kw: calls.append(("sweep", stages, baselines, kw)))
+                        lambda stages, configs, baselines, log, **kw:
+                        calls.append(("sweep", stages, configs, baselines, kw)))
     monkeypatch.setattr(measure, "measure_stage",
                         lambda st, configs, log, untimed: calls.append(("stage", configs, untimed))
-                        or (types.SimpleNamespace(passed=True), None))
-    assert worker.main(["baselines", "--sweep-elsewhere"]) == 0
-    (_, teach, names), (_, swept, rest) = calls
-    assert teach == measure.baseline_configs(with_sweep=False) and names == NAMES
-    assert swept == fl.sweep("fp16") and set(rest) == set(NAMES) - set(COMPARED)
+                        or (types.SimpleNamespace(passed=False), None))
+    job = runner.Job("baselines", baselines=("sdpa_flash",), timed=(fl.teaching("fp16"),))
+    assert runner.Job.from_json(job.to_json()) == job
+    assert worker.main([job.to_json()]) == 0
+    assert calls == [("baselines", [fl.teaching("fp16")], ("sdpa_flash",))]
     calls.clear()
-    assert worker.main(["sweep", "--stage", "12", "--baseline", "sdpa_cudnn", "--rounds", "5"]) == 0
-    assert calls == [("sweep", [fl.stage(12)], ("sdpa_cudnn",), {"rounds": 5})]
+    job = runner.sweep_job([fl.stage(12)], ("sdpa_cudnn",), rounds=5)
+    assert worker.main([job.to_json()]) == 0
+    assert calls == [("sweep", [fl.stage(12)], list(job.timed), ("sdpa_cudnn",), {"rounds": 5})]
     calls.clear()
-    assert worker.main(["12", "--sweep-elsewhere"]) == 0
-    (_, timed, untimed), = calls
-    assert timed == [fl.teaching("fp16"), fl.teaching("bf16")]
-    assert untimed == fl.sweep("fp16") + fl.sweep("bf16")
+    job = runner.Job("stage", stages=("12_tma_store",), timed=(fl.teaching("fp16"),),
+                     untimed=tuple(fl.sweep("fp16")))
+    assert worker.main([job.to_json()]) == 3  # the check failed
+    assert calls == [("stage", [fl.teaching("fp16")], fl.sweep("fp16"))]
+    assert worker.main([]) == 2
 
 
 def test_a_live_notebook_times_its_stage_with_the_stage_before_it(empty_data_dir, monkeypatch):

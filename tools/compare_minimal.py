@@ -38,7 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from flashlab import build, env, tables  # noqa: E402
 from flashlab.stages import stage  # noqa: E402
-from flashlab.bench import TEACHING, time_fn  # noqa: E402
+from flashlab.bench import time_fn  # noqa: E402
+from flashlab.configs import TEACHING
 from flashlab.reference import reference, rel_err  # noqa: E402
 
 LAUNCHER = r"""

@@ -24,7 +24,7 @@ import torch
 
 import flashlab as fl
 from flashlab import build
-from flashlab.stages import Attention
+from flashlab.runtime import Attention
 
 TILES, STAMPS = 256, 8
 PRELUDE = f"""

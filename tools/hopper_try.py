@@ -24,9 +24,10 @@ import torch
 
 import flashlab as fl
 from flashlab import build
-from flashlab.bench import tflops, time_interleaved
+from flashlab.bench import time_interleaved
+from flashlab.configs import tflops
 from flashlab.baselines import Baseline
-from flashlab.stages import Attention
+from flashlab.runtime import Attention
 
 def unregistered_stage(path):
     """The registry entry a kernel not yet in the registry is built and checked with: the last

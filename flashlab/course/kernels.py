@@ -165,7 +165,7 @@ def timed_configs(st, dtype) -> list:
     """The configs an exercise of stage `st` is timed at: the teaching config, and the same under
     the causal mask where the stage takes it (an order of work items, a skipped masked tile, is
     only seen there)."""
-    from ..bench import teaching
+    from ..configs import teaching
     cfg = teaching(dtype)
     return [cfg] + ([replace(cfg, causal=True)] if st.causal else [])
 
@@ -214,7 +214,8 @@ def stage_report(root, slug, check=True) -> dict:
     from ..bench import time_fn
     from ..check import GROWING_SHAPES
     from ..check import check as run_check
-    from ..stages import Attention, stage
+    from ..runtime import Attention
+    from ..stages import stage
 
     st = stage(slug)
     src = _source(root, slug)
@@ -347,7 +348,7 @@ def score(points, speed) -> float:
 
 def _recorded_ms(slug, cfg_dtype, gpu):
     from .. import tables
-    from ..bench import teaching
+    from ..configs import teaching
 
     rows = tables.ok(tables.recorded(slug, gpu))
     at = tables.at_config(rows, teaching(cfg_dtype))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from .. import measure, tables
-from ..bench import teaching
+from ..configs import teaching
 from ..stages import before
 from ..stages import stage as _stage
 from ..stages import stages

@@ -7,7 +7,7 @@ import re
 import pandas as pd
 
 from .. import ptxas, tables
-from ..bench import Config, teaching
+from ..configs import Config, teaching
 from ..stages import introduced_through
 from ..stages import stage as _stage
 from ..tables import NotRecorded
