@@ -24,6 +24,8 @@ COMMANDS = [
     ("flashlab table", "print the recorded results (--all: every config)"),
     ("flashlab report", "one self-contained page (table + every figure) for a class handout"),
     ("flashlab readme", "regenerate README.md's tables and this list (--check: is it up to date?)"),
+    ("flashlab new-stage 14 slug --from 13", "write a new stage's kernel, registry entry, notebook "
+                                             "and course-map row from stage 13's; print what records it"),
     ("flashlab student DIR --through NN", "write the edition of one assignment (--from MM): its "
                              "exercises stubbed, later stages absent, no solution inside"),
     ("flashlab grade [DIR]", "check an edition: each lab run in its notebook, kernel exercises on "
@@ -94,6 +96,15 @@ def _cmd_run(args):
 def _cmd_readme(args):
     from . import readme
     return readme.update(command_list(), check=args.check)
+
+
+def _cmd_new_stage(args):
+    from . import paths, scaffold
+    from .stages import stage
+    written = scaffold.new_stage(args.number, args.slug, args.source, args.title, args.idea)
+    print("wrote " + ", ".join(str(p.relative_to(paths.ROOT)) for p in written))
+    print("then record it:\n" + scaffold.next_steps(int(args.number), args.slug, stage(args.source)))
+    return 0
 
 
 def _cmd_tune(args):
@@ -378,6 +389,19 @@ def parser():
                        "command list from this program's help.")
     p.add_argument("--check", action="store_true", help="exit 1 if README.md is out of date")
     p.set_defaults(fn=_cmd_readme)
+
+    p = sub.add_parser("new-stage", help="write a new stage's files from the stage it builds on",
+                       description="Write kernels/NN_slug.cu (stage MM's, its kernel renamed and "
+                       "its exercises carried), the stage's entry in flashlab/stages.py (MM's, "
+                       "renamed), a notebook skeleton notebooks/src/NN_slug.py in the notebook "
+                       "conventions and its row in notebooks/TEACHING.md's course map; then print "
+                       "the commands that record it. README.md, 'Adding a stage', says the rest.")
+    p.add_argument("number", type=int, help="the new stage's number, e.g. 14")
+    p.add_argument("slug", help="its name, lower_case: 14 backward -> 14_backward")
+    p.add_argument("--from", dest="source", required=True, help="the stage it builds on (MM)")
+    p.add_argument("--title", help="its title (default: from the name)")
+    p.add_argument("--idea", help="the one technique it adds, in a sentence")
+    p.set_defaults(fn=_cmd_new_stage)
 
     p = sub.add_parser("tune", help="stage 08's autotune (data/tune08.csv); --apply writes pick()",
                        description=TUNE_HELP)

@@ -95,6 +95,7 @@ def laptop(tmp_path_factory):
     return home / ".venv" / "bin"
 
 
+@pytest.mark.slow
 def test_a_class_end_to_end(solution, laptop, tmp_path):
     flashlab = [sys.executable, "-m", "flashlab"]          # the instructor's, in the clone
     edition = tmp_path / "assignment-01-02"

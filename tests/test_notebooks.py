@@ -54,6 +54,7 @@ def _snapshot():
             for p in sorted((ROOT / "data").rglob("*")) if p.is_file() and p.suffix != ".lock"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notebook", [pytest.param(p, id=p.stem) for p in NOTEBOOKS])
 def test_notebook_runs_in_replay_mode(notebook, data_dir, monkeypatch):
     import nbformat
