@@ -1,7 +1,8 @@
-"""flashlab.hopper on the CPU: wgmma's register layouts against stage 05's mma.sync layouts, the
-matrix descriptor and the 128-byte swizzle against hopper.cuh's own encoders (compiled on the
-host with nvcc), the bank model, the mbarrier ring's invariants, and stage 11's models (register
-budgets, work claiming, the producer/consumer schedule); every figure draws."""
+"""The Hopper stages' lesson modules on the CPU (flashlab.wgmma, .tma, .warpspec, .tma_store,
+.lazy_rescale): wgmma's register layouts against stage 05's mma.sync layouts, the matrix
+descriptor and the 128-byte swizzle against hopper.cuh's own encoders (compiled on the host with
+nvcc), the bank model, the mbarrier ring's invariants, stage 11's models (register budgets, work
+claiming, the producer/consumer schedule) and stage 13's lazy rescale; every figure draws."""
 import io
 import itertools
 import random
@@ -14,7 +15,7 @@ from matplotlib.figure import Figure
 
 from flashlab import build
 from flashlab import fragments as fr
-from flashlab import hopper as hp
+from flashlab import lazy_rescale, tma, tma_store, warpspec, wgmma
 from flashlab.paths import KERNELS
 
 
@@ -22,7 +23,7 @@ from flashlab.paths import KERNELS
 
 @pytest.mark.parametrize("N", [64, 128, 192])
 def test_accumulator_covers_every_element_once(N):
-    df = hp.accumulator_owner(N)
+    df = wgmma.accumulator_owner(N)
     assert len(df) == 64 * N
     assert not df.duplicated(["row", "col"]).any()
     assert set(zip(df.row, df.col)) == set(itertools.product(range(64), range(N)))
@@ -35,7 +36,7 @@ def test_accumulator_covers_every_element_once(N):
 
 
 def test_accumulator_spot_checks():
-    df = hp.accumulator_owner(64).set_index(["thread", "reg"])
+    df = wgmma.accumulator_owner(64).set_index(["thread", "reg"])
     at = lambda t, i: tuple(df.loc[(t, i), ["row", "col"]])   # noqa: E731
     assert [at(0, i) for i in range(4)] == [(0, 0), (0, 1), (8, 0), (8, 1)]
     assert at(0, 4) == (0, 8) and at(0, 31) == (8, 57)
@@ -48,7 +49,7 @@ def test_accumulator_spot_checks():
 def test_each_warp_repeats_the_mma_c_fragment(N):
     """Warp w's 16 rows, 8-column tile j: stage 05's m16n8 C layout, c_r in d[4j + r]."""
     C = fr.layout("C")
-    df = hp.accumulator_owner(N)
+    df = wgmma.accumulator_owner(N)
     for w in range(4):
         for j in range(N // 8):
             part = df[(df.warp == w) & (df.col // 8 == j)]
@@ -62,7 +63,7 @@ def test_each_warp_repeats_the_mma_c_fragment(N):
 
 def test_a_fragment_is_the_mma_a_layout_per_warp():
     A = fr.layout("A")
-    df = hp.a_fragment_owner()
+    df = wgmma.a_fragment_owner()
     assert len(df) == 64 * 16 and not df.duplicated(["row", "col"]).any()
     assert (df.groupby("thread").size() == 8).all()             # 4 registers of 2 halves
     for w in range(4):
@@ -79,20 +80,20 @@ def test_a_fragment_is_the_mma_a_layout_per_warp():
 
 @pytest.mark.parametrize("BC", [64, 128])
 def test_p_is_already_an_a_fragment(BC):
-    df = hp.p_repack(BC)                                        # asserts the mapping itself
+    df = wgmma.p_repack(BC)                                     # asserts the mapping itself
     assert len(df) == 64 * BC
 
 
 # ---------------------------------------------------------------- the descriptor
 
 def test_descriptor_fields_match_the_ptx_isa():
-    spans = {f.name: (f.lo, f.hi, f.shift) for f in hp.DESCRIPTOR_FIELDS}
+    spans = {f.name: (f.lo, f.hi, f.shift) for f in wgmma.DESCRIPTOR_FIELDS}
     assert spans == {"start_address": (0, 13, 4), "leading_byte_offset": (16, 29, 4),
                      "stride_byte_offset": (32, 45, 4), "base_offset": (49, 51, 0),
                      "swizzle": (62, 63, 0)}
-    bits = [b for f in hp.DESCRIPTOR_FIELDS for b in range(f.lo, f.hi + 1)]
+    bits = [b for f in wgmma.DESCRIPTOR_FIELDS for b in range(f.lo, f.hi + 1)]
     assert len(bits) == len(set(bits)) and max(bits) == 63     # no overlaps, within 64 bits
-    assert hp.SWIZZLE_MODES[1] == "128-byte"
+    assert wgmma.SWIZZLE_MODES[1] == "128-byte"
 
 
 def test_descriptor_round_trip():
@@ -102,27 +103,27 @@ def test_descriptor_round_trip():
                   leading_byte_offset=16 * rng.randrange(1 << 14),
                   stride_byte_offset=16 * rng.randrange(1 << 14), base_offset=rng.randrange(8),
                   swizzle=rng.randrange(4))
-        desc = hp.encode_descriptor(kw["start_address"], kw["leading_byte_offset"],
+        desc = wgmma.encode_descriptor(kw["start_address"], kw["leading_byte_offset"],
                                     kw["stride_byte_offset"], kw["swizzle"], kw["base_offset"])
         assert 0 <= desc < 1 << 64
-        assert hp.decode_descriptor(desc) == kw
-    one = hp.encode_descriptor(0x10, 0x10, 0x10, swizzle=3, base_offset=7)
+        assert wgmma.decode_descriptor(desc) == kw
+    one = wgmma.encode_descriptor(0x10, 0x10, 0x10, swizzle=3, base_offset=7)
     assert one == 1 | 1 << 16 | 1 << 32 | 7 << 49 | 3 << 62
 
 
 def test_descriptor_rejects_what_it_cannot_hold():
     with pytest.raises(ValueError):
-        hp.encode_descriptor(8, 16, 1024)                       # not in 16-byte units
+        wgmma.encode_descriptor(8, 16, 1024)                    # not in 16-byte units
     with pytest.raises(ValueError):
-        hp.encode_descriptor(1 << 18, 16, 1024)                 # past 14 bits of 16 bytes
+        wgmma.encode_descriptor(1 << 18, 16, 1024)              # past 14 bits of 16 bytes
     with pytest.raises(ValueError):
-        hp.encode_descriptor(0, 16, 1024, swizzle=4)
+        wgmma.encode_descriptor(0, 16, 1024, swizzle=4)
     with pytest.raises(ValueError):
-        hp.decode_descriptor(1 << 14)                           # a reserved bit
+        wgmma.decode_descriptor(1 << 14)                        # a reserved bit
 
 
 def test_kernel_descriptors():
-    df = hp.kernel_descriptors(D=128, BC=128, WGS=2, STAGES=3)
+    df = wgmma.kernel_descriptors(D=128, BC=128, WGS=2, STAGES=3)
     q = df[df.operand.str.startswith("Q")].set_index("step").start
     k = df[df.operand.str.startswith("K")].set_index("step").start
     assert list(q[:4]) == [0, 32, 64, 96]                       # 32 bytes per k-step ...
@@ -130,7 +131,7 @@ def test_kernel_descriptors():
     v = df[df.operand.str.startswith("V")]
     assert (v.lead == 128 * 128).all() and (v.stride == 1024).all()
     assert list(np.diff(v.start)) == [2048] * 7                 # 16 keys a k-step
-    assert len(hp.kernel_descriptors(D=64, BC=64, STAGES=4)) == 2 * 4 + 4
+    assert len(wgmma.kernel_descriptors(D=64, BC=64, STAGES=4)) == 2 * 4 + 4
 
 
 # ---------------------------------------------------------------- the 128-byte swizzle
@@ -138,35 +139,35 @@ def test_kernel_descriptors():
 def test_sw128_is_stage06_at_d64():
     row, col = np.meshgrid(np.arange(256), np.arange(64), indexing="ij")
     for rows in (64, 128, 256):
-        assert (hp.sw128(rows, row, col) == hp.swz06(64, row, col)).all()
+        assert (wgmma.sw128(rows, row, col) == wgmma.swz06(64, row, col)).all()
 
 
 @pytest.mark.parametrize("D, rows", [(64, 64), (128, 64), (128, 128), (256, 8)])
 def test_sw128_is_a_permutation_and_the_hardware_pattern(D, rows):
     row, col = np.meshgrid(np.arange(rows), np.arange(D), indexing="ij")
-    off = hp.sw128(rows, row, col)
+    off = wgmma.sw128(rows, row, col)
     assert sorted(off.ravel() // 2) == list(range(rows * D))   # every element once, no gaps
     plain = (col // 64) * rows * 128 + row * 128 + (col % 64) * 2
-    assert (off == hp.swizzle128_address(plain)).all()         # address bits 4-6 ^= bits 7-9
+    assert (off == wgmma.swizzle128_address(plain)).all()      # address bits 4-6 ^= bits 7-9
 
 
 def test_stage06_at_d128_is_not_the_hardware_pattern():
     row, col = np.meshgrid(np.arange(8), np.arange(128), indexing="ij")
-    off = hp.swz06(128, row, col)
+    off = wgmma.swz06(128, row, col)
     assert sorted(off.ravel() // 2) == list(range(8 * 128))
-    assert (off != hp.swizzle128_address(2 * (row * 128 + col))).any()
+    assert (off != wgmma.swizzle128_address(2 * (row * 128 + col))).any()
     # the same chunk permutation within each half-row, but 256-byte rows instead of two blocks
-    assert ((off % 256) // 16 % 8 == (hp.sw128(8, row, col) % 128) // 16).all()
+    assert ((off % 256) // 16 % 8 == (wgmma.sw128(8, row, col) % 128) // 16).all()
 
 
 @pytest.mark.parametrize("D", [64, 128])
 def test_swizzle_banks_are_conflict_free(D):
-    df = hp.swizzle_banks(D)
+    df = wgmma.swizzle_banks(D)
     assert set(df.layout) == {"stage 06", "wgmma 128B"} and len(df) == 2 * D // 8
     assert (df.distinct_banks == 32).all() and (df.wavefronts == 1).all()
     firsts = df[[f"r{k}" for k in range(8)]].to_numpy()
     assert (np.sort(firsts, axis=1) == np.arange(0, 32, 4)).all()  # 8 rows x 4 banks = 32
-    assert (hp.swizzle_banks(D, first_row=5).distinct_banks == 32).all()
+    assert (wgmma.swizzle_banks(D, first_row=5).distinct_banks == 32).all()
 
 
 # ---------------------------------------------------------------- hopper.cuh itself, on the host
@@ -194,7 +195,7 @@ def test_kernel_encoders_match(tmp_path):
     descs = [(0, 16, 1024), (0x400, 16, 1024), (0x10000, 16, 1024), (0x12340, 16, 1024),
              (0x2A7E0, 128 * 128, 1024), (0x3FFF0, 64 * 128, 1024), (0x18020, 16, 1024)]
     descs += [(r["start"], r["lead"], r["stride"]) for _, r in
-              hp.kernel_descriptors(smem=0x10400).iloc[::5].iterrows()]
+              wgmma.kernel_descriptors(smem=0x10400).iloc[::5].iterrows()]
     sws = [(64, 0, 0), (64, 3, 77), (128, 127, 127), (64, 9, 8), (128, 5, 70), (8, 7, 63),
            (192, 100, 65), (128, 0, 64)]
     text = (HOST_PROGRAM.replace("%DESC%", ", ".join("{%d, %d, %d}" % t for t in descs))
@@ -211,13 +212,13 @@ def test_kernel_encoders_match(tmp_path):
     for kind, *vals in got:
         a, b, c, out = map(int, vals)
         if kind == "desc":
-            assert out == hp.encode_descriptor(a, b, c), (a, b, c)
-            assert hp.decode_descriptor(out)["start_address"] == a
+            assert out == wgmma.encode_descriptor(a, b, c), (a, b, c)
+            assert wgmma.decode_descriptor(out)["start_address"] == a
         else:
-            assert out == hp.sw128(a, b, c), (a, b, c)
+            assert out == wgmma.sw128(a, b, c), (a, b, c)
 
 
-# Lines of the kernels each model of flashlab.hopper follows: (file in kernels/, the text as it is there).
+# Lines of the kernels each model of stages 09-13 follows: (file in kernels/, the text as it is there).
 SOURCE = {
     "accumulator": ("hopper.cuh", "lane l of warp w holds\n// rows 16w + l/4 and 16w + l/4 + 8"),
     "a_fragment": ("hopper.cuh", "A (64 x 16) in registers (4 b16x2 per thread, the mma.sync A "
@@ -274,12 +275,12 @@ def test_models_quote_the_kernels():
 # ---------------------------------------------------------------- TMA and the ring
 
 def test_tma_boxes():
-    b = hp.tma_boxes(N=300, D=128, BC=128, tile=2)
+    b = tma.tma_boxes(N=300, D=128, BC=128, tile=2)
     assert list(b.col0) == [0, 64] and list(b.dst) == [0, 128 * 128]
     assert b.bytes.sum() == 128 * 128 * 2 and (b.zero_rows == 84).all()
-    assert (hp.tma_boxes(N=256, tile=1).zero_rows == 0).all()
+    assert (tma.tma_boxes(N=256, tile=1).zero_rows == 0).all()
     with pytest.raises(ValueError):
-        hp.tma_boxes(N=300, tile=3)
+        tma.tma_boxes(N=300, tile=3)
 
 
 PLANS = [dict(), dict(stages=4), dict(stages=3, latency=0.0), dict(stages=5, latency=3.0),
@@ -290,7 +291,7 @@ PLANS = [dict(), dict(stages=4), dict(stages=3, latency=0.0), dict(stages=5, lat
 
 @pytest.mark.parametrize("kw", PLANS)
 def test_ring_invariants(kw):
-    df = hp.ring_schedule(**kw)
+    df = tma.ring_schedule(**kw)
     n, stages = len(df), kw.get("stages", 3)
     latency, load = kw.get("latency", 1.0), kw.get("load", 1.0)
     assert (df.buffer == df.index % stages).all()
@@ -313,15 +314,15 @@ def test_ring_invariants(kw):
 
 
 def test_ring_steady_state():
-    three = hp.ring_schedule(n_tiles=16)                        # one tile ahead: latency-bound
+    three = tma.ring_schedule(n_tiles=16)                       # one tile ahead: latency-bound
     assert np.allclose(np.diff(three.compute_start_wg0)[-5:], 2.0)
-    four = hp.ring_schedule(n_tiles=16, stages=4)               # two ahead: compute-bound
+    four = tma.ring_schedule(n_tiles=16, stages=4)              # two ahead: compute-bound
     assert np.allclose(np.diff(four.compute_start_wg0)[-5:], 1.5)
-    slow = hp.ring_schedule(n_tiles=16, stages=3, compute=[1.0, 3.0])
+    slow = tma.ring_schedule(n_tiles=16, stages=3, compute=[1.0, 3.0])
     assert slow.stall.sum() > 0                                 # wg 1 holds the elected thread
     assert np.allclose(np.diff(slow.compute_start_wg0)[-5:], 3.0)
     with pytest.raises(ValueError):
-        hp.ring_schedule(stages=2)
+        tma.ring_schedule(stages=2)
 
 
 # ---------------------------------------------------------------- stage 11: registers
@@ -337,28 +338,29 @@ def _kernel_producer_regs():
 
 def test_register_budgets_are_the_kernels():
     three, other = _kernel_producer_regs()
-    assert [hp.producer_registers(c) for c in (1, 2, 3, 4)] == [other, other, three, other]
-    assert hp.producer_registers(2, blocks=2) == three
-    b = hp.register_budget(2)
+    assert [warpspec.producer_registers(c) for c in (1, 2, 3, 4)] == [other, other, three, other]
+    assert warpspec.producer_registers(2, blocks=2) == three
+    b = warpspec.register_budget(2)
     assert list(b.role) == ["producer", "consumer", "consumer"]
     assert list(b.entry) == [168] * 3 and list(b.after) == [other, 232, 232]
-    assert hp.register_budget(3).after.tolist() == [three, 160, 160, 160]
-    assert hp.register_budget(3, 40).after.tolist() == [40, 152, 152, 152]  # too few: C7512
-    assert hp.entry_registers(384) == 168 and hp.entry_registers(512) == 128
-    two = hp.register_budget(2, blocks=2)                       # two blocks an SM (D = 64, causal)
+    assert warpspec.register_budget(3).after.tolist() == [three, 160, 160, 160]
+    assert warpspec.register_budget(3, 40).after.tolist() == [40, 152, 152, 152]  # too few: C7512
+    assert warpspec.entry_registers(384) == 168 and warpspec.entry_registers(512) == 128
+    two = warpspec.register_budget(2, blocks=2)                 # two blocks an SM (D = 64, causal)
     assert list(two.entry) == [80] * 3 and list(two.after) == [three, 104, 104]
-    assert hp.register_budget(4, 24).after.tolist() == [24] + [112] * 4  # 640 threads start at 96
-    assert hp.entry_registers(256) == 255 and hp.entry_registers(128) == 255
-    assert hp.accumulator_registers(128, 128) == {"O": 64, "S": 64, "P": 32}
-    assert sum(hp.accumulator_registers(64, 128).values()) == 128
+    # 640 threads start at 96
+    assert warpspec.register_budget(4, 24).after.tolist() == [24] + [112] * 4
+    assert warpspec.entry_registers(256) == 255 and warpspec.entry_registers(128) == 255
+    assert warpspec.accumulator_registers(128, 128) == {"O": 64, "S": 64, "P": 32}
+    assert sum(warpspec.accumulator_registers(64, 128).values()) == 128
 
 
 @pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 @pytest.mark.parametrize("producer", [24, 40, 56, 64, 128])
 def test_register_budgets_fit_the_sm(consumers, producer):
-    b = hp.register_budget(consumers, producer)
+    b = warpspec.register_budget(consumers, producer)
     assert len(b) == consumers + 1 and (b.threads == 128).all()
-    assert b.after_total.sum() <= b.entry_total.sum() <= hp.REGS_PER_SM  # within the block's pool
+    assert b.after_total.sum() <= b.entry_total.sum() <= warpspec.REGS_PER_SM  # within the pool
     assert (b.after % 8 == 0).all() and ((b.entry % 8 == 0) | (b.entry == 255)).all()
     assert (b.after <= 256).all() and (b.entry <= 255).all()
     cons = b.after.iloc[1]
@@ -371,11 +373,11 @@ def test_register_budgets_fit_the_sm(consumers, producer):
 def test_setmaxnreg_takes_multiples_of_8_from_24_to_256():
     for bad in (16, 20, 41, 264):
         with pytest.raises(ValueError):
-            hp.consumer_registers(2, bad)
+            warpspec.consumer_registers(2, bad)
     with pytest.raises(ValueError):
-        hp.entry_registers(200)                                 # not whole warpgroups
+        warpspec.entry_registers(200)                           # not whole warpgroups
     with pytest.raises(ValueError):
-        hp.consumer_registers(0)
+        warpspec.consumer_registers(0)
 
 
 # ---------------------------------------------------------------- stage 11: claiming work items
@@ -385,10 +387,10 @@ CLAIMS = [(4, 8, 8), (6, 8, 16), (2, 16, 8), (8, 8, 8), (16, 4, 8), (3, 12, 12),
 
 
 @pytest.mark.parametrize("heads, tiles, blocks", CLAIMS)
-@pytest.mark.parametrize("policy", hp.CLAIM_POLICIES)
+@pytest.mark.parametrize("policy", warpspec.CLAIM_POLICIES)
 @pytest.mark.parametrize("causal", [True, False])
 def test_claim_schedule_invariants(heads, tiles, blocks, policy, causal):
-    s = hp.claim_schedule(heads, tiles, blocks, causal, policy)
+    s = warpspec.claim_schedule(heads, tiles, blocks, causal, policy)
     items, grid = heads * tiles, min(blocks, heads * tiles)
     assert list(s.index) == list(range(items)) and set(s.block) <= set(range(grid))
     assert (s.end - s.start == s.cost).all() and (s.start >= s.claimed).all()
@@ -421,41 +423,42 @@ def test_claim_schedule_invariants(heads, tiles, blocks, policy, causal):
 def test_the_counter_beats_a_static_split_of_causal_items(heads, tiles, blocks):
     """Where the grid lines up with a head's tiles, a static split hands every block the same
     query tile of each head; the counter finishes earlier, and longest-first no later."""
-    static = hp.claim_schedule(heads, tiles, blocks, True, "static").end.max()
-    counter = hp.claim_schedule(heads, tiles, blocks, True, "counter").end.max()
-    in_order = hp.claim_schedule(heads, tiles, blocks, True, "counter", longest_first=False)
+    static = warpspec.claim_schedule(heads, tiles, blocks, True, "static").end.max()
+    counter = warpspec.claim_schedule(heads, tiles, blocks, True, "counter").end.max()
+    in_order = warpspec.claim_schedule(heads, tiles, blocks, True, "counter", longest_first=False)
     assert counter < static
     assert counter <= in_order.end.max()
 
 
 def test_claim_makespans():
-    df = hp.claim_makespans([(4, 8), (16, 4)], blocks=8)
+    df = warpspec.claim_makespans([(4, 8), (16, 4)], blocks=8)
     assert list(df.index) == [(4, 8), (16, 4)] and list(df["items"]) == [32, 64]
     assert df.loc[(4, 8), "static"] == 32 and df.loc[(4, 8), "counter"] == 19
     # claimed as an item starts (a whole item ahead), the counter would end at 22; claimed at the
     # last moment, as the block scheduler does, at 18
-    assert [hp.claim_schedule(4, 8, 8, ahead=a).end.max() for a in (100, 0)] == [22, 18]
+    assert [warpspec.claim_schedule(4, 8, 8, ahead=a).end.max() for a in (100, 0)] == [22, 18]
     assert df.loc[(4, 8), "hardware"] == 18 == df.loc[(4, 8), "even_split"]
     assert np.isclose(df.loc[(4, 8), "static over even"], 32 / 18 - 1)
     with pytest.raises(ValueError):
-        hp.claim_schedule(policy="round robin")
+        warpspec.claim_schedule(policy="round robin")
 
 
 def test_items_of_more_rows_than_keys_read_up_to_their_last_row():
     """Stage 11 at D = 64: 192-row items (three consumers) over 128-key tiles. N = 512 is three
     items a head; under the mask, longest first, they read 4, 3 and 2 key tiles (rows 384-511,
     192-383, 0-191), without it all 4."""
-    assert [hp.item_tiles(i, 3, True, rows=192, keys=128, n=512) for i in range(3)] == [4, 3, 2]
-    assert [hp.item_tiles(i, 3, True, False, 192, 128, 512) for i in range(3)] == [2, 3, 4]
-    assert hp.item_tiles(0, 3, False, rows=192, keys=128, n=512) == 4
+    assert [warpspec.item_tiles(i, 3, True, rows=192, keys=128, n=512)
+            for i in range(3)] == [4, 3, 2]
+    assert [warpspec.item_tiles(i, 3, True, False, 192, 128, 512) for i in range(3)] == [2, 3, 4]
+    assert warpspec.item_tiles(0, 3, False, rows=192, keys=128, n=512) == 4
     # rows = keys and n a multiple: query tile t reads key tiles 0..t, as before
-    assert [hp.item_tiles(i, 4, True) for i in range(4)] == [4, 3, 2, 1]
-    s = hp.claim_schedule(2, 3, 4, rows=192, keys=128, n=512)
+    assert [warpspec.item_tiles(i, 4, True) for i in range(4)] == [4, 3, 2, 1]
+    s = warpspec.claim_schedule(2, 3, 4, rows=192, keys=128, n=512)
     assert list(s.cost) == [4, 3, 2, 4, 3, 2]
-    df = hp.claim_makespans([(2, 3, 192, 128, 512)], blocks=4)
+    df = warpspec.claim_makespans([(2, 3, 192, 128, 512)], blocks=4)
     assert df.loc[(2, 3), "even_split"] == 18 / 4
     with pytest.raises(ValueError, match="do not cover"):
-        hp.item_tiles(0, 2, True, rows=192, keys=128, n=512)
+        warpspec.item_tiles(0, 2, True, rows=192, keys=128, n=512)
 
 
 # ---------------------------------------------------------------- stage 11: the schedule
@@ -474,7 +477,7 @@ def _no_overlap(work):
 @pytest.mark.parametrize("tiles", ITEMS)
 @pytest.mark.parametrize("stages", [2, 3, 4])
 def test_the_producer_never_overwrites_a_buffer_before_its_release(times, tiles, stages):
-    s = hp.warpspec_schedule(tiles=tiles, stages=stages, **times)
+    s = warpspec.warpspec_schedule(tiles=tiles, stages=stages, **times)
     latency = times.get("latency", 1.0)
     c, w = s.copies, s.work
     assert (c.arrive >= c.issue + latency - 1e-9).all() and (c.release >= c.arrive - 1e-9).all()
@@ -509,7 +512,7 @@ def test_the_producer_never_overwrites_a_buffer_before_its_release(times, tiles,
 @pytest.mark.parametrize("times", TIMES)
 @pytest.mark.parametrize("tiles", ITEMS)
 def test_stage10_ring_and_stage11_is_no_slower(times, tiles):
-    s10 = hp.elected_schedule(tiles=tiles, stages=3, **times)
+    s10 = warpspec.elected_schedule(tiles=tiles, stages=3, **times)
     c, w = s10.copies, s10.work
     kv = c[c.what == "KV"]
     for k, block in kv.groupby("item"):
@@ -524,48 +527,50 @@ def test_stage10_ring_and_stage11_is_no_slower(times, tiles):
     # one block at a time: the next starts after the last one's store
     assert (starts.iloc[1:].to_numpy() >= ends.iloc[:-1].to_numpy() - 1e-9).all()
     _no_overlap(w)
-    s11 = hp.warpspec_schedule(tiles=tiles, stages=2, **times)
+    s11 = warpspec.warpspec_schedule(tiles=tiles, stages=2, **times)
     assert s11.total <= s10.total + 1e-9
 
 
 def test_the_steady_state_is_the_math_when_copies_keep_up():
     times = dict(latency=1.0, load=0.5, mma=1.0, softmax=1.0, issue=0.0)
-    for sched in (hp.elected_schedule(tiles=(16,), stages=3, **times),
-                  hp.warpspec_schedule(tiles=(16,), stages=2, **times)):
+    for sched in (warpspec.elected_schedule(tiles=(16,), stages=3, **times),
+                  warpspec.warpspec_schedule(tiles=(16,), stages=2, **times)):
         s = sched.work[(sched.work.kind == "S") & sched.work.lane.isin(["wg 0", "consumer 1"])]
         assert np.allclose(np.diff(s.start)[-6:], 2.0)
     slow = dict(times, latency=1.5, load=0.75)                  # stage 10 waits every tile
-    ten = hp.elected_schedule(tiles=(16,), stages=3, **slow).work
-    eleven = hp.warpspec_schedule(tiles=(16,), stages=2, **slow).work
+    ten = warpspec.elected_schedule(tiles=(16,), stages=3, **slow).work
+    eleven = warpspec.warpspec_schedule(tiles=(16,), stages=2, **slow).work
     assert np.diff(ten[(ten.kind == "S") & (ten.lane == "wg 0")].start)[-1] > 2.0 + 1e-9
     assert np.isclose(np.diff(eleven[(eleven.kind == "S")
                                      & (eleven.lane == "consumer 1")].start)[-1], 2.0)
 
 
 def test_predicted_gain_fades_with_the_item():
-    g = hp.predicted_gain(n_tiles=(4, 16, 128), mma=1.0, softmax=1.0, latency=1.0, load=0.5)
+    g = warpspec.predicted_gain(n_tiles=(4, 16, 128), mma=1.0, softmax=1.0, latency=1.0, load=0.5)
     assert (g > 1).all() and g.is_monotonic_decreasing and g[128] < 1.02
     with pytest.raises(ValueError):
-        hp.warpspec_schedule(stages=1)
+        warpspec.warpspec_schedule(stages=1)
     with pytest.raises(ValueError):
-        hp.elected_schedule(stages=2)
+        warpspec.elected_schedule(stages=2)
     with pytest.raises(ValueError):
-        hp.warpspec_schedule(load=-1)
+        warpspec.warpspec_schedule(load=-1)
 
 
 # ---------------------------------------------------------------- figures
 
-FIGURES = [lambda: hp.accumulator_figure(64), lambda: hp.accumulator_figure(128),
-           lambda: hp.descriptor_figure(), lambda: hp.descriptor_figure(
-               hp.encode_descriptor(0x12340, 128 * 128, 1024)),
-           lambda: hp.swizzle_figure(128), lambda: hp.swizzle_figure(64),
-           lambda: hp.tma_box_figure(), lambda: hp.tma_box_figure(N=200, D=64, BC=64, tile=1),
-           lambda: hp.ring_timeline(), lambda: hp.ring_timeline(stages=4, compute=[1.5, 2.0]),
-           lambda: hp.register_figure(), lambda: hp.register_figure((1, 2), D=64),
-           lambda: hp.claim_figure(), lambda: hp.claim_figure(heads=3, tiles=5, blocks=4,
-                                                              causal=False),
-           lambda: hp.warpspec_timeline(), lambda: hp.warpspec_timeline(tiles=(2, 5), latency=2.0),
-           lambda: hp.lazy_figure(), lambda: hp.lazy_figure(D=64, BC=64)]
+FIGURES = [lambda: wgmma.accumulator_figure(64), lambda: wgmma.accumulator_figure(128),
+           lambda: wgmma.descriptor_figure(), lambda: wgmma.descriptor_figure(
+               wgmma.encode_descriptor(0x12340, 128 * 128, 1024)),
+           lambda: wgmma.swizzle_figure(128), lambda: wgmma.swizzle_figure(64),
+           lambda: tma.tma_box_figure(), lambda: tma.tma_box_figure(N=200, D=64, BC=64, tile=1),
+           lambda: tma.ring_timeline(), lambda: tma.ring_timeline(stages=4, compute=[1.5, 2.0]),
+           lambda: warpspec.register_figure(), lambda: warpspec.register_figure((1, 2), D=64),
+           lambda: warpspec.claim_figure(),
+           lambda: warpspec.claim_figure(heads=3, tiles=5, blocks=4, causal=False),
+           lambda: warpspec.warpspec_timeline(),
+           lambda: warpspec.warpspec_timeline(tiles=(2, 5), latency=2.0),
+           lambda: tma_store.o_store_figure(), lambda: tma_store.o_store_figure(D=128, d=3),
+           lambda: lazy_rescale.lazy_figure(), lambda: lazy_rescale.lazy_figure(D=64, BC=64)]
 
 
 @pytest.mark.parametrize("make", FIGURES)
@@ -576,10 +581,12 @@ def test_figures_draw(make):
 
 
 def test_frames_are_dataframes():
-    for df in (hp.accumulator_owner(), hp.a_fragment_owner(), hp.swizzle_banks(128),
-               hp.ring_schedule(), hp.kernel_descriptors(), hp.tma_boxes(),
-               hp.register_budget(), hp.claim_schedule(), hp.warpspec_schedule().work,
-               hp.warpspec_schedule().copies, hp.elected_schedule().work, hp.lazy_steps()):
+    for df in (wgmma.accumulator_owner(), wgmma.a_fragment_owner(), wgmma.swizzle_banks(128),
+               tma.ring_schedule(), wgmma.kernel_descriptors(), tma.tma_boxes(),
+               warpspec.register_budget(), warpspec.claim_schedule(),
+               warpspec.warpspec_schedule().work, warpspec.warpspec_schedule().copies,
+               warpspec.elected_schedule().work, tma_store.o_store_requests(),
+               lazy_rescale.lazy_steps()):
         assert isinstance(df, pd.DataFrame) and len(df)
 
 
@@ -587,14 +594,14 @@ def test_frames_are_dataframes():
 
 def test_lazy_steps_drop_the_rescale_and_the_factor():
     for D in (64, 128):
-        steps = hp.lazy_steps(D=D)
+        steps = lazy_rescale.lazy_steps(D=D)
         saved = steps.at["total", "stage 12"] - steps.at["total", "stage 13"]
         assert saved == D // 2 + 6 + 2 - 5  # O's rescale, m and alpha, two FMNMX; the vote added
         assert steps.at["exponentials (MUFU.EX2)", "stage 13"] == 64
 
 
 def test_the_lazy_model_is_shorter_and_its_exponentials_start_at_once():
-    chain = hp.lazy_chain(D=128)
+    chain = lazy_rescale.lazy_chain(D=128)
     end = {s: max(a + n for _, a, n in steps) for s, steps in chain.items()}
     assert end["stage 13"] < end["stage 12"]
     assert dict((n, a) for n, a, _ in chain["stage 13"])["exponentials, sums, P"] == 0
@@ -605,11 +612,12 @@ def test_lazy_fallbacks_random_inputs_never_and_growing_keys_often():
     rng = np.random.default_rng(1)
     q, k = rng.standard_normal((1024, 64)), rng.standard_normal((1024, 64))
     for causal in (False, True):
-        r = hp.lazy_fallbacks(q, k, causal=causal)
-        assert r["classic"] == 0 and r["lazy"] > 0 and r["largest lazy P"] <= 2 ** hp.LAZY_UNITS
-    grow = hp.lazy_fallbacks(q, k * (1 + 30 * np.arange(1024) / 1024)[:, None])
+        r = lazy_rescale.lazy_fallbacks(q, k, causal=causal)
+        assert r["classic"] == 0 and r["lazy"] > 0
+        assert r["largest lazy P"] <= 2 ** lazy_rescale.LAZY_UNITS
+    grow = lazy_rescale.lazy_fallbacks(q, k * (1 + 30 * np.arange(1024) / 1024)[:, None])
     assert grow["classic share"] > 0.5
-    assert grow["largest lazy P"] <= 2 ** hp.LAZY_UNITS
+    assert grow["largest lazy P"] <= 2 ** lazy_rescale.LAZY_UNITS
 
 
 def test_lazy_fallbacks_counts_a_jump_by_hand():
@@ -618,10 +626,10 @@ def test_lazy_fallbacks_counts_a_jump_by_hand():
     d = 4
     q = np.zeros((16, d))
     q[:, 0] = 1.0
-    scale_log2 = hp.LOG2E / 2  # 1 / sqrt(4), in log2 units
+    scale_log2 = lazy_rescale.LOG2E / 2  # 1 / sqrt(4), in log2 units
     for jump, classic in ((9.0, 1), (7.0, 0)):
         k = np.zeros((256, d))
         k[:128, 0] = 1.0 / scale_log2   # first tile: every score 1 (log2 units)
         k[200, 0] = (1.0 + jump) / scale_log2
-        r = hp.lazy_fallbacks(q, k, BC=128)
+        r = lazy_rescale.lazy_fallbacks(q, k, BC=128)
         assert (r["classic"], r["lazy"]) == (classic, 1 - classic)

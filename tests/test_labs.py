@@ -139,7 +139,7 @@ def test_a_wrong_answer_never_holds_the_truth(id, data_dir):
 
 
 def test_the_labs_answer_what_the_models_say(data_dir):
-    from flashlab import banks, diagrams, fragments, hopper, tiling
+    from flashlab import banks, diagrams, fragments, tiling, tma_store, warpspec, wgmma
     assert labs.answer_check("01.bank_wavefronts", banks.wavefronts(np.arange(32) * 80)[0]).ok
     assert labs.answer_check("02.sectors", diagrams.sectors_per_request(
         16 + 4 * np.arange(32)).sectors).ok
@@ -150,11 +150,11 @@ def test_the_labs_answer_what_the_models_say(data_dir):
     assert labs.answer_check("06.bank_map", fragments.ldmatrix_wavefronts(160).wavefronts).ok
     assert labs.answer_check("07.pipeline_period", diagrams.pipeline_period(200, 300, 2, 500)).ok
     assert labs.answer_check("08.tuning", _switches_dropped()).ok
-    assert labs.answer_check("09.descriptor", hopper.encode_descriptor(
+    assert labs.answer_check("09.descriptor", wgmma.encode_descriptor(
         0x14000 + 3 * 2048, 128 * 128, 1024)).ok
-    assert labs.answer_check("11.registers", (hopper.entry_registers(640),
-                                              hopper.consumer_registers(4, 40))).ok
-    req = hopper.o_store_requests(256)
+    assert labs.answer_check("11.registers", (warpspec.entry_registers(640),
+                                              warpspec.consumer_registers(4, 40))).ok
+    req = tma_store.o_store_requests(256)
     assert labs.answer_check("12.store_sectors", (req.iloc[0].instructions, req.iloc[0].sectors,
                                                   req.iloc[1].sectors)).ok
 
@@ -295,8 +295,9 @@ def test_an_edition_reads_the_keys_from_json_without_labkeys(tmp_path, data_dir)
             "assert L.keys()['salt'] == 'edition'\n"
             "assert L.answer_check('02.sectors', 5).ok\n"
             "assert L.answer_check('11.registers', (96, 110)).ok is False\n"
-            "lessons = {'labkeys', 'hopper', 'fragments', 'diagrams', 'tiling', 'tuning', "
-            "'banks', 'autotune'}\n"
+            "lessons = {'labkeys', 'fragments', 'diagrams', 'tiling', 'tuning', 'banks', "
+            "'autotune', 'hopper_common', 'wgmma', 'tma', 'warpspec', 'tma_store', "
+            "'lazy_rescale'}\n"
             "print(sorted(m for m in sys.modules if m.split('.')[-1] in lessons))\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=paths.ROOT)
@@ -305,8 +306,8 @@ def test_an_edition_reads_the_keys_from_json_without_labkeys(tmp_path, data_dir)
 
 
 def test_labs_py_imports_no_lesson_model_and_no_keys_at_module_level():
-    banned = ("labkeys", "hopper", "fragments", "diagrams", "tiling", "tuning", "banks",
-              "autotune", "tables")
+    banned = ("labkeys", "fragments", "diagrams", "tiling", "tuning", "banks", "autotune",
+              "tables", "hopper_common", "wgmma", "tma", "warpspec", "tma_store", "lazy_rescale")
     for name in ("labs.py", "labdefs.py"):
         tree = ast.parse((PACKAGE / "course" / name).read_text())
         top = {(node.module or "") + ":" + ",".join(a.name for a in node.names)
@@ -344,14 +345,14 @@ def test_labs_py_computes_no_truth():
 
 def test_the_prompts_quote_the_models():
     import torch
-    from flashlab import diagrams, fragments, hopper, tiling
+    from flashlab import diagrams, fragments, lazy_rescale, tiling, warpspec
     from flashlab.autotune import SWITCHES
     assert labdefs.WARP == fragments.WARP and labdefs.SECTOR == diagrams.SECTOR
-    assert labdefs.SM90 == tiling.SM_LIMITS["9.0"] and labdefs.SM90[0] == hopper.REGS_PER_SM
+    assert labdefs.SM90 == tiling.SM_LIMITS["9.0"] and labdefs.SM90[0] == warpspec.REGS_PER_SM
     assert labdefs.STAGE03_THREADS == tiling.THREADS
     assert labdefs.SWITCH_NAMES == tuple(SWITCHES)
     assert labdefs.E4M3_MAX == torch.finfo(torch.float8_e4m3fn).max
-    assert hopper.LAZY_UNITS == 8 and "(8 in the kernel)" in labs.prompt("13.lazy_bound")
+    assert lazy_rescale.LAZY_UNITS == 8 and "(8 in the kernel)" in labs.prompt("13.lazy_bound")
     assert "65 536" in labs.prompt("11.registers") and "233 472" in labs.prompt("03.occupancy")
 
 

@@ -26,7 +26,7 @@ LAYERS = {
               "profile_target", "worker", "runner", "plots", "report", "readme", "cli",
               "autotune", "model", "cells"],
     "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning",
-                "hopper"],
+                "hopper_common", "wgmma", "tma", "warpspec", "tma_store", "lazy_rescale"],
     "course": ["course", "__main__"],
 }
 RANK = {name: i for i, name in enumerate(LAYERS)}

@@ -325,11 +325,11 @@ _LABS = (
     _lab("09_wgmma", "09.descriptor",
          "A wgmma descriptor by hand: what is V's for one k-step of P·V?",
          "Stage 09 multiplies O += P V with V read from shared memory through a descriptor "
-         "(hp.DESCRIPTOR_FIELDS; `hp.encode_descriptor(addr, lead_bytes, stride_bytes)` packs "
-         "one). A V tile of 128 keys at D = 128 sits at shared address 0x14000 in the 128-byte "
-         "swizzle (two blocks of 128 rows x 64 columns, one after the other). Give the descriptor "
-         "of k-step ks = 3 (keys 48-63), as the kernel builds it. Set `answer` to the 64-bit "
-         "value (an int).",
+         "(wgmma.DESCRIPTOR_FIELDS; `wgmma.encode_descriptor(addr, lead_bytes, stride_bytes)` "
+         "packs one). A V tile of 128 keys at D = 128 sits at shared address 0x14000 in the "
+         "128-byte swizzle (two blocks of 128 rows x 64 columns, one after the other). Give the "
+         "descriptor of k-step ks = 3 (keys 48-63), as the kernel builds it. Set `answer` to the "
+         "64-bit value (an int).",
          Hex64("a 64-bit descriptor (an int)")),
     _lab("10_tma", "10.parity",
          "The mbarrier ring: which buffer, and which phase parity?",
@@ -351,8 +351,8 @@ _LABS = (
          "and the consumers take the rest with `setmaxnreg.inc` (a multiple of 8). Suppose the "
          "kernel ran CONSUMERS = 4 with PRODUCER_REGS = 40: how many registers may a thread hold "
          "when the kernel starts, and how many does a consumer thread hold after setmaxnreg? "
-         "(`hp.register_budget` computes both; predict them first.) Set `answer` to (registers at "
-         "launch, registers of a consumer after setmaxnreg).",
+         "(`warpspec.register_budget` computes both; predict them first.) Set `answer` to "
+         "(registers at launch, registers of a consumer after setmaxnreg).",
          Tuple("two whole numbers: (registers a thread at launch, registers a consumer thread "
                "after setmaxnreg)", *[Whole("a whole number of registers")] * 2)),
     _lab("12_tma_store", "12.store_sectors",
@@ -366,8 +366,8 @@ _LABS = (
          "128, the count does not). How many warp store instructions does the warpgroup issue; "
          "how many 32-byte sectors do they write, counted once per instruction that touches one; "
          "and how many sectors does stage 12's TMA store write for the same tile? "
-         "(`hp.o_store_requests` counts them; predict first.) Set `answer` to (instructions, "
-         "sectors from registers, sectors by the TMA).",
+         "(`tma_store.o_store_requests` counts them; predict first.) Set `answer` to "
+         "(instructions, sectors from registers, sectors by the TMA).",
          Tuple("three whole numbers: (warp store instructions, sectors from registers, sectors "
                "by the TMA)", *[Whole("a whole number")] * 3)),
     _lab("13_lazy_rescale", "13.lazy_bound",

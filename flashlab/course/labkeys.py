@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import diagrams as dg
 from .. import fragments as fr
-from .. import hopper as hp
+from .. import lazy_rescale, tma_store, warpspec, wgmma
 from .. import tables, tiling, tuning
 from ..autotune import SWITCHES
 from ..banks import BANK_BYTES, BANKS, wavefronts
@@ -423,32 +423,32 @@ DESC_V0, DESC_BC, DESC_KS = 0x14000, 128, 3   # a V tile's shared address, its k
 def _descriptor(id):
     start = DESC_V0 + DESC_KS * 16 * 128
     lead, stride = DESC_BC * 128, 1024
-    truth = hp.encode_descriptor(start, lead, stride)
+    truth = wgmma.encode_descriptor(start, lead, stride)
     right = (f"Right: 0x{truth:016x}. k-step {DESC_KS} of P·V reads keys {16 * DESC_KS}-"
              f"{16 * DESC_KS + 15}: 16 rows of 128 bytes each per k-step, so the start is "
              f"0x{DESC_V0:x} + {DESC_KS} x 2048 = 0x{start:x}; V is read transposed (N-major), "
              "so the leading byte offset is the distance between its 64-column blocks, "
              f"{DESC_BC} rows x 128 = {lead} bytes, and the stride byte offset is 8 rows, 1024 "
              "bytes; swizzle mode 1 (128-byte). Each field is its bytes >> 4: "
-             f"{hp.decode_descriptor(truth)}.")
-    wrong = _wrong("Decode yours with `hp.decode_descriptor(answer)` and check each field: the "
+             f"{wgmma.decode_descriptor(truth)}.")
+    wrong = _wrong("Decode yours with `wgmma.decode_descriptor(answer)` and check each field: the "
                    "start address of k-step ks (16 keys of 128 bytes a k-step), the leading byte "
                    "offset (V is read N-major: what separates its 64-column blocks?), the stride "
                    "byte offset (8 rows of 128 bytes), and the swizzle mode (128-byte).")
     mistakes = {
-        hp.encode_descriptor(DESC_V0, lead, stride):
+        wgmma.encode_descriptor(DESC_V0, lead, stride):
             "Your start address is the tile's; k-step ks starts 16 keys a k-step further in.",
-        hp.encode_descriptor(start, stride, lead):
+        wgmma.encode_descriptor(start, stride, lead):
             "Your leading and stride offsets are swapped: for an N-major operand the leading "
             "offset jumps between 64-column blocks.",
-        hp.encode_descriptor(start, 16, stride):
+        wgmma.encode_descriptor(start, 16, stride):
             "A leading offset of 16 is what K-major operands (Q, K) carry; V is read N-major.",
         start: "That is a single address; the descriptor packs four fields into 64 bits.",
         start >> 4: "That is a single address field; the descriptor packs four into 64 bits.",
     }
     for mode in (0, 2, 3):
-        mistakes[hp.encode_descriptor(start, lead, stride, swizzle=mode)] = (
-            "The tile is 128-byte swizzled: check the mode in bits 62-63 (hp.SWIZZLE_MODES).")
+        mistakes[wgmma.encode_descriptor(start, lead, stride, swizzle=mode)] = (
+            "The tile is 128-byte swizzled: check the mode in bits 62-63 (wgmma.SWIZZLE_MODES).")
     mistakes.pop(truth, None)
     return Key({_canon(id, truth): right}, wrong,
                {_canon(id, k): v for k, v in mistakes.items()})
@@ -473,7 +473,7 @@ def _parity(id):
                    "of the ring, so its parity counts rounds, not tiles. For the refill: which "
                    "tile does the elected thread load at iteration j (loads run STAGES - 2 ahead), "
                    "which tile held that buffer a round before, and which completion of the empty "
-                   "barrier releases it? Section 4's waits, and `hp.ring_schedule(stages=...)` "
+                   "barrier releases it? Section 4's waits, and `tma.ring_schedule(stages=...)` "
                    "(buffer and parity per tile), check it.")
     rounds_as_tiles = (truth[0], j & 1, truth[2], truth[3])
     same_round = (truth[0], truth[1], truth[2], (nxt // S) & 1)
@@ -497,17 +497,18 @@ REG_CONSUMERS, REG_PRODUCER = 4, 40    # four consumer warpgroups; the producer 
 def _registers(id):
     c, prod = REG_CONSUMERS, REG_PRODUCER
     threads = 128 * (1 + c)
-    entry = hp.entry_registers(threads)
-    cons = hp.consumer_registers(c, prod)
+    entry = warpspec.entry_registers(threads)
+    cons = warpspec.consumer_registers(c, prod)
     truth = (entry, cons)
     pool = entry * (1 + c)
     exact = (pool - prod) / c
-    acc128 = sum(hp.accumulator_registers(128, 128).values())
-    acc64 = sum(hp.accumulator_registers(64, 128).values())
-    sm = _n(hp.REGS_PER_SM)
+    acc128 = sum(warpspec.accumulator_registers(128, 128).values())
+    acc64 = sum(warpspec.accumulator_registers(64, 128).values())
+    per_sm = warpspec.REGS_PER_SM
+    sm = _n(per_sm)
     right = (f"Right: {truth}. A block of {1 + c} warpgroups is {threads} threads; under "
              f"__launch_bounds__({threads}, 1) one block must fit the {sm} registers: {sm} / "
-             f"{threads} = {hp.REGS_PER_SM / threads:g}, rounded down to a multiple of 8: {entry}. "
+             f"{threads} = {per_sm / threads:g}, rounded down to a multiple of 8: {entry}. "
              "setmaxnreg moves registers only within the block, so each thread position of a "
              f"warpgroup has {1 + c} x {entry} = {pool} registers to share: the producer keeps "
              f"{prod}, the {c} consumers share {pool - prod}: {exact:g} each, down to a multiple "
@@ -518,17 +519,17 @@ def _registers(id):
     wrong = _wrong("Go through section 3's budget for this block: the cap at launch, the pool "
                    "setmaxnreg shares out within the block, the producer's part and the "
                    "consumers' shares, each a multiple of 8. "
-                   "`hp.register_budget(consumers=..., producer_regs=...)` computes both.")
+                   "`warpspec.register_budget(consumers=..., producer_regs=...)` computes both.")
     mistakes = {
         (entry, int(exact)): "setmaxnreg takes multiples of 8: round the share down.",
-        (hp.entry_registers(512), hp.consumer_registers(3, prod)):
+        (warpspec.entry_registers(512), warpspec.consumer_registers(3, prod)):
             "That is section 3's block of three consumers; this one has four.",
-        (hp.entry_registers(384), hp.consumer_registers(2, prod)):
+        (warpspec.entry_registers(384), warpspec.consumer_registers(2, prod)):
             "That is the two-consumer block the kernel runs at D = 128; this one has four.",
         (entry, entry): "That is the cap at launch for every warpgroup; setmaxnreg gives the "
                         "consumers what the producer hands back.",
-        (entry, hp.REGS_PER_SM // threads): "That splits the registers evenly; setmaxnreg moves "
-                                            "them from the producer to the consumers.",
+        (entry, per_sm // threads): "That splits the registers evenly; setmaxnreg moves "
+                                    "them from the producer to the consumers.",
     }
     mistakes.pop(truth, None)
     return Key({_canon(id, truth): right}, wrong,
@@ -541,7 +542,7 @@ STORE_D = 256  # the head dim of lab 12.store_sectors
 
 
 def _store_sectors(id):
-    req = hp.o_store_requests(STORE_D)
+    req = tma_store.o_store_requests(STORE_D)
     s11, s12 = req.iloc[0], req.iloc[1]
     truth = (int(s11.instructions), int(s11.sectors), int(s12.sectors))
     per_thread = STORE_D // 4
@@ -551,12 +552,12 @@ def _store_sectors(id):
              f"8 rows ({2 * STORE_D} bytes apart): 8 sectors, each half used, {_n(truth[1])} in "
              f"all. The TMA writes the 64 x {STORE_D} x 2 = {_n(64 * STORE_D * 2)} bytes as whole "
              f"sectors: {_n(truth[2])}, half as many, in {int(s12.tma_boxes)} boxes of 64 x 64.")
-    small = hp.o_store_requests(128)
+    small = tma_store.o_store_requests(128)
     wrong = _wrong("Count a thread's stores first (2 rows, and a 4-byte pair in every 8-column "
                    "tile of the head dim), then the warp instructions (one per store, per warp), "
                    "the sectors each instruction touches (its 8 rows, 16 bytes each), and the "
                    "bytes of the whole 64-row tile in whole 32-byte sectors for the TMA. "
-                   "`hp.o_store_requests(D)` counts them.")
+                   "`tma_store.o_store_requests(D)` counts them.")
     mistakes = {
         (per_thread, truth[1], truth[2]): "That is one thread's count; a warp instruction is "
                                           "issued per warp.",
@@ -572,7 +573,7 @@ def _store_sectors(id):
 
 # ---------------------------------------------------------------- 13: the lazy bound
 
-LAZY_THRESHOLD = 10                  # the variant's threshold (the kernel's is hp.LAZY_UNITS)
+LAZY_THRESHOLD = 10      # the variant's threshold (the kernel's is lazy_rescale.LAZY_UNITS)
 E4M3_MAX = labdefs.E4M3_MAX             # 448
 
 
@@ -580,7 +581,7 @@ def _lazy_bound(id):
     top = 2 ** LAZY_THRESHOLD
     units = math.log2(E4M3_MAX)
     truth = _canon(id, (top, units))
-    kernel = hp.LAZY_UNITS
+    kernel = lazy_rescale.LAZY_UNITS
     right = (f"Right: {truth}. The lazy pass keeps a tile only if no score exceeds m by more than "
              f"{LAZY_THRESHOLD} (log2 units), so every exponential 2^(s - m) it writes is at most "
              f"2^{LAZY_THRESHOLD} = {_n(top)}. e4m3's largest finite value, 448, is "

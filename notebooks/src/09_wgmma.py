@@ -30,7 +30,7 @@ import pandas as pd
 from IPython.display import display
 
 import flashlab as fl
-from flashlab import hopper as hp
+from flashlab import wgmma
 from flashlab import notebook as nb
 from flashlab import plots
 nb.banner("09_wgmma")
@@ -112,10 +112,10 @@ nb.show_source("hopper.cuh", "wgmma_ss")
 # the `m16n8` C fragment of notebook 05.
 
 # %%
-hp.accumulator_figure(64)
+wgmma.accumulator_figure(64)
 
 # %%
-acc = hp.accumulator_owner(128)
+acc = wgmma.accumulator_owner(128)
 print(acc[acc["thread"] == 5].head(8).to_string(index=False))
 
 # %% [markdown]
@@ -136,8 +136,8 @@ nb.show_lines("09_wgmma", r"// O \+= P V: P's 8-column tiles", r"wgmma_commit\(\
 
 # %%
 nb.show_source("hopper.cuh", "wgmma_desc")
-q_desc = hp.encode_descriptor(0x10400, 16, 1024)   # a Q tile at shared address 0x10400
-hp.descriptor_figure(q_desc)
+q_desc = wgmma.encode_descriptor(0x10400, 16, 1024)   # a Q tile at shared address 0x10400
+wgmma.descriptor_figure(q_desc)
 
 # %% [markdown]
 # * **K-major** operands — Q (A of S) and K (B of S), whose reduction dim, the head dim, is
@@ -154,11 +154,11 @@ hp.descriptor_figure(q_desc)
 # are the same; at D = 128 the 128-byte swizzle splits the tile into two 64-column blocks:
 
 # %%
-hp.swizzle_figure(D=128)
+wgmma.swizzle_figure(D=128)
 
 # %%
 nb.show_source("hopper.cuh", "sw128")
-display(hp.swizzle_banks(64))
+display(wgmma.swizzle_banks(64))
 
 # %% [markdown]
 # The kernel builds one descriptor per k-step: 16 columns further is 32 bytes further inside a
@@ -171,7 +171,7 @@ steps = []
 for kk in range(D // 16):
     blk, in_row = kk // 4, (kk % 4) * 32
     for name, base, rows in (("Q (A)", 0, BR), ("K (B)", BR * D * 2, BC)):
-        d = hp.decode_descriptor(hp.encode_descriptor(base + blk * rows * 128 + in_row, 16, 1024))
+        d = wgmma.decode_descriptor(wgmma.encode_descriptor(base + blk * rows * 128 + in_row, 16, 1024))
         steps.append(dict(k_step=kk, operand=name, **d))
 pd.DataFrame(steps).set_index(["k_step", "operand"]).head(10)
 
@@ -451,7 +451,7 @@ print(labs.prompt("09.descriptor"))
 # %%
 ### BEGIN SOLUTION
 V0, BC, ks = 0x14000, 128, 3
-answer = hp.encode_descriptor(V0 + ks * 16 * 128, BC * 128, 1024)
+answer = wgmma.encode_descriptor(V0 + ks * 16 * 128, BC * 128, 1024)
 ### END SOLUTION
 
 # %%

@@ -29,7 +29,7 @@ import pandas as pd
 from IPython.display import display
 
 import flashlab as fl
-from flashlab import hopper as hp
+from flashlab import tma
 from flashlab import notebook as nb
 from flashlab import plots
 nb.banner("10_tma")
@@ -85,10 +85,10 @@ nb.show_source("10_tma", "make_map")
 #   needs no extra link against the driver library.
 
 # %%
-hp.tma_box_figure(N=300, D=128, BC=128, tile=2)
+tma.tma_box_figure(N=300, D=128, BC=128, tile=2)
 
 # %%
-display(hp.tma_boxes(N=300, D=128, BC=128, tile=2))
+display(tma.tma_boxes(N=300, D=128, BC=128, tile=2))
 nb.show_source("10_tma", "tma_tile")
 
 # %% [markdown]
@@ -139,15 +139,15 @@ nb.show_lines("10_tma", r"// The tiles past this warpgroup's rows", r"^  \}$")
 # it, and its release; φ is the parity each wait names. Three buffers, one tile ahead:
 
 # %%
-hp.ring_timeline(n_tiles=8, stages=3, load=1.0, compute=1.5, latency=1.0)
+tma.ring_timeline(n_tiles=8, stages=3, load=1.0, compute=1.5, latency=1.0)
 
 # %% [markdown]
 # With one tile of lookahead a copy must arrive within one tile's compute: here latency + bytes
 # (2) exceed the compute (1.5) and the ring runs at 2 a tile. A fourth buffer hides it:
 
 # %%
-sched3 = hp.ring_schedule(n_tiles=12, stages=3, load=1.0, compute=1.5, latency=1.0)
-sched4 = hp.ring_schedule(n_tiles=12, stages=4, load=1.0, compute=1.5, latency=1.0)
+sched3 = tma.ring_schedule(n_tiles=12, stages=3, load=1.0, compute=1.5, latency=1.0)
+sched4 = tma.ring_schedule(n_tiles=12, stages=4, load=1.0, compute=1.5, latency=1.0)
 print("per tile over the last 4 tiles: 3 buffers",
       (sched3["compute_end_wg0"].iloc[-1] - sched3["compute_end_wg0"].iloc[-5]) / 4,
       "| 4 buffers", (sched4["compute_end_wg0"].iloc[-1] - sched4["compute_end_wg0"].iloc[-5]) / 4)

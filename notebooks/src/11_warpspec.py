@@ -35,7 +35,7 @@ import pandas as pd
 from IPython.display import display
 
 import flashlab as fl
-from flashlab import hopper as hp
+from flashlab import warpspec
 from flashlab import notebook as nb
 from flashlab import picks
 from flashlab import plots
@@ -75,7 +75,7 @@ pd.DataFrame({
         "warpgroups that compute": 2,
         "who issues the copies": "thread 0 of warpgroup 0, between its S and its softmax",
         "who waits for a free buffer": "thread 0, and with it warpgroup 0",
-        "registers a thread may hold": f"{hp.entry_registers(256)}, every thread alike",
+        "registers a thread may hold": f"{warpspec.entry_registers(256)}, every thread alike",
         "blocks": "one per work item",
         "Q buffers": "1",
         "K and V": "one buffer and one barrier pair for both",
@@ -85,7 +85,7 @@ pd.DataFrame({
         "warpgroups that compute": 2,
         "who issues the copies": "thread 0 of the producer warpgroup, which does nothing else",
         "who waits for a free buffer": "the producer",
-        "registers a thread may hold": f"{hp.consumer_registers(2)} (consumers), 40 (producer): "
+        "registers a thread may hold": f"{warpspec.consumer_registers(2)} (consumers), 40 (producer): "
                                        "setmaxnreg",
         "blocks": f"one per SM ({sms} here), each looping over work items",
         "Q buffers": "2: the next item's Q lands during this one",
@@ -176,7 +176,7 @@ with nb.unless_missing():
 nb.show_source("11_warpspec", "setmaxnreg_dec")
 nb.show_lines("11_warpspec", r"// Registers per thread after setmaxnreg",
               r"static_assert\(PRODUCER_REGS")
-hp.register_budget(consumers=2)
+warpspec.register_budget(consumers=2)
 
 # %% [markdown]
 # `setmaxnreg` moves registers only within the block: its pool is what the block was given at
@@ -198,10 +198,10 @@ hp.register_budget(consumers=2)
 # leaves 32 (the figures draw the accumulators of 128-key tiles):
 
 # %%
-hp.register_figure(consumer_options=(2, 3))
+warpspec.register_figure(consumer_options=(2, 3))
 
 # %%
-hp.register_figure(consumer_options=(3,), D=64)
+warpspec.register_figure(consumer_options=(3,), D=64)
 
 # %% [markdown]
 # **Two blocks an SM.** `__launch_bounds__(384, 2)` asks for two blocks of three warpgroups on each
@@ -215,7 +215,7 @@ hp.register_figure(consumer_options=(3,), D=64)
 # warpgroup a little, and the other block's warpgroups keep the tensor cores busy meanwhile.
 
 # %%
-hp.register_budget(consumers=2, blocks=2)
+warpspec.register_budget(consumers=2, blocks=2)
 
 # %% [markdown]
 # So stage 11 runs two consumers at D = 128, the warpgroups stage 10 computes with there, each now
@@ -273,7 +273,7 @@ nb.show_source("11_warpspec", "work_tile")
 # block gets the same query tile of every head, and the block with the longest ones finishes last:
 
 # %%
-hp.claim_figure(heads=4, tiles=8, blocks=8)
+warpspec.claim_figure(heads=4, tiles=8, blocks=8)
 
 # %% [markdown]
 # The counter balances the blocks, and handing out long items first balances them further. It comes
@@ -298,7 +298,7 @@ def items(D, N):
 
 
 causal_shapes = {(D, N): items(D, N) for D in (64, 128) for N in (512, 2048, 8192, 16384)}
-spans = pd.concat([hp.claim_makespans([shape], blocks=sms * per_sm)
+spans = pd.concat([warpspec.claim_makespans([shape], blocks=sms * per_sm)
                    for shape, per_sm in causal_shapes.values()])
 spans.index = pd.MultiIndex.from_tuples(list(causal_shapes), names=["D", "N"])
 spans[["items", "even_split", "static over even", "counter over even",
@@ -319,7 +319,7 @@ spans[["items", "even_split", "static over even", "counter over even",
 # and the two consumers:
 
 # %%
-hp.warpspec_timeline(tiles=(3, 3, 3))
+warpspec.warpspec_timeline(tiles=(3, 3, 3))
 
 # %% [markdown]
 # * **Stage 10 pays every item's start**: the block starts, its Q and first tile make a round trip
@@ -356,7 +356,7 @@ nb.show_diff("10_tma", "11_warpspec", context=1)
 
 # %%
 h100 = dict(mma=1.0, softmax=1.0, latency=1.0, load=0.5, q_load=0.25, store=0.25, launch=0.5)
-predicted = hp.predicted_gain(n_tiles=(4, 8, 16, 32, 64, 128), **h100)
+predicted = warpspec.predicted_gain(n_tiles=(4, 8, 16, 32, 64, 128), **h100)
 predicted.round(3).to_frame().T
 
 # %% [markdown]
@@ -559,8 +559,8 @@ pd.Series({N: stage_scores("11_warpspec", N) / stage_scores("10_tma", N)
 
 # %%
 slow = dict(h100, latency=1.5, load=0.75)
-display(hp.predicted_gain(n_tiles=(4, 8, 16, 32, 64, 128), **slow).round(3).to_frame().T)
-hp.warpspec_timeline(tiles=(3, 3, 3), **slow)
+display(warpspec.predicted_gain(n_tiles=(4, 8, 16, 32, 64, 128), **slow).round(3).to_frame().T)
+warpspec.warpspec_timeline(tiles=(3, 3, 3), **slow)
 
 # %% [markdown]
 # ## 10 · Stall reasons
@@ -741,7 +741,7 @@ labs.check("11.registers", answer)
 # **Instructor's answer.** *3.* Claimed as an item starts, a block holds its next item for a whole
 # item's time: a block that claimed a long item just before the others ran out of work still has to
 # compute it, up to one item of imbalance at the end. On section 4's toy GPU that ends at 22 units
-# instead of 19 (`hp.claim_schedule(4, 8, 8, ahead=100)`; handing out long items first keeps the
+# instead of 19 (`warpspec.claim_schedule(4, 8, 8, ahead=100)`; handing out long items first keeps the
 # late ones short). It also holds one more value in the producer's registers across the copies,
 # which with three consumers does not fit in 32. Claiming only once the consumers are done would
 # balance as well as the hardware (18 there) but leave the next item's Q and first K to be copied

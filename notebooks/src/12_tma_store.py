@@ -35,7 +35,7 @@ import pandas as pd
 from IPython.display import display
 
 import flashlab as fl
-from flashlab import hopper as hp
+from flashlab import tma_store
 from flashlab import notebook as nb
 from flashlab import plots
 nb.banner("12_tma_store")
@@ -61,7 +61,7 @@ nb.show_lines("11_warpspec", r"// O / l of a finished item", r"^  \};")
 # instruction for the neighbouring tile. Counted for one consumer's 64 × D tile:
 
 # %%
-display(pd.concat({f"D = {d}": hp.o_store_requests(d) for d in (64, 128)}))
+display(pd.concat({f"D = {d}": tma_store.o_store_requests(d) for d in (64, 128)}))
 
 # %% [markdown]
 # Twice the sectors the tile needs, 128 store instructions of a warpgroup at D = 128, and a
@@ -82,7 +82,7 @@ nb.show_lines("12_tma_store", r"// O / l of a finished item", r"^  \};")
 #
 # 1. **Into shared memory, swizzled.** Each thread writes its 4-byte pairs where the TMA will look
 #    for them: row `row`, 16-byte chunk `d % 8` stored at chunk `(d % 8) ^ (row % 8)` of box
-#    `d / 8` (`hp.sw128`, notebook 09). The 8 rows of a warp instruction are 8 different rows, so
+#    `d / 8` (`wgmma.sw128`, notebook 09). The 8 rows of a warp instruction are 8 different rows, so
 #    the XOR puts them in 8 different chunks, and the 4 lanes of a row in the 4 banks of that
 #    chunk: 32 lanes, 32 banks, one wavefront (the figure below).
 # 2. **`fence.proxy.async`.** The TMA reads shared memory through the *async proxy*, a different
@@ -113,7 +113,7 @@ nb.show_lines("12_tma_store", r"if \(j == 0 && prev_slot >= 0", r"softmax\(s, j 
 # ## 3 · One warp instruction, both ways
 
 # %%
-hp.o_store_figure(D=64, d=0)
+tma_store.o_store_figure(D=64, d=0)
 
 # %% [markdown]
 # ## 4 · What changed
@@ -199,7 +199,7 @@ nb.show_source("12_tma_store", "pick")
 
 # %%
 h100 = dict(mma=1.0, softmax=1.0, latency=1.0, load=0.5, q_load=0.25, launch=0.5)
-predicted = hp.store_gain(n_tiles=(4, 8, 16, 32, 64, 128), store11=1.0, store12=0.1, **h100)
+predicted = tma_store.store_gain(n_tiles=(4, 8, 16, 32, 64, 128), store11=1.0, store12=0.1, **h100)
 predicted.round(3).to_frame().T
 
 # %% [markdown]
@@ -437,7 +437,7 @@ labs.check("12.store_sectors", answer)
 # in every row but the multiples of 8, the 16-byte chunks come out in the wrong columns.
 #
 # **What to write:** the shared-memory address `at` of this thread's 4 bytes of row `row`, columns
-# 8 d + 2 t and 8 d + 2 t + 1, in the layout the TMA wrote Q in (section 2, step 1; `hp.sw128`
+# 8 d + 2 t and 8 d + 2 t + 1, in the layout the TMA wrote Q in (section 2, step 1; `wgmma.sw128`
 # computes it in Python). The `+ 8 * 128` for row `row + 8` is already there.
 #
 # **How it is judged.** `flashlab grade` builds stage 12 from your region in `kernels/` and compares

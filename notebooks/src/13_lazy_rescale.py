@@ -36,7 +36,7 @@ import pandas as pd
 from IPython.display import display
 
 import flashlab as fl
-from flashlab import hopper as hp
+from flashlab import lazy_rescale
 from flashlab import notebook as nb
 from flashlab import plots
 nb.banner("13_lazy_rescale")
@@ -68,7 +68,7 @@ nb.show_lines("12_tma_store", r"softmax\(s, j \* BC\);", r"pack\(s\);")
 # few tiles `alpha` is almost always exactly 1. Counted from the source, per thread and tile:
 
 # %%
-display(pd.concat({f"D = {d}": hp.lazy_steps(D=d) for d in (64, 128)}, axis=1))
+display(pd.concat({f"D = {d}": lazy_rescale.lazy_steps(D=d) for d in (64, 128)}, axis=1))
 
 # %% [markdown]
 # ## 2 · Any maximum will do, if the exponentials stay in range
@@ -102,7 +102,7 @@ display(pd.concat({f"D = {d}": hp.lazy_steps(D=d) for d in (64, 128)}, axis=1))
 # a shuffle's result 30 cycles after it issues.
 
 # %%
-hp.lazy_figure(D=128)
+lazy_rescale.lazy_figure(D=128)
 
 # %% [markdown]
 # In stage 12 the maximum, its shuffles and the factor come first, about 140 cycles in which no
@@ -115,7 +115,7 @@ hp.lazy_figure(D=128)
 # ## 3 · How often the classic path runs
 #
 # The lazy pass pays only if the fallback is rare. For one head of random inputs (the sweep's:
-# q, k ~ N(0, 1), scale 1 / √D), `hp.lazy_fallbacks` replays the kernel's decision on the CPU:
+# q, k ~ N(0, 1), scale 1 / √D), `lazy_rescale.lazy_fallbacks` replays the kernel's decision on the CPU:
 # each warp's 16 rows, 128-key tiles, the running maximum moved only when the vote says so.
 
 # %%
@@ -123,9 +123,9 @@ rng = np.random.default_rng(0)
 N, D = 4096, 64
 q, k = rng.standard_normal((N, D)), rng.standard_normal((N, D))
 ramp = (1 + 30 * np.arange(N) / N)[:, None]  # keys whose norm grows 31-fold along the sequence
-display(pd.DataFrame({"random": hp.lazy_fallbacks(q, k),
-                      "random, causal": hp.lazy_fallbacks(q, k, causal=True),
-                      "keys growing along the sequence": hp.lazy_fallbacks(q, k * ramp)}).T)
+display(pd.DataFrame({"random": lazy_rescale.lazy_fallbacks(q, k),
+                      "random, causal": lazy_rescale.lazy_fallbacks(q, k, causal=True),
+                      "keys growing along the sequence": lazy_rescale.lazy_fallbacks(q, k * ramp)}).T)
 
 # %% [markdown]
 # On random inputs no tile after the first falls back: a tile's maximum would have to beat the
