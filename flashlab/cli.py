@@ -135,7 +135,7 @@ def _cmd_model(args):
             print(rows[["impl", "dtype", "batch", "seq", "n_layer", "max_abs_diff", "forward_ms",
                         "input_copies", "commit"]].to_string(index=False))
         return 0
-    model.measure(stages=args.stage or None, dtypes=args.dtype or ("fp16", "bf16"),
+    model.measure(stages=args.stage or None, dtypes=args.dtype or dtypes.HALF,
                   batch=args.batch, seq=args.seq, n_layer=args.layers)
     return 0
 

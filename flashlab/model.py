@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from .dtypes import HALF
 from .inputs import reads_in_place
 from .stages import stage as _stage
 from .stages import stages as _all_stages
@@ -210,7 +211,7 @@ def gpu_time_by_kind(fn, stage_kernels=None, calls=1) -> dict:
     return ms
 
 
-def measure(stages=None, dtypes=("fp16", "bf16"), batch=8, seq=1024, n_layer=12, record=True,
+def measure(stages=None, dtypes=HALF, batch=8, seq=1024, n_layer=12, record=True,
             log=print, seed=0):
     """A GPT-2 (12 layers by default, random weights) with SDPA, eager and each stage as its
     attention, on the same tokens and weights: the largest logit difference from SDPA, the

@@ -32,8 +32,11 @@ GIT_ENV = {"GIT_AUTHOR_NAME": "s", "GIT_AUTHOR_EMAIL": "s@example.org",
 
 
 def sh(cmd, cwd, env=None, timeout=900, ok=True):
+    # a student's or an instructor's shell: no PYTHONPATH pointing into a checkout (a suite run
+    # in a copy of the repository sets one), so each imports the flashlab it installed
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **GIT_ENV, **(env or {})}, shell=isinstance(cmd, str))
+                          env={**base, **GIT_ENV, **(env or {})}, shell=isinstance(cmd, str))
     if ok:
         assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc

@@ -10,6 +10,7 @@ import pandas as pd
 
 from .. import measure, tables
 from ..configs import teaching
+from ..dtypes import HALF
 from ..stages import before
 from ..stages import stage as _stage
 from ..stages import stages
@@ -121,7 +122,7 @@ def sweep_ratio(new, old, dtype="fp16") -> pd.DataFrame:
 WIDE = 1.1
 
 
-def teaching_rows(stages, dtypes=("fp16", "bf16")) -> pd.DataFrame:
+def teaching_rows(stages, dtypes=HALF) -> pd.DataFrame:
     """The recorded rows of `stages` at the teaching config in each of `dtypes` on the notebook's
     GPU, with the spread of their timed runs (p20, p80); prints each row whose p80 is more than
     10 % above its p20 (read its median with care), or that none is."""
