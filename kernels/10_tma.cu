@@ -16,12 +16,10 @@
 //    waited on with the parity of its round: (tile / STAGES) & 1.
 // No __syncthreads remains in the loop: each warpgroup runs at its own pace, up to the ring's
 // slack ahead of the other. Everything else is stage 09.
-#include <algorithm>
 #include <cmath>
-#include <cuda.h>           // CUtensorMap (a type only: the driver function is fetched at run time)
-#include <cudaTypedefs.h>   // PFN_cuTensorMapEncodeTiled
 #include "common.cuh"
 #include "hopper.cuh"
+#include "hopper_host.cuh"  // make_map: the tensor maps
 #include "ptx.cuh"
 
 template <int D, int BC, int WGS, int STAGES>
@@ -273,56 +271,6 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
       *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
           *reinterpret_cast<const uint4*>(Qp + sw128(BR, row_w + r, c));
   }
-}
-
-// cuTensorMapEncodeTiled is a driver function: fetched once through the runtime, so the
-// extension needs no -lcuda.
-static PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-  if (fn == nullptr) {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
-                                         &found) == cudaSuccess &&
-        found == cudaDriverEntryPointSuccess)
-      fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }
-  return fn;
-}
-
-// The tensor map of one (B, H, N, D) tensor with strides s (elements; 0 for a dim of size 1):
-// dims (D, then N, H and B in order of increasing stride), boxes of 64 columns x `rows` rows,
-// 128-byte swizzle, rows past N read as zeros. order: the map dims (1-3) that N, H and B became.
-static const char* make_map(CUtensorMap* map, const void* ptr, int dtype, const FlashlabProblem* p,
-                            FlashlabStrides s, int rows, int3* order) {
-  auto fn = encode_tiled();
-  if (fn == nullptr) return "cuTensorMapEncodeTiled is not available from this CUDA driver";
-  const long long esz = 2, size[3] = {p->N, p->H, p->B};
-  long long stride[3] = {s.n * esz, s.h * esz, s.b * esz};
-  long long extent = (long long)p->D * esz;  // a dim of size 1: any stride past the others
-  for (int i = 0; i < 3; i++) extent = std::max(extent, stride[i] * size[i]);
-  for (int i = 0; i < 3; i++)
-    if (size[i] == 1) stride[i] = (extent + 15) / 16 * 16;
-  int idx[3] = {0, 1, 2};  // N, H, B sorted by stride (stable)
-  for (int i = 1; i < 3; i++)
-    for (int k = i; k > 0 && stride[idx[k]] < stride[idx[k - 1]]; k--) std::swap(idx[k], idx[k - 1]);
-  cuuint64_t dims[4] = {(cuuint64_t)p->D}, strides[3];
-  cuuint32_t box[4] = {64, 1, 1, 1}, elem[4] = {1, 1, 1, 1};
-  int where[3];
-  for (int k = 0; k < 3; k++) {
-    dims[k + 1] = size[idx[k]];
-    strides[k] = stride[idx[k]];
-    if (idx[k] == 0) box[k + 1] = rows;
-    where[idx[k]] = k;
-  }
-  *order = make_int3(where[0] + 1, where[1] + 1, where[2] + 1);  // map dims 1-3
-  CUresult r = fn(map, dtype == FLASHLAB_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                              : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                  4, const_cast<void*>(ptr), dims, strides, box, elem,
-                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return flashlab_say("cuTensorMapEncodeTiled failed (error %d)", (int)r);
-  return nullptr;
 }
 
 template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1, int RETIRE = 0>

@@ -1,5 +1,6 @@
-// Small host-side helpers every stage shares. Device-side code stays in each stage's own file so
-// that a reader sees the whole kernel in one place.
+// Small host-side helpers every stage shares. A stage's own device code stays in its own file, so
+// that a reader sees the whole kernel in one place; frozen device wrappers that several stages
+// use unchanged are in ptx.cuh and hopper.cuh.
 #pragma once
 #include <cuda_runtime.h>
 #include <cstdarg>

@@ -1,9 +1,13 @@
 // Inline-PTX wrappers for the Hopper stages (09 onwards): warpgroup MMA (wgmma, sm_90a), its
-// shared-memory matrix descriptors, mbarriers and the tensor memory accelerator (TMA, sm_90).
-// One instruction per wrapper, named after it, so a kernel reads like the PTX ISA's own
-// description: "Asynchronous Warpgroup Level Matrix Multiply-Accumulate Instructions" (wgmma),
-// "Parallel Synchronization and Communication Instructions: mbarrier" and "Data Movement and
-// Conversion Instructions: cp.async.bulk.tensor". flashlab/hopper.py draws the layouts.
+// shared-memory matrix descriptors, mbarriers, the tensor memory accelerator (TMA, sm_90), a
+// warpgroup's register allocation (setmaxnreg, sm_90a) and named barriers. One instruction per
+// wrapper, named after it, so a kernel reads like the PTX ISA's own description: "Asynchronous
+// Warpgroup Level Matrix Multiply-Accumulate Instructions" (wgmma), "Parallel Synchronization
+// and Communication Instructions: mbarrier" and "... bar", "Data Movement and Conversion
+// Instructions: cp.async.bulk.tensor" and "Miscellaneous Instructions: setmaxnreg".
+// The lesson modules draw the layouts (flashlab/wgmma.py the descriptors and the swizzle,
+// flashlab/tma.py the boxes and the ring). The host's side of the TMA (tensor maps) is in
+// hopper_host.cuh.
 #pragma once
 #include <cstdint>
 #include <cuda_bf16.h>
@@ -196,4 +200,45 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const void* map, uint3
       " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
       : "memory");
+}
+// Copy a box of shared memory at src to the tensor at coordinates (c0 innermost .. c3); rows
+// outside the tensor are not written. The copies issued since the last commit form a bulk group.
+__device__ __forceinline__ void tma_store_4d(const void* map, uint32_t src, int c0, int c1, int c2,
+                                             int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
+      " [%0, {%2, %3, %4, %5}], [%1];\n" ::"l"(reinterpret_cast<uint64_t>(map)), "r"(src),
+      "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+// Close the bulk group of the TMA stores issued since the last commit.
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Wait until every committed bulk group has read its shared memory (src may be reused; the
+// writes to global memory may still be under way).
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
+// ---- setmaxnreg: a warpgroup moves registers between itself and the block's pool
+
+// Move this warpgroup's register allocation down to / up to N per thread (all 128 threads).
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+// ---- Named barriers, and a store to a 32-bit shared-memory address
+
+// Named barrier `id` (1..15; 0 is __syncthreads'): waits for `threads` threads.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }

@@ -69,10 +69,11 @@ pd.DataFrame([dict(D=D, BC=BC, warpgroups=w, **{
 # `CUtensorMap`. The kernel gets it as a `const __grid_constant__` parameter, so it lives in
 # constant space where the TMA unit reads it. Here each of q, k and v gets a 4-D map — (D, N, H, B),
 # the outer three sorted by stride, so the (B, H, N, D) view of a (B, N, H, D) projection works
-# too — and a box of 64 columns by BC rows:
+# too — and a box of 64 columns by BC rows. `kernels/hopper_host.cuh` builds the maps for this
+# stage and the ones after it:
 
 # %%
-nb.show_source("10_tma", "make_map")
+nb.show_source("hopper_host.cuh", "make_map")
 
 # %% [markdown]
 # * The box's inner extent is 64 16-bit columns, **128 bytes**, the most the 128-byte swizzle
@@ -81,8 +82,8 @@ nb.show_source("10_tma", "make_map")
 # * Rows past N are **filled with zeros** by the engine (`CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE`
 #   means zeros, not NaN), and their bytes still count: every copy of a tile delivers the full
 #   box.
-# * The function is fetched at run time with `cudaGetDriverEntryPointByVersion`, so the extension
-#   needs no extra link against the driver library.
+# * The function is fetched at run time with `cudaGetDriverEntryPointByVersion` (`encode_tiled`,
+#   beside `make_map`), so the extension needs no extra link against the driver library.
 
 # %%
 tma.tma_box_figure(N=300, D=128, BC=128, tile=2)
@@ -176,11 +177,12 @@ sched3.head(6)
 # %% [markdown]
 # ## 6 · What changed
 #
-# Against stage 09: the tensor maps on the host, the barriers, the elected thread's copies and the
-# waits in place of `load_tile_async`, `cp_async_wait`, the fence and `__syncthreads`. The
-# mbarriers take no shared memory of their own: they sit in the padding that aligns the tiles to
-# 1024 bytes, so that two blocks of 113 KiB still fit an SM (228 KiB, less 1 KiB the SM keeps for
-# each block) at D = 64. The math is the same:
+# Against stage 09: the tensor maps on the host (`make_map`, in `kernels/hopper_host.cuh`), the
+# barriers, the elected thread's copies and the waits in place of `load_tile_async`,
+# `cp_async_wait`, the fence and `__syncthreads`. The mbarriers take no shared memory of their
+# own: they sit in the padding that aligns the tiles to 1024 bytes, so that two blocks of 113 KiB
+# still fit an SM (228 KiB, less 1 KiB the SM keeps for each block) at D = 64. The math is the
+# same:
 
 # %%
 nb.show_diff("09_wgmma", "10_tma", context=1)

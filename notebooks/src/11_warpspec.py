@@ -170,10 +170,10 @@ with nb.unless_missing():
 # gives registers back to the block's pool down to N a thread, `setmaxnreg.inc` takes them up to N
 # (waiting until the pool has them). All 128 threads of the warpgroup execute it together, N is a
 # multiple of 8 from 24 to 256, and it only acts in a kernel that has a register cap at launch.
-# The kernel's budgets:
+# `kernels/hopper.cuh` wraps both, and the kernel's `Tiles` sets the budgets:
 
 # %%
-nb.show_source("11_warpspec", "setmaxnreg_dec")
+nb.show_source("hopper.cuh", "setmaxnreg_dec")
 nb.show_lines("11_warpspec", r"// Registers per thread after setmaxnreg",
               r"static_assert\(PRODUCER_REGS")
 warpspec.register_budget(consumers=2)
@@ -339,10 +339,11 @@ warpspec.warpspec_timeline(tiles=(3, 3, 3))
 # ## 6 · What changed
 #
 # Against stage 10: the `Tiles` of a producer and consumers with their register budgets, the
-# `setmaxnreg` wrappers, `work_tile`, the roles split after the barriers (the producer's loop
-# over items, the consumers' `begin_item`), stage 10's steps of the math named as lambdas, the
-# skipped tiles handed back unread, O stored from registers, the persistent launch with its
-# counter, and a second block an SM in one shape. The math itself is stage 10's:
+# `setmaxnreg` calls (wrapped in `kernels/hopper.cuh`), `work_tile`, the roles split after the
+# barriers (the producer's loop over items, the consumers' `begin_item`), stage 10's steps of the
+# math named as lambdas, the skipped tiles handed back unread, O stored from registers, the
+# persistent launch with its counter, and a second block an SM in one shape. The math itself is
+# stage 10's:
 
 # %%
 nb.show_diff("10_tma", "11_warpspec", context=1)

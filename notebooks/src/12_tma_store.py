@@ -118,9 +118,9 @@ tma_store.o_store_figure(D=64, d=0)
 # %% [markdown]
 # ## 4 · What changed
 #
-# Against stage 11: the tensor map of O and its prefetch, the TMA store and bulk-group wrappers,
-# the named barrier, `q_empty`'s count and the place it is arrived at, and the store itself. The
-# producer and the math are stage 11's:
+# Against stage 11: the tensor map of O and its prefetch, the TMA store and its bulk group, the
+# named barrier (their wrappers are in `kernels/hopper.cuh`), `q_empty`'s count and the place it
+# is arrived at, and the store itself. The producer and the math are stage 11's:
 
 # %%
 nb.show_diff("11_warpspec", "12_tma_store", context=1)

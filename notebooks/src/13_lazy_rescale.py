@@ -409,8 +409,10 @@ labs.check("13.lazy_bound", answer)
 # ### A longer exercise: why the turns still lose
 #
 # Section 9's overlaps, built on stage 13, lose 3–12 % with the turns at D = 128. Put the lazy pass
-# into `tools/candidates/12_overlap.cu` (its rotated loop packs P at the top of the next turn, so
-# the lazy pass must write a second P while the first is still read by the P·V in flight), time
+# into the kernel of `tools/candidates/12_overlap.patch` (`patch -o 12_overlap.cu
+# kernels/12_tma_store.cu tools/candidates/12_overlap.patch` writes it; its rotated loop packs P at
+# the top of the next turn, so the lazy pass must write a second P while the first is still read
+# by the P·V in flight), time
 # it against stage 13 with `tools/hopper_try.py`, and read a consumer's turn on the SM clock with
 # `tools/hopper_trace.py` (notebook 11's table). Which step of a turn is now the longest, and how
 # short would it have to be for the turns to pay?
