@@ -164,7 +164,7 @@ def test_a_new_stage_passes_the_whole_cpu_suite(tmp_path):
         done = _run(repo, tmp_path, *args, data=False)
         assert done.returncode == 0, (step, done.stdout[-2000:], done.stderr[-2000:])
     _commit(repo, f"stage {NN}, recorded")
-    suite = _run(repo, tmp_path, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+    suite = _run(repo, tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                  "-n", "auto", "--maxprocesses=4", "--ignore", "tests/test_new_stage.py",
                  timeout=3600, data=False)
     assert suite.returncode == 0, suite.stdout[-6000:] + suite.stderr[-3000:]

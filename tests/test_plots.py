@@ -66,7 +66,9 @@ def assert_labels_apart(fig):
 
 def test_roofline_labels_apart_on_the_recorded_data(data_dir):
     texts = assert_labels_apart(plots.roofline())
-    assert len(texts) == len(stages()) and "05_mma (fp16)" in texts
+    recorded = set(tables.RESULTS.load()["stage"])
+    assert len(texts) == len([st for st in stages() if st.slug in recorded]) >= 13
+    assert "05_mma (fp16)" in texts
 
 
 def test_roofline_labels_apart_when_crowded():

@@ -26,7 +26,9 @@ BF16 = "04_wmma bf16 needs compute capability 8.0 or newer; this GPU is 7.5"
 # --- the registry, per dtype ----------------------------------------------------------------------
 
 def test_stages_01_to_04_run_on_a_t4():
-    assert [st.slug for st in fl.stages() if st.unavailable(T4, toolkit=False) is None] == ON_T4
+    runs = [st.slug for st in fl.stages() if st.unavailable(T4, toolkit=False) is None]
+    assert runs[:len(ON_T4)] == ON_T4  # a stage added later may run there too (one built on 03)
+    assert not {st.slug for st in fl.stages() if 5 <= st.number <= 13} & set(runs)
     assert [st.dtypes_on(T4) for st in map(fl.stage, ON_T4)] == [("fp32",)] * 3 + [("fp16",)]
     assert fl.stage("04_wmma").dtypes_on((8, 0)) == ("fp16", "bf16")
     assert fl.stage("05_mma").dtypes_on(T4) == ()
