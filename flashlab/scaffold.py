@@ -249,10 +249,13 @@ def new_stage(number, slug, source, title=None, idea=None, root=None) -> list:
 
 
 def next_steps(number, slug, old) -> str:
-    """What records the new stage, in order (the first three need no GPU)."""
+    """What records the new stage, in order (all but the last two need no GPU). The files are
+    committed first: a recorded row names the commit it was made at, and a '-dirty' one names
+    nothing anyone can check out."""
     nn = f"{number:02d}"
     archs = old.static_archs
     lines = [f"python tools/notebooks.py build {nn}            # notebooks/{nn}_{slug}.ipynb",
+             f'git add -A && git commit -m "stage {nn}: {slug}"   # recorded rows name a clean commit',
              *(f"flashlab sass {nn} --arch {a} --record            # data/sass.csv" for a in archs),
              "flashlab readme                                 # README.md's tables",
              f"flashlab run --stage {nn} --profile               # on a GPU: checked, timed, profiled",

@@ -109,7 +109,7 @@ SUBCOMMANDS = sorted(next(a for a in cli.parser()._actions
 def test_the_subcommands():
     assert set(SUBCOMMANDS) == {"list", "run", "profile", "check", "bench", "plot", "table", "report",
                                 "sass", "readme", "tune", "student", "grade", "leaderboard",
-                                "model", "nbgrader"}
+                                "model", "nbgrader", "new-stage"}
 
 
 def test_model_without_a_gpu_shows_what_is_recorded(tmp_path, monkeypatch, capsys):

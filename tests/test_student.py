@@ -51,7 +51,8 @@ def test_every_stage_after_01_has_an_exercise():
 def test_regions_are_well_formed(slug):
     found = K.regions(_text(slug), slug, solution=True)   # MarkerError if not
     own = [r for r in found if not r.carried]
-    assert 1 <= len(own) <= 2
+    assert len(own) <= 2  # none: a stage just written by `flashlab new-stage`, carrying its
+    #                       predecessor's exercises before its own is written
     for r in found:
         assert r.body and markers.unbalanced(r.body) is None, (slug, r.id)
         assert any(line.strip() and not line.strip().startswith("//") for line in r.body)
@@ -61,6 +62,16 @@ def test_regions_are_well_formed(slug):
         assert r.id.startswith(slug[:2] + "."), f"{r.id} is in {slug}.cu"
         assert r.task and r.stub and not r.unwritten
         assert r.stub[0].strip().startswith(K.TODO)
+
+
+def test_a_notebook_with_exercises_hands_some_out():
+    """A stage's notebook with an Exercises section has a lab or a kernel exercise of its stage
+    (every stage of the course from 01 on has one; a new stage's skeleton has no such section)."""
+    from flashlab.course.exercises import EXERCISES
+    with_exercises = {ex.stage for ex in EXERCISES}
+    sections = [st.slug for st in fl.stages()
+                if "\n# ## Exercises" in (paths.NOTEBOOKS / "src" / f"{st.slug}.py").read_text()]
+    assert len(sections) >= 13 and set(sections) <= with_exercises, set(sections) - with_exercises
 
 
 def test_a_carried_region_without_a_stub_holds_its_exercise_code_unchanged():
@@ -454,9 +465,10 @@ def test_an_assignment_is_a_range_of_stages():
                                                "05.quad_sum", "06.bank_map", "06.swizzle"]
     assert student.assignment(2).name == "01-02" and student.assignment("03", "03").name == "03"
     whole = student.assignment()
-    assert (whole.first, whole.last) == (1, 13)
-    with pytest.raises(ValueError, match="no stage 14"):
-        student.Assignment(14, 14)
+    assert (whole.first, whole.last) == (1, fl.stages()[-1].number)
+    n = fl.stages()[-1].number + 1
+    with pytest.raises(ValueError, match=f"no stage {n}"):
+        student.Assignment(n, n)
     with pytest.raises(ValueError, match="earlier stage to a later one"):
         student.assignment(5, 6)
 
