@@ -58,6 +58,7 @@ def _run(cmd, cwd):
     return proc
 
 
+@pytest.mark.slow
 def test_an_nbgrader_course_releases_autogrades_and_gives_feedback(tmp_path):
     _nbgrader()
     course = tmp_path / "course"

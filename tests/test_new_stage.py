@@ -140,6 +140,7 @@ def test_new_stage_writes_what_readme_says_and_refuses_what_it_cannot(tmp_path):
     assert not (repo / "kernels" / f"{NN}_toy.cu").exists()
 
 
+@pytest.mark.slow
 def test_a_new_stage_goes_everywhere(tmp_path):
     repo = _with_a_toy_stage(tmp_path)
     listed = _run(repo, tmp_path, "-m", "flashlab", "list")

@@ -112,6 +112,7 @@ def test_markdown_report_references_the_pngs_it_wrote(profiled, tmp_path):
     assert "data:image" not in text
 
 
+@pytest.mark.slow
 def test_cli_writes_data_report_by_default(data_dir, capsys):
     assert cli.main(["report"]) == 0
     assert capsys.readouterr().out.strip() == str(data_dir / "report.html")
@@ -120,6 +121,7 @@ def test_cli_writes_data_report_by_default(data_dir, capsys):
     assert (data_dir / "report.md").is_file() and (data_dir / "report_figures").is_dir()
 
 
+@pytest.mark.slow
 def test_format_follows_the_suffix(data_dir, tmp_path):
     assert report.write(tmp_path / "a.md").read_text(encoding="utf-8").startswith("# ")
     forced = report.write(tmp_path / "b.md", fmt="html")
