@@ -15,7 +15,6 @@ the total is summed again). Then it prints the commands that record the stage.
 """
 import ast
 import re
-from pathlib import Path
 
 from . import markers, paths
 from .stages import stage as get_stage
@@ -205,11 +204,11 @@ def add_to_course_map(guide: str, row: str, number: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def new_stage(number, slug, source, title=None, idea=None, root=None) -> list:
+def new_stage(number, slug, source, title=None, idea=None) -> list:
     """Write stage `number`'s files from stage `source`'s (see the module's doc); returns the
     paths written. ValueError (nothing written) where the number or the name is taken, the slug is
     not lower_case, or `source` is no stage."""
-    root = Path(root or paths.ROOT)
+    root = paths.ROOT  # the checkout whose registry is imported: its files and its stages agree
     old = get_stage(source)
     number = int(number)
     if not 1 <= number <= 98:
