@@ -158,3 +158,34 @@ def test_the_workshops_slots_add_up_to_the_notebooks_own_times():
         assert end - start == want, (row, want)
         clock = end
     assert clock == 180
+
+
+# --- a notebook's stated read time is its length -------------------------------------------------
+
+WORDS_PER_MINUTE = 120   # dense technical prose, read with the figures and outputs beside it
+STAGE_WORDS_MAX = 3000   # a stage notebook's aim; the Hopper stages (09 on) are held to it
+
+
+def _prose_words(source):
+    """The words of a notebook's student-facing prose: every markdown cell of its source."""
+    jupytext = pytest.importorskip("jupytext")
+    nb = jupytext.read(source)
+    return sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
+def test_the_stated_read_time_matches_the_prose(source):
+    """'about R min to read' is the prose at 120 words a minute, within a fifth."""
+    words = _prose_words(source)
+    read, _ = _minutes(source)
+    expected = words / WORDS_PER_MINUTE
+    assert abs(read - expected) <= 0.2 * expected, \
+        f"{source.stem}: {words} words read in about {expected:.0f} min at {WORDS_PER_MINUTE} " \
+        f"words a minute; the notebook says {read}"
+
+
+@pytest.mark.parametrize("source", [p for p in SOURCES if re.fullmatch(r"(09|1\d)_\w+", p.stem)],
+                         ids=lambda p: p.stem)
+def test_a_hopper_stage_notebook_is_at_most_3000_words(source):
+    words = _prose_words(source)
+    assert words <= STAGE_WORDS_MAX, f"{source.stem}: {words} words of prose (at most {STAGE_WORDS_MAX})"

@@ -16,7 +16,7 @@
 #
 # **Prerequisites:** notebook 05 (`mma.sync`, `ldmatrix`, banks and wavefronts).
 #
-# **Time:** about 15 min to read, 30 min to work through.
+# **Time:** about 20 min to read, 30 min to work through.
 #
 # Padding costs shared memory and breaks the dense, power-of-two tiles that stage 07's copies and
 # Hopper's TMA unit want; CUTLASS and FlashAttention swizzle instead. Everything before the

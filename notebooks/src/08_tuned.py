@@ -16,7 +16,7 @@
 # **Prerequisites:** notebooks 05–07 (mma fragments, ldmatrix, the swizzle, cp.async); notebook
 # 00's timing method.
 #
-# **Time:** about 20 min to read, 40 min to work through.
+# **Time:** about 15 min to read, 40 min to work through.
 #
 # Every candidate, spill and small change in detail: appendix `08a_tuning_log.ipynb`.
 
