@@ -25,7 +25,13 @@ BASELINE_STYLE = {
     "sdpa_efficient": ("tab:orange", "--"), "sdpa_math": ("tab:brown", ":"),
     "torch_naive": ("tab:gray", ":"),
 }
-STAGE_COLORS = matplotlib.colormaps["viridis"]
+# One colour and one marker per stage, in registry order: neighbours differ in hue and lightness,
+# none is a baseline's (reds, purples, orange, brown, grey), and the fast stages (05 on), which
+# the sweep figures draw together, are the most distinct of all. A stage past the list reuses it.
+STAGE_PALETTE = ("#aec7e8", "#dbdb8d", "#9edae5", "#f7b6d2",            # 01-04
+                 "#2ca02c", "#1f77b4", "#d4a017", "#17becf", "#e377c2",  # 05-09
+                 "#393b79", "#98df8a", "#8c6d31", "#111111")             # 10-13
+STAGE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "d", "p", "*")
 
 
 def _axes(figsize, *grid, **kw):
@@ -60,19 +66,19 @@ def _up_to(rows, last):
     return rows[~((rows["kind"] == "stage") & rows["stage"].isin(later))]
 
 
-def _stage_color(i, n):
-    return STAGE_COLORS(0.15 + 0.7 * i / max(1, n - 1))
-
-
 def _stage_colors():
     """{slug: colour} by the stage's place in the registry, so a stage keeps its colour in every
     figure, whichever stages that figure shows (last=)."""
-    slugs = [st.slug for st in stages()]
-    return {s: _stage_color(i, len(slugs)) for i, s in enumerate(slugs)}
+    return {st.slug: STAGE_PALETTE[i % len(STAGE_PALETTE)] for i, st in enumerate(stages())}
 
 
 def _color_of(slug):
     return _stage_colors().get(slug, "0.4")
+
+
+def _marker_of(slug):
+    slugs = [st.slug for st in stages()]
+    return STAGE_MARKERS[slugs.index(slug) % len(STAGE_MARKERS)] if slug in slugs else "o"
 
 
 def ladder(df=None, gpu=None, dtype="fp32", ax=None, last=None):
@@ -132,8 +138,8 @@ def scaling(df=None, gpu=None, dtype="fp16", last=None):
                 color, ls = BASELINE_STYLE[name]
                 ax.plot(grp["N"], grp["tflops"], ls, color=color, marker=".", label=name)
             else:
-                ax.plot(grp["N"], grp["tflops"], "-", color=_color_of(name), marker="o", lw=2,
-                        label=name)
+                ax.plot(grp["N"], grp["tflops"], "-", color=_color_of(name), marker=_marker_of(name),
+                        lw=2, label=name)
         ax.set_xscale("log", base=2)
         ax.set_xticks(SWEEP.ns, [f"{n // 1024}k" if n >= 1024 else str(n) for n in SWEEP.ns])
         ax.set_title(f"D={d}, {'causal' if causal else 'not causal'}", fontsize=10)
@@ -144,9 +150,11 @@ def scaling(df=None, gpu=None, dtype="fp16", last=None):
     for ax in axes[:, 0]:
         ax.set_ylabel(f"TFLOP/s ({dtype})")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(6, max(1, len(labels))), fontsize=9)
+    ncol = min(6, max(1, len(labels)))
+    fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9)
     fig.suptitle(f"Scaling with sequence length — {gpu}", fontsize=11)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    rows = -(-len(labels) // ncol)  # the legend's rows, kept clear of the axes' labels
+    fig.tight_layout(rect=(0, 0.01 + 0.035 * rows, 1, 1))
     return fig
 
 

@@ -281,3 +281,13 @@ def test_the_readme_and_report_figures_show_every_stage(profiled):
     assert shown_stages(a.get_text() for a in fig.axes[0].texts) == set(recorded_stages())
     assert [t.get_text() for t in draw["stalls"]().axes[0].get_yticklabels()] == [
         st.slug for st in stages()]  # the synthetic profile has every stage
+
+
+def test_every_stage_has_its_own_colour_and_the_sweep_stages_their_own_markers():
+    """The sweep figures draw 05 on together: no two stages share a colour, none is a baseline's,
+    and the fast stages differ in marker too."""
+    colours = plots._stage_colors()
+    assert len(set(colours.values())) == len(colours)
+    assert not set(colours.values()) & {c for c, _ in plots.BASELINE_STYLE.values()}
+    fast = [st.slug for st in stages() if st.fast]
+    assert len({plots._marker_of(s) for s in fast}) == len(fast)
