@@ -153,7 +153,8 @@ def _prepare(stage, config):
 
 def _ncu(st, cfg, options, timeout):
     """ncu on the second launch of the stage's kernel (the first may pay for loading) at cfg,
-    with `options` choosing what it collects and prints."""
+    with `options` choosing what it collects and prints. `st` may be a variant's entry
+    (flashlab.variants.stage_of): its slug names the variant, its kernel is the variant's."""
     cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{st.kernel}",
            "--launch-skip", "1", "--launch-count", "1", *options,
            sys.executable, "-m", "flashlab.profile_target", st.slug, str(cfg.B), str(cfg.H),
@@ -161,10 +162,16 @@ def _ncu(st, cfg, options, timeout):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=paths.ROOT)
 
 
-def profile(stage, config: Config = None, record=True, timeout=900) -> pd.DataFrame:
+def profile(stage, config: Config = None, record=True, timeout=900, variant=None) -> pd.DataFrame:
     """Profile one launch of `stage` at `config` (default: the teaching config in its own
-    dtype) under ncu; returns (and records) the metrics."""
+    dtype) under ncu; returns (and records) the metrics. variant: one of the stage's variants
+    (its name), profiled in the stage's place; its rows name it ("12_tma_store+ping_pong")."""
     st, cfg = _prepare(stage, config)
+    if variant is not None:
+        from . import variants
+        v = st.variant(variant)
+        variants.build(v)  # compiled here, so the profiled process only loads it
+        st = variants.stage_of(v)
     chosen = _choose()
     for _ in range(4):  # ncu refuses the whole run over one unknown metric: drop it and retry
         metrics = sorted({p for o in chosen.values() for p in (o if isinstance(o, tuple) else (o,))})

@@ -1,5 +1,6 @@
 """What ncu runs: two launches of one stage (the first is skipped as a warm-up).
-Usage: python -m flashlab.profile_target SLUG B H N D CAUSAL DTYPE"""
+Usage: python -m flashlab.profile_target SLUG B H N D CAUSAL DTYPE  (SLUG may name a variant:
+12_tma_store+ping_pong)"""
 import sys
 
 import torch
@@ -8,7 +9,12 @@ import flashlab as fl
 
 slug, B, H, N, D, causal, dtype = sys.argv[1:8]
 cfg = fl.Config(int(B), int(H), int(N), int(D), bool(int(causal)), dtype)
-attn = fl.stage(slug).build()
+if "+" in slug:  # a stage's variant: "12_tma_store+ping_pong"
+    from flashlab import variants
+    base, name = slug.split("+", 1)
+    attn = variants.build(fl.stage(base).variant(name))
+else:
+    attn = fl.stage(slug).build()
 q, k, v = cfg.inputs()
 for _ in range(2):
     attn(q, k, v, causal=cfg.causal)

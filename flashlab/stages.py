@@ -22,6 +22,23 @@ def _cc(capability) -> str:
 
 
 @dataclass(frozen=True)
+class Variant:
+    """A stage's kernel changed by a patch beside it in kernels/ (flashlab.variants builds it):
+    an idea a notebook runs and times against its stage without it becoming a stage."""
+    stage: int             # the stage it patches, is checked like and is timed beside
+    name: str              # e.g. "ping_pong"
+    patch: str             # its file in kernels/ (made on the stage's kernel, regions collapsed)
+    shapes: str            # its pick(): "D64:<template args after T, D>;D128:..." (variants.with_pick)
+    kernel: str            # its __global__ function
+    what: str              # one line: what it changes
+
+    @property
+    def slug(self) -> str:
+        """How its rows and profiles are named: "12_tma_store+ping_pong"."""
+        return f"{stage(self.stage).slug}+{self.name}"
+
+
+@dataclass(frozen=True)
 class Stage:
     """Everything flashlab knows about one stage. Tools and tests iterate these entries; adding a
     stage is its kernels/NN_slug.cu, one entry in _STAGES and its notebook source."""
@@ -51,6 +68,7 @@ class Stage:
     sass: dict = field(default_factory=dict, compare=False)  # machine-code evidence beyond COMMON_SASS
     builds_on: object = None  # the number of the stage it improves on, diffs against and is timed
     #                        beside; None: the one before it in order (the first stage: nothing)
+    variants: tuple = ()   # Variant entries: ideas its notebook runs beside it (flashlab.variants)
 
     @property
     def name(self) -> str:
@@ -147,6 +165,14 @@ class Stage:
             return "runs live"
         runs = [dt for dt in self.dtypes if dt not in missing]
         return f"runs live in {'/'.join(runs)}; " + "; ".join(missing.values())
+
+    def variant(self, name) -> Variant:
+        """One of its variants by name; ValueError naming those there are."""
+        for v in self.variants:
+            if v.name == name:
+                return v
+        have = ", ".join(v.name for v in self.variants) or "none"
+        raise ValueError(f"{self.slug} has no variant {name!r} (its variants: {have})")
 
     def build(self, verbose=False):
         """Compile (or load from cache) and return attn(q, k, v, causal=False, out=None): a
@@ -272,7 +298,23 @@ _STAGES = (
           # waits less at the end of each work item
           idea_metrics=("global_store_sectors_per_request", "tensor_pipe_pct"),
           sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "UTMASTG": True, "STG": False,
-                "STS": True, "SYNCS": True, "USETMAXREG": True, "LDL": False, "STL": False}),
+                "STS": True, "SYNCS": True, "USETMAXREG": True, "LDL": False, "STL": False},
+          # FlashAttention-3's two overlaps, which notebook 12 runs beside the stage: two
+          # consumers, O stored from registers; without either overlap, then each added
+          variants=(
+              Variant(12, "no_overlap", "12_overlap.patch",
+                      "D64:128,3,2,false,false;D128:128,2,2,false,false", "overlap_kernel",
+                      "two consumers, O stored from registers, each tile's products then its "
+                      "softmax: the kernel the overlaps are added to"),
+              Variant(12, "in_warpgroup", "12_overlap.patch",
+                      "D64:128,3,2,true,false;D128:128,2,2,true,false", "overlap_kernel",
+                      "a consumer issues S_j with P_{j-1} V_{j-1} and runs tile j's softmax "
+                      "while P_{j-1} V_{j-1} is in flight"),
+              Variant(12, "ping_pong", "12_overlap.patch",
+                      "D64:128,3,2,true,true;D128:128,2,2,true,true", "overlap_kernel",
+                      "the in-warpgroup overlap, and the two consumers take turns at issuing "
+                      "their products (named barriers), one's softmax under the other's products"),
+          )),
     Stage(13, "13_lazy_rescale", "Lazy rescale",
           "after an item's first key tile, the exponentials are taken against the running "
           "maximum as it stands, without waiting for the tile's own; O is rescaled only when a "

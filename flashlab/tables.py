@@ -236,7 +236,16 @@ MODEL = Table(
             "tokens_per_s", "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
             "runs", "retimes"],
     defaults={"layout": "model"})
-ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL)
+# A stage's variants (flashlab.variants), timed in turn with their stage config by config in one
+# run: variant is its slug ("12_tma_store+ping_pong"), ratio its TFLOP/s over the stage's.
+VARIANTS = Table(
+    "variants.csv", key=["gpu", "variant", "dtype", "B", "H", "N", "D", "causal"],
+    columns=["variant", "stage", "dtype", "B", "H", "N", "D", "causal", "median_ms", "tflops",
+             "stage_ms", "stage_tflops", "ratio", "check_passed", "max_rel_err", "gpu", *SOFTWARE],
+    ints=["B", "H", "N", "D"],
+    floats=["median_ms", "tflops", "stage_ms", "stage_tflops", "ratio", "max_rel_err"],
+    bools=["causal", "check_passed"])
+ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL, VARIANTS)
 
 results = RESULTS  # `fl.results.load()`: the shared results table
 
@@ -441,6 +450,19 @@ def profile_rows(gpu=None, df=None):
     prof = PROFILE.load() if df is None else PROFILE.normalise(df)
     prof = on_gpu(prof, gpu)
     return prof if len(prof) else None
+
+
+def variant_rows(stage, gpu=None) -> pd.DataFrame:
+    """The recorded timings of `stage`'s variants on `gpu` (default: the GPU shown), or
+    NotRecorded."""
+    st = _stage(stage)
+    df = VARIANTS.load()
+    gpu = gpu or gpu_shown(st, df=RESULTS.load())
+    df = df[(df["stage"] == st.slug) & (df["gpu"] == gpu)] if len(df) else df
+    if not len(df):
+        raise NotRecorded(f"{st.slug}'s variants: not recorded on {gpu} yet ({VARIANTS.name}; "
+                          f"its notebook records them when it runs live on that GPU)")
+    return df.reset_index(drop=True)
 
 
 def tune_log(gpu=None) -> pd.DataFrame:

@@ -8,6 +8,8 @@ tests/test_hopper.py keeps the lines of both each function here follows.
     from flashlab import tma_store
     tma_store.o_store_requests(128)        # instructions, sectors and wavefronts, both ways
     tma_store.o_store_figure(D=64, d=0)    # one warp instruction, both ways
+    tma_store.overlaps()                   # FlashAttention-3's overlaps beside the stage (GPU or
+    tma_store.overlap_profile()            #   replay of data/variants.csv and profile.csv)
 """
 import matplotlib
 import numpy as np
@@ -15,9 +17,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from . import tables, variants
 from .banks import BANK_BYTES, BANKS, wavefronts
+from .configs import Config
 from .diagrams import SECTOR, sectors_per_request
 from .hopper_common import LABEL, M, TEXT, TITLE, WARP, gain
+from .stages import stage as _stage
 from .warpspec import warpspec_schedule
 from .wgmma import sw128
 
@@ -137,3 +142,60 @@ def store_gain(n_tiles=(4, 8, 16, 32, 64, 128), items=6, store11=1.2, store12=0.
     def total(store):
         return lambda tiles: warpspec_schedule(tiles=tiles, stages=2, store=store, **times).total
     return gain(n_tiles, items, "stage 11 time / stage 12 time", total(store11), total(store12))
+
+
+# --- FlashAttention-3's two overlaps, run beside the stage (section 10) ----------------------------
+
+# Where the overlaps are profiled: a point of the sweep at D = 128 without the mask, where the
+# products of one consumer's tile take longest beside its softmax.
+OVERLAP_PROFILED = Config(4, 16, 4096, 128, False, "fp16")
+OVERLAP_METRICS = ("duration_ms", "tensor_pipe_pct", "stall_wait", "stall_barrier",
+                   "stall_long_scoreboard", "stall_short_scoreboard", "stall_math_pipe_throttle",
+                   "stall_selected")
+
+
+def overlaps(measure=None) -> pd.DataFrame:
+    """Stage 12 and its three variants (the registry's: no_overlap, in_warpgroup, ping_pong),
+    config by config: each variant's speed over stage 12, timed in turn with it, and each overlap
+    over the kernel it is added to (in_warpgroup over no_overlap, ping_pong over in_warpgroup).
+    Live on a Hopper GPU (measure=None: when the stage runs here) the variants are built,
+    checked against float64 and timed now, and recorded; in replay, as recorded."""
+    st = _stage(12)
+    if measure if measure is not None else tables.live(st):
+        variants.measure(st, log=lambda msg: None)
+    rows = tables.variant_rows(st)
+    rows = rows[rows["check_passed"]].copy()
+    rows["name"] = rows["variant"].str.split("+").str[1]
+    wide = rows.pivot_table(index=["D", "causal", "N"], columns="name", values="ratio")
+    wide = wide[[v.name for v in st.variants if v.name in wide.columns]]
+    wide.columns = [f"{c} / 12" for c in wide.columns]
+    if {"in_warpgroup / 12", "no_overlap / 12"} <= set(wide.columns):
+        wide["in_warpgroup / no_overlap"] = wide["in_warpgroup / 12"] / wide["no_overlap / 12"]
+    if {"ping_pong / 12", "in_warpgroup / 12"} <= set(wide.columns):
+        wide["ping_pong / in_warpgroup"] = wide["ping_pong / 12"] / wide["in_warpgroup / 12"]
+    return wide.round(3)
+
+
+def overlap_profile(measure=None) -> pd.DataFrame:
+    """Nsight Compute's view of stage 12 and its variants at OVERLAP_PROFILED: the kernel's time,
+    the tensor pipe's busy share and the main stall reasons (% of warp cycles), one column per
+    kernel. Profiled now where the stage runs and ncu is here (and recorded), else as recorded."""
+    from . import profile as prof
+    st = _stage(12)
+    ok, _ = prof.available()
+    if (measure if measure is not None else tables.live(st)) and ok:
+        prof.profile(st, OVERLAP_PROFILED)
+        for v in st.variants:
+            prof.profile(st, OVERLAP_PROFILED, variant=v.name)
+    recorded = tables.profile_rows(tables.gpu_shown(st))
+    names = [st.slug] + [v.slug for v in st.variants]
+    wide = (tables.profile_wide(recorded, OVERLAP_PROFILED) if recorded is not None
+            else pd.DataFrame())
+    if st.slug not in wide.index or not any(n in wide.index for n in names[1:]):
+        raise tables.NotRecorded(f"the overlaps' profile at {OVERLAP_PROFILED.label}: not "
+                                 f"recorded on {tables.gpu_shown(st)} yet (notebook 12 records it "
+                                 f"when it runs live there, with Nsight Compute)")
+    shown = [n for n in names if n in wide.index]
+    table = wide.loc[shown, [m for m in OVERLAP_METRICS if m in wide.columns]].T
+    table.columns = ["12" if n == st.slug else n.split("+")[1] for n in shown]
+    return table.round(3)

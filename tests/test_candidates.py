@@ -16,10 +16,6 @@ hopper_try = load_tool("hopper_try")
 CANDIDATES = paths.ROOT / "tools" / "candidates"
 # Each candidate: the stage its patch applies to, and the shapes tools/candidates/README.md reports.
 PATCHES = {
-    "12_overlap.patch": ("12_tma_store", ["D64:128,3,2,true,true;D128:128,2,2,true,true",
-                                          "D64:128,3,2,true,false;D128:128,2,2,true,false",
-                                          "D64:128,3,3,false,false;D128:128,2,2,false,false",
-                                          "D64:160,3,2,true,true;D128:160,2,2,true,true"]),
     "12_poly_exp2.patch": ("12_tma_store", ["D64:128,3,2,4;D128:128,2,2,4",
                                             "D64:128,3,2,2;D128:128,2,2,8"]),
     "11_past_end.patch": ("11_warpspec", ["D64:128,4,3;D64c:64,4,2,2;D128:128,2,2",

@@ -21,6 +21,7 @@ from flashlab import paths
 PACKAGE = paths.ROOT / "flashlab"
 LAYERS = {
     "core": ["paths", "dtypes", "configs", "env", "inputs", "reference", "build", "stages",
+             "variants",
              "runtime", "check", "bench", "markers", "baselines", "profile_schema", "tables"],
     "tools": ["ptxas", "sass", "picks", "measure", "peaks", "profile",
               "profile_target", "worker", "runner", "plots", "report", "readme", "cli",

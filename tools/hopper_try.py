@@ -14,7 +14,6 @@ N in {1k, 4k, 16k} only; --n=... and --d=... keep only the sequence lengths and 
 """
 import dataclasses
 import math
-import re
 import sys
 import tempfile
 import time
@@ -28,6 +27,7 @@ from flashlab.bench import time_interleaved
 from flashlab.configs import tflops
 from flashlab.baselines import Baseline
 from flashlab.runtime import Attention
+from flashlab.variants import with_pick
 
 def unregistered_stage(path):
     """The registry entry a kernel not yet in the registry is built and checked with: the last
@@ -35,25 +35,9 @@ def unregistered_stage(path):
     return dataclasses.replace(fl.stages()[-1], slug=Path(path).stem)
 
 
-PICK = re.compile(r"(// PICK.*?\ntemplate <typename T>\nstatic const char\* pick\([^)]*\) \{\n)(.*?)(\n\}\n)", re.S)
-
-
 def variant_source(st, spec, text=None):
-    text = st.source.read_text() if text is None else text
-    shapes = {}
-    for part in spec.split(";"):
-        key, args = part.split(":")
-        shapes[key] = args
-    lines = []
-    for d in (64, 128):
-        nc = shapes[f"D{d}"]
-        c = shapes.get(f"D{d}c", nc)
-        lines.append(f"  if (p->D == {d}) {{\n    if (p->causal) return launch<T, {d}, {c}>(p, s);\n"
-                     f"    return launch<T, {d}, {nc}>(p, s);\n  }}")
-    body = "\n".join(lines) + '\n  return "no shape for this head dim";'
-    new, n = PICK.subn(lambda m: m.group(1) + body + m.group(3), text)
-    assert n == 1, "no PICK function found"
-    return new
+    """st's kernel (or `text`) with its pick() set to `spec` (flashlab.variants.with_pick)."""
+    return with_pick(st.source.read_text() if text is None else text, spec)
 
 
 def main():

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .. import markers
 from .. import paths
+from .. import variants
 from ..stages import stage as _stage
 from ..stages import stages as _stages
 from . import nbtext
@@ -49,7 +50,7 @@ LEFT_OUT = ("data/runs/", "notebooks/TEACHING.md", "notebooks/answers/")
 CAPSTONE_AFTER = 8      # notebook 99 builds on stages 05-08
 LAB_TRUTHS = "flashlab/course/labkeys.py"    # computes the labs' answers: never in an edition
 LAB_KEYS = "flashlab/course/lab_keys.json"   # what an edition's labs check against instead
-_NUMBERED = re.compile(r"^(kernels|notebooks|notebooks/src)/(\d\d)[a-z]?_[^/]*$")
+_NUMBERED = re.compile(r"^(kernels|kernels/variants|notebooks|notebooks/src)/(\d\d)[a-z]?_[^/]*$")
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,11 @@ def left_out(rel: str, a: Assignment):
     if n is not None and n > a.last:
         return "after the assignment's stages"
     return None
+
+
+def _variant_patches() -> set:
+    """The variant patches the registry names (kernels/NN_x.patch)."""
+    return {f"kernels/{v.patch}" for st in _stages() for v in st.variants}
 
 
 def _home_stubs(root) -> tuple:
@@ -257,6 +263,13 @@ def plan(root, a: Assignment, stats=None) -> tuple:
             out[rel] = why
             continue
         try:
+            if rel in _variant_patches():  # the edition gets the variant's kernel instead
+                stage_text = (root / f"kernels/{_stage(number_of(rel)).slug}.cu").read_text()
+                copy = variants.edition_file("kernels", Path(rel).name).as_posix()
+                text = variants.patched(stage_text, src.read_text(), where=rel)
+                files[copy] = _transform(copy, text.encode(), ids, stubs, homes, stats)
+                out[rel] = f"a variant patch: the edition has the variant's kernel, {copy}"
+                continue
             files[rel] = _transform(rel, src.read_bytes(), ids, stubs, homes, stats)
         except ValueError as err:  # a marker problem: nothing is written
             raise EditionError(f"cannot write the edition: {err}") from err
