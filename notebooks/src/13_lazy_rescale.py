@@ -1,33 +1,28 @@
 # %% [markdown]
-# # Stage 13 — a lazy rescale: the exponentials stop waiting for the row maximum
+# # Stage 13 — the lazy rescale: the exponentials stop waiting for the row maximum
 #
-# Every stage so far takes a key tile's softmax the same way, one step after another: the row
-# maximum of the tile, the new running maximum `m` and O's factor `α = 2^(m_old − m_new)`, then the
-# exponentials `2^(s − m)` and their sums, then `O *= α`. None of the exponentials may start
-# before the maximum is known, and O is rescaled at every tile. Yet after the first few tiles a
-# row's maximum hardly moves. The online softmax does not need the exact maximum: any `m` works
-# as long as the exponentials stay in range, because O and the row sum `l` carry the same factor
-# and O / l cancels it. FlashAttention-4 uses this to rescale O only when the maximum has grown by
-# more than a threshold. Stage 13 takes it one step further on this kernel: a tile's
-# exponentials are taken against `m` as it stands, at once, and the tile's maximum is only
-# checked, beside them.
+# Every stage so far takes a key tile's softmax as a chain: the tile's row maximum, the new running
+# maximum `m` and O's factor `α = 2^(m_old − m_new)`, then the exponentials `2^(s − m)` and their
+# sums, then `O *= α`. Yet after the first few tiles a row's maximum hardly moves, and the online
+# softmax does not need the exact maximum. FlashAttention-4 rescales O only when the maximum has
+# grown past a threshold. Stage 13's **lazy rescale** goes one step further: a tile's exponentials
+# are taken against `m` as it stands, at once, and the tile's maximum is only checked, beside them.
 #
 # ## Objectives
 # After this notebook you can:
-# - say which steps of a tile's softmax wait for the row maximum, and count the instructions a
-#   thread spends on each, at D = 64 and D = 128;
-# - explain why O / l does not change when `m` lags behind the true maximum, and bound how far
-#   it may lag before a 16-bit P overflows;
-# - write a softmax pass that checks its assumption with a warp vote and falls back to the
-#   classic path when it fails, and say what that fallback costs and how often it runs;
-# - predict where the change pays (D = 64, where the softmax sets the pace) and check it in the
-#   machine code, the timings over the sweep and the profile.
+# - say which steps of a tile's softmax wait for the row maximum, and count them at D = 64 and 128;
+# - explain why O / l does not change when `m` lags behind the true maximum, and bound how far it
+#   may lag before a 16-bit P overflows;
+# - write a lazy softmax pass that checks its assumption with a warp vote and falls back to the
+#   classic path, and say how often the fallback runs;
+# - predict where the lazy rescale pays and check it in the machine code, the timings and the
+#   profile.
 #
-# **Prerequisites:** notebook 12 (the kernel this one changes) and notebook 11 (the consumers'
-# softmax traced on the SM clock); notebook 02's online softmax. The kernel needs a Hopper GPU
-# (H100, H200, GH200); elsewhere this notebook replays the numbers recorded on one.
+# **Prerequisites:** notebooks 12 (the kernel this one changes) and 11 (the consumers' softmax);
+# notebook 02's online softmax. The kernel needs a Hopper GPU (H100, H200, GH200); elsewhere this
+# notebook replays the numbers recorded on one.
 #
-# **Time:** about 20 min to read, 40 min to work through.
+# **Time:** about 25 min to read, 40 min to work through.
 
 # %%
 # %matplotlib inline
@@ -61,11 +56,10 @@ nb.show_lines("12_tma_store", r"auto softmax = \[&\]", r"^  \};")
 nb.show_lines("12_tma_store", r"softmax\(s, j \* BC\);", r"pack\(s\);")
 
 # %% [markdown]
-# Three things stand in a line. The row maximum `mx` is a chain of `fmaxf` over the thread's
-# scores and two shuffles across the 4 threads of a row. `m_new` and `alpha` need `mx`. Every
-# exponential needs `m_use`, so all 64 of them wait for the whole chain. Last, O is multiplied by
-# `alpha`: D / 2 multiplications a thread, 64 at D = 128, at every tile, although after the first
-# few tiles `alpha` is almost always exactly 1. Counted from the source, per thread and tile:
+# Three things stand in a line. The row maximum `mx` is a chain of `fmaxf` and two shuffles across
+# the 4 threads of a row; `m_new` and `alpha` need `mx`; every exponential needs `m_use`, so all 64
+# wait for the whole chain. Last, O is multiplied by `alpha`, D / 2 multiplications a thread, at
+# every tile, though after the first few tiles `alpha` is almost always 1. Per thread and tile:
 
 # %%
 display(pd.concat({f"D = {d}": lazy_rescale.lazy_steps(D=d) for d in (64, 128)}, axis=1))
@@ -75,48 +69,43 @@ display(pd.concat({f"D = {d}": lazy_rescale.lazy_steps(D=d) for d in (64, 128)},
 #
 # The online softmax keeps, for each row, `m`, `l = Σ 2^(s − m)` and `O = Σ 2^(s − m) · v`, and
 # divides at the end. Replace `m` by any `m'` and both sums take the same factor `2^(m − m')`:
-# O / l does not change. `m` is there only to keep the exponentials in range. In fp32 that
-# range is wide, but P goes to the tensor cores in 16 bits, and fp16's largest value is 65 504.
+# O / l does not change. `m` only keeps the exponentials in range, and P goes to the tensor cores
+# in 16 bits (fp16's largest value is 65 504). So stage 13 takes every tile after an item's first
+# **lazily**:
 #
-# So stage 13 takes every tile after an item's first **lazily**:
-#
-# 1. The exponentials are taken against `m` as it stands, `2^(s · scale − m)`, without waiting for
-#    anything; they go straight into P's 16-bit pairs and into the row sums.
-# 2. Beside them, the tile's row maximum is still found (its instructions fill the gaps between
-#    the exponentials, which the special-function unit issues only one in 8 cycles per warp),
-#    and only **checked**: does some score exceed `m` by more than 8 (log2 units)?
+# 1. The exponentials are taken against `m` as it stands, without waiting, straight into P's
+#    16-bit pairs and the row sums.
+# 2. Beside them the tile's row maximum is still found (its instructions fill the gaps between
+#    exponentials, which the special-function unit issues only one in 8 cycles per warp), and only
+#    **checked**: does some score exceed `m` by more than 8 (log2 units)?
 # 3. If no row of the warp has such a score (a warp vote, `__any_sync`), every exponential is at
-#    most 2^8 = 256, P and the sums are right as they are, and `l += sum`. O keeps its scale: no
-#    `alpha`, no rescale.
-# 4. Otherwise the warp takes the tile again the classic way: stage 12's softmax, the rescale and
-#    the packing, on S, which the lazy pass did not overwrite (where registers are too few to keep
-#    it, section 4 computes S again). `m` moves to the new maximum.
+#    most 2^8 = 256, P and the sums are right as they are, and O keeps its scale: no rescale.
+# 4. Otherwise the warp takes the tile again the classic way (stage 12's softmax, rescale and
+#    packing) from S, which the lazy pass did not overwrite, and `m` moves to the new maximum.
 #
-# An item's first tile sets `m` the classic way. `m` may then lag behind a row's true maximum by
-# up to 8: O and l carry a factor of up to 2^8, P is at most 256, and fp16 would overflow only at
-# 2^16. The vote makes the choice one per warp, so the warp never splits between the two
-# paths.
+# An item's first tile sets `m` the classic way. `m` may then lag a row's true maximum by up to 8:
+# P is at most 256, and fp16 would overflow only at 2^16. The vote makes the choice once per warp,
+# so the warp never splits between the two paths.
 #
 # The model below puts the two side by side for one warp alone: one instruction a cycle, an
-# exponential every 8 cycles (the special-function unit: 16 a cycle per SM, 4 per sub-partition),
-# a shuffle's result 30 cycles after it issues.
+# exponential every 8 cycles (the special-function unit: 4 a cycle per sub-partition), a shuffle's
+# result 30 cycles after it issues.
 
 # %%
 lazy_rescale.lazy_figure(D=128)
 
 # %% [markdown]
 # In stage 12 the maximum, its shuffles and the factor come first, about 140 cycles in which no
-# exponential runs; the rescale of O comes last. In stage 13 the maximum runs beside the
-# exponentials, and the tile ends with a compare and a vote. The model's saving is 200 cycles of
-# about 700 at D = 128 and 170 of 690 at D = 64. On the GPU a consumer's softmax takes longer than
-# the model (notebook 11: 950 cycles alone, 1 200–1 400 beside the other consumer), but the
-# cycles removed are of the same kind: waiting for the maximum, and work on O.
+# exponential runs, and the rescale of O comes last. In stage 13 the maximum runs beside the
+# exponentials. The model saves 200 cycles of about 700 at D = 128 and 170 of 690 at D = 64. On the
+# GPU a consumer's softmax takes longer (appendix 11a measured 1 200–1 400 cycles a tile at D = 128
+# for a consumer beside the other one), but the cycles removed are of the same kind.
 #
 # ## 3 · How often the classic path runs
 #
-# The lazy pass pays only if the fallback is rare. For one head of random inputs (the sweep's:
-# q, k ~ N(0, 1), scale 1 / √D), `lazy_rescale.lazy_fallbacks` replays the kernel's decision on the CPU:
-# each warp's 16 rows, 128-key tiles, the running maximum moved only when the vote says so.
+# The lazy pass pays only if the fallback is rare. `lazy_rescale.lazy_fallbacks` replays the
+# kernel's decision on the CPU for one head (each warp's 16 rows, 128-key tiles): random inputs as
+# in the sweep (q, k ~ N(0, 1), scale 1 / √D), and keys that grow along the sequence.
 
 # %%
 rng = np.random.default_rng(0)
@@ -129,25 +118,20 @@ display(pd.DataFrame({"random": lazy_rescale.lazy_fallbacks(q, k),
 
 # %% [markdown]
 # On random inputs no tile after the first falls back: a tile's maximum would have to beat the
-# first tile's by 8 log2 units, about 5.5 standard deviations of a score. The largest P written
-# is about 28. When the keys grow along the sequence, so does every row's maximum, and nearly all
-# tiles fall back. They are then as expensive as stage 12's plus the lazy pass they threw away,
-# and still exact: the largest lazy P stays below 256. The GPU tests run every fast stage on such
-# inputs (`test_scores_that_grow_along_the_keys`). Real attention sits between the two. Its
-# largest scores usually come early (the first token often takes a large share of the attention,
-# the "attention sink"), so the maximum is set by the first tile. Measure on your own model's
-# inputs before you count on the lazy path.
+# first tile's by 8 log2 units, about 5.5 standard deviations of a score. The largest P written is
+# about 28. When the keys grow along the sequence, so does every row's maximum: nearly all tiles
+# fall back, each costing stage 12's softmax plus the lazy pass it threw away, and the result stays
+# exact. Real attention often puts its largest scores early (the "attention sink" on the first
+# token), so the first tile sets the maximum; measure on your own model's inputs all the same.
 #
 # ## 4 · What changed
 #
-# Against stage 12: the `fast` lambda, and the loop's softmax put under a condition; an item's
-# first tile keeps stage 12's path. The two-blocks shape (at D = 64 under the mask on short
-# sequences) leaves a consumer 104 registers, too few to keep S beside P, so it gets a second lazy
-# pass, `fast_inplace`: the exponentials written over S, and on a failed vote S computed again
-# from K, which stays in shared memory until the softmax is done (its `empty` barrier is arrived
-# at after it). That fallback issues a `wgmma`, which the four warps of a warpgroup issue
-# together, so its vote is taken over the warpgroup: `bar.red.or.pred` on a named barrier ORs a
-# predicate over 128 threads, where `__any_sync` covers one warp:
+# Against stage 12: the `fast` lambda, and the loop's softmax put under a condition. The two-blocks
+# shape (D = 64 under the mask on short sequences) leaves a consumer 104 registers, too few to keep
+# S beside P, so it gets a second lazy pass, `fast_inplace`: the exponentials written over S, and on
+# a failed vote S computed again from K, still in shared memory. That fallback issues a `wgmma`,
+# which a warpgroup's four warps issue together, so its vote covers the warpgroup: `bar.red.or.pred`
+# on a named barrier ORs a predicate over 128 threads, where `__any_sync` covers one warp:
 
 # %%
 nb.show_diff("12_tma_store", "13_lazy_rescale", context=1)
@@ -155,25 +139,24 @@ nb.show_diff("12_tma_store", "13_lazy_rescale", context=1)
 # %% [markdown]
 # ## 5 · Prediction, before measuring
 #
-# The lazy pass removes, per thread and tile, the rescale of O (D / 2 `FMUL`), the factor (two
-# `MUFU.EX2` and its arithmetic) and the wait for the maximum before the first exponential; it
-# adds a compare and a vote. Where does that pay?
+# Per thread and tile, the lazy pass removes the rescale of O (D / 2 `FMUL`), the factor (two
+# `MUFU.EX2` and its arithmetic) and the wait for the maximum; it adds a compare and a vote.
 #
-# * **D = 64.** A tile's products cost half of D = 128's and its softmax the same. Notebook 12
-#   counted the three limits of a pair of tiles on a sub-partition as about level: exponentials
-#   ~1 050 cycles, products ~1 020, issue ~900. Three consumers share the SM, so a shorter softmax
-#   lets each return to its products sooner. Section 2's model removes a quarter of a softmax,
-#   but the exponentials, which stay, are most of it: expect **1.03–1.08×** on long sequences.
-# * **Short sequences.** An item's first tile is classic, and at N = 512 an item is 4 tiles: a
-#   quarter of the gain. At D = 64 under the mask below N = 2048 (the two-blocks shape, 64-key
-#   tiles) a tile's softmax is half as long, and the warpgroup's vote adds a barrier: 1.00–1.03×.
-# * **D = 128.** The tensor cores set the pace (products twice D = 64's for the same softmax):
-#   **1.00–1.03×**, though the rescale removed is twice as long.
-# * **Teaching config** (D = 64, N = 1024, 8 tiles an item, 7 of them lazy): **1.02–1.06×**.
-# * **Machine code:** the kernel holds both softmaxes: about twice stage 12's `MUFU.EX2`, and a
-#   `VOTE.ANY` (the `__any_sync`) with a branch to the classic path.
-# * **Profile:** fewer warps waiting on the short scoreboard (the shuffles of the maximum, which
-#   the exponentials no longer wait behind), and the tensor pipe busier.
+# * **D = 64.** A consumer's tile holds the SM's tensor cores for 2 · 64 · 128 · 64 multiply-adds at
+#   4 096 FLOP a cycle (notebook 11): 512 cycles. Its warps' 66 `MUFU.EX2` (64 exponentials and 2
+#   factors) hold their sub-partitions' special-function units for 66 × 8 = 528. The softmax weighs
+#   as much as the products, so a shorter one leaves the tensor cores waiting less. The model takes a
+#   quarter off, but the exponentials, which stay, are most of it: **1.03–1.08×** on long sequences.
+# * **Short sequences.** An item's first tile is classic: at N = 512, one of 4. At D = 64 under the
+#   mask below N = 2048 (the two-blocks shape, 64-key tiles) a tile's softmax is half as long, and the
+#   warpgroup's vote adds a barrier: 1.00–1.03×.
+# * **D = 128.** The products take 1 024 cycles for the same 528 of exponentials: the tensor cores
+#   set the pace, **1.00–1.03×**.
+# * **Teaching config** (D = 64, N = 1024, 7 of an item's 8 tiles lazy): **1.02–1.06×**.
+# * **Machine code:** about twice stage 12's `MUFU.EX2` (both softmaxes), and a `VOTE.ANY` with a
+#   branch to the classic path.
+# * **Profile:** fewer warps waiting on the short scoreboard (the maximum's shuffles), and the tensor
+#   pipe busier.
 
 # %%
 gain_band = (1.02, 1.06)
@@ -189,8 +172,7 @@ with nb.unless_missing():
 # %% [markdown]
 # Static counts: the lazy kernel carries both softmaxes, so its `MUFU.EX2` count doubles (130
 # instead of 66 in the three-consumer kernel at D = 64), while a tile runs one of them. The
-# two-blocks kernel (`64, 64, 4, 2, 2`) has a second group of `HGMMA` for S (the fallback's) and a
-# `BAR.RED.OR` (the warpgroup's vote):
+# two-blocks kernel (`64, 64, 4, 2, 2`) has a second group of `HGMMA` for S and a `BAR.RED.OR`:
 
 # %%
 with nb.unless_missing():
@@ -199,10 +181,8 @@ with nb.unless_missing():
 # %% [markdown]
 # Four `HGMMA` for S, the vote, four more for S again, then four for P·V.
 #
-#
-# The order is what changed. In each kernel, from a tile's last `HGMMA` of S to the first shuffle
-# of its row maximum, how many exponentials issue? Then the end of stage 13's lazy pass, up to the
-# vote:
+# The order is what changed. From a tile's last `HGMMA` of S to the first shuffle of its row
+# maximum, how many exponentials issue? Then the end of stage 13's lazy pass, up to the vote:
 
 # %%
 with nb.unless_missing():
@@ -218,18 +198,17 @@ with nb.unless_missing():
     print("\n".join(lines[vote - 14:vote + 1]))
 
 # %% [markdown]
-# In stage 12 no exponential issues before the maximum's shuffles: the first ones wait for them.
-# In stage 13 ptxas interleaves the exponentials with the maximum's `FMNMX` from the start, issues
-# the shuffles among them, and the last exponentials are still issuing when the compares
-# (`FSETP`) and the vote (`VOTE.ANY`) come.
+# In stage 12 no exponential issues before the maximum's shuffles. In stage 13 ptxas interleaves
+# the exponentials with the maximum's `FMNMX` from the start, and the last exponentials are still
+# issuing when the compares (`FSETP`) and the vote (`VOTE.ANY`) come.
 
 # %% [markdown]
 # ## 7 · Measure
 #
-# On a Hopper GPU this builds the stage, checks it against a float64 reference, then times it
-# together with stage 12 and SDPA's flash and cuDNN backends, run by run in turn at each config (the
-# teaching configs, then the FlashAttention sweep), three rounds over, as `flashlab run` does, so
-# that their ratios come from one run. Otherwise: the recorded rows.
+# On a Hopper GPU this builds the stage, checks it against a float64 reference, then times it with
+# stage 12 and SDPA's flash and cuDNN backends, in turn at each config (the teaching configs, then
+# the FlashAttention sweep), three rounds over, so that their ratios come from one run. Otherwise:
+# the recorded rows.
 
 # %%
 ev = nb.evaluate("13_lazy_rescale")
@@ -270,32 +249,22 @@ plots.scaling(last="13_lazy_rescale")
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** The prediction was 1.03–1.08× at D = 64 on long sequences, 1.00–1.03× at D = 128,
-# less on short sequences, 1.00–1.03× where the two-blocks shape runs. Measured, stages 12 and 13
-# and the two baselines timed in turn at each config (the run recorded in `data/`, stages 08–11
-# beside them, gave 0.999–1.056× over the same cells):
+# **Time.** Predicted: 1.03–1.08× at D = 64 on long sequences, 1.00–1.03× at D = 128 and in the
+# two-blocks shape, less on short sequences. Measured:
 #
-# * **D = 64 without the mask:** 1.01× at N = 512, rising with the length of an item to 1.06× at
-#   N = 16384. From N = 4096 on (1.04–1.06×) that is inside the band, towards its top.
-# * **D = 64 under the mask:** 1.02× and 1.03× at N = 512 and 1024, where the two-blocks shape runs
-#   its in-place lazy pass: inside its band. From N = 2048, where three consumers run, 1.03–1.06×.
-# * **D = 128:** 1.01–1.03× without the mask, inside its band; under the mask 1.00–1.02×. At
-#   N = 16384 under the mask the two tie (1.01×, 0.999× in the recorded run), where without the
-#   mask the lazy pass gains 1.02×. Long cells move by a few per cent from run to run
-#   (notebook 12), so this one does not rank the two.
-# * **Where it missed: short items.** At N = 1024 seven of an item's eight tiles are lazy, so the
-#   count of lazy tiles alone says 7/8 of the long-sequence gain, about 1.05× at D = 64. Measured:
-#   1.02×, the bottom of the teaching band. An item's costs that the lazy pass does not touch (its
-#   first S with no P·V beside it, its last P·V with no softmax beside it, the store of O) are a
-#   larger share of a short item, and the tiles it does touch are a smaller one.
+# * **D = 64 without the mask:** 1.01× at N = 512, rising with an item's length to 1.06× at
+#   N = 16384; from N = 4096 on (1.04–1.06×) inside the band.
+# * **D = 64 under the mask:** 1.015× and 1.030× at N = 512 and 1024 (the two-blocks shape): inside
+#   its band. From N = 2048, where three consumers run, 1.03–1.06×.
+# * **D = 128:** 1.01–1.03× without the mask, 1.00–1.02× under it: inside the band. Long cells move
+#   by a few per cent from run to run (notebook 12), so the smallest of these rank nothing.
+# * **Where it missed: short items.** At N = 1024 seven of an item's eight tiles are lazy: 7/8 of
+#   the long-sequence gain would be about 1.05×. Measured: 1.02×, the bottom of the band. What the
+#   lazy pass does not touch (an item's first S with no P·V beside it, its last P·V with no softmax
+#   beside it, the store of O) is a larger share of a short item.
 #
-# **The teaching config** (D = 64, N = 1024): 1.02× in fp16 and in bf16, every row tight.
-#
-# **Against cuDNN** stage 13 runs at 1.01–1.20× over the sweep here (1.012–1.214× in the recorded
-# run), ahead at every config, and by the widest margins at D = 64, where the softmax sets the pace
-# (1.09–1.20×). The narrowest is still D = 128 at N = 512 (1.01–1.02×, with and without the mask).
-# In the recorded run stage 13 reaches 686 TFLOP/s at D = 128, N = 16384: 69 % of the H100's dense
-# fp16 tensor peak of 989 TFLOP/s. Against FlashAttention-2 (`sdpa_flash`) it is 1.59–2.34× faster.
+# **Against cuDNN** stage 13 is ahead at every config, 1.01–1.20×, most at D = 64 (1.09–1.20×);
+# against FlashAttention-2 (`sdpa_flash`) 1.59–2.34×.
 
 # %% [markdown]
 # ## 8 · The profile
@@ -320,36 +289,19 @@ plots.idea_metrics(only=["13_lazy_rescale"])
 # %% [markdown]
 # ### Discussion
 #
-# * **Fewer waits behind the shuffles,** as predicted: `short_scoreboard` (waiting for a
-#   variable-latency result, a shuffle's among them) 3.2 % → 2.8 % of the warps' time.
+# * **Fewer waits behind the shuffles,** as predicted: `short_scoreboard` 3.2 % → 2.8 % of the
+#   warps' time.
 # * **The tensor pipe busier:** 46.7 % → 48.3 %, and the kernel 1.04× faster under the profiler
-#   (0.0444 → 0.0429 ms), close to the timing above (1.02×).
-# * **Fewer instructions to issue:** `wait` (the fixed latencies ptxas writes into the instruction
-#   stream) 21.4 % → 20.3 %, `math_pipe_throttle` 1.5 % → 1.1 %, `selected` (issuing) 14.2 % →
-#   14.0 %: two exponentials and D / 2 multiplications fewer a tile.
-# * **More waiting on mbarriers:** `long_scoreboard`, where polling an mbarrier is counted, rose
-#   15.8 % → 16.9 %. Consumers that finish their softmax sooner reach the wait for the next K tile
-#   sooner; at this config (three consumers, N = 1024, four buffers) the producer is not always
-#   ahead. A likely reading, not measured on its own.
-
-# %% [markdown]
-# ## 9 · The overlaps, again
+#   (0.0444 → 0.0429 ms), close to the timing (1.02×).
+# * **Fewer instructions to issue:** `wait` (fixed latencies in the instruction stream) 21.4 % →
+#   20.3 %, `math_pipe_throttle` 1.5 % → 1.1 %.
+# * **More waiting on mbarriers:** `long_scoreboard` 15.8 % → 16.9 %. A consumer that finishes its
+#   softmax sooner reaches the wait for the next K tile sooner, and the producer is not always ahead
+#   (a likely reading, not measured on its own).
 #
-# Notebook 12 ended with FlashAttention-3's two overlaps tying with stage 11: a consumer's softmax
-# (1 400–1 500 cycles beside the other consumer) was longer than the other consumer's products
-# (about 1 024 at D = 128) that the turns were to hide it under. Stage 13 shortens exactly that
-# softmax, by about a quarter in section 2's model, where it would have to lose about two fifths.
-# Both overlaps were built again on top of stage 13: two consumers, the lazy pass of S_j running
-# under P_{j−1}·V_{j−1} and writing a second P while the first is still read, a failed vote's
-# classic path at the top of the next turn, and the turns on named barriers. Timed in turn with
-# stage 13 (fp16, H100, `data/runs/hopper-try-20261127T2147Z-13-overlap-with-lazy-softmax.log`):
-#
-# * at D = 128 the in-warpgroup overlap alone ties with stage 13 (0.97–1.04×), and the turns cost
-#   3–12 % on top of it;
-# * at D = 64 two consumers lose to stage 13's three whatever the schedule (0.75–0.92×): two P's
-#   and S do not fit beside O in the 160 registers three consumers leave.
-#
-# A quarter off the softmax is not yet enough for the turns on this GPU.
+# Notebook 12's section 10 lets you run FlashAttention-3's two overlaps on your own GPU: their
+# turns must hide a consumer's softmax under the other's products, and stage 13 shortens exactly
+# that softmax.
 
 # %% [markdown]
 # ## Exercises
@@ -388,105 +340,70 @@ labs.check("13.lazy_bound", answer)
 # of the warp has `max · scale_log2 > m + 8` (`__any_sync`), before touching `l`; otherwise add the
 # sums to `l` and return true.
 #
-# **How it is judged.** `flashlab grade` builds stage 13 from your region in `kernels/` and compares
-# it with a float64 reference: the output is filled with NaN first (an element never written fails),
-# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
-# not, fp16 and bf16, the strided layout of a model's projections, and keys whose size grows along
-# the sequence, so that every row's maximum keeps rising and each rescale path runs. A wrong kernel
-# scores 0, and the message names the first failing case and its first wrong element (batch, head,
-# row, column, got, expected). A right one is timed at the teaching config and under the causal
-# mask: when your instructor grades, in turn with the solution's stage on the same GPU, the slower
-# of the two ratios counting; when you check your own work, against the solution's recorded speedup
-# over stage 12. Full points within 5 % of the solution's speed, fewer below. Random inputs rarely
-# take the classic path (section 3); the keys that grow along the sequence take it, so
-# a pass without the check and its fallback fails there.
+# **How it is judged.** `flashlab grade` compares your stage with a float64 reference (NaN-filled
+# output, ragged N, D = 64 and 128, both masks, fp16 and bf16, a model's strided layout) and on keys
+# that grow along the sequence, where a pass without the check and its fallback fails. A wrong
+# kernel scores 0, and the message names the first failing case and its first wrong element. A
+# right one is timed at the teaching config and under the mask, the slower of the two ratios
+# counting, against the solution's stage (when your instructor grades) or its recorded speedup over
+# stage 12 (when you check your own work): full points within 5 % of the solution's speed, fewer
+# below.
 #
 # **GPU:** compute capability 9.0 (H100, H200, GH200); elsewhere `flashlab grade` skips it with one
 # line saying why. Run it with
 #
 #     flashlab grade --exercise 13.lazy_softmax
-#
-# ### A longer exercise: why the turns still lose
-#
-# Section 9's overlaps, built on stage 13, lose 3–12 % with the turns at D = 128. Put the lazy pass
-# into the kernel of `tools/candidates/12_overlap.patch` (`patch -o 12_overlap.cu
-# kernels/12_tma_store.cu tools/candidates/12_overlap.patch` writes it; its rotated loop packs P at
-# the top of the next turn, so the lazy pass must write a second P while the first is still read
-# by the P·V in flight), time
-# it against stage 13 with `tools/hopper_try.py`, and read a consumer's turn on the SM clock with
-# `tools/hopper_trace.py` (notebook 11's table). Which step of a turn is now the longest, and how
-# short would it have to be for the turns to pay?
 
 # %% [markdown]
 # ## Questions for discussion
 #
 # 1. The lazy pass checks the maximum after it has used `m`. What would go wrong if it skipped the
 #    check and kept every tile?
-# 2. Why does the threshold test use the raw maximum times `scale_log2`, and not the maximum of
-#    the exponent arguments it has just computed?
-# 3. The vote makes the whole warp take the classic path when one of its 16 rows needs it. Why not
+# 2. The vote sends the whole warp down the classic path when one of its 16 rows needs it. Why not
 #    let each thread decide for its own two rows?
-# 4. In the two-blocks shape a failed vote computes S again instead of keeping it. Why is that
-#    vote taken over the warpgroup with `bar.red.or.pred`, and not over the warp with
-#    `__any_sync` as in the other shapes?
-# 5. Attention in a trained model often puts its largest score on the first token. What does that
+# 3. In the two-blocks shape, why is the vote taken over the warpgroup with `bar.red.or.pred`, and
+#    not over the warp with `__any_sync` as elsewhere?
+# 4. Attention in a trained model often puts its largest score on the first token. What does that
 #    do to the lazy path, causal and not?
 
 # %% [markdown]
 # **Instructor's answer.** *1.* A score more than 16 log2 units above `m` gives an exponential
-# past fp16's 65 504: P holds infinity and O becomes infinite or NaN. In bf16 P would not overflow
-# below 2^128, but `m` would fall ever further behind, and O and l would grow without bound and
-# lose the small terms. The check costs a compare and a vote; the fallback is rare on most inputs.
+# past fp16's 65 504: P holds infinity, and O becomes infinite or NaN. In bf16 P would not overflow,
+# but `m` would fall ever further behind, and O and l would grow without bound.
 
 # %% [markdown]
-# **Instructor's answer.** *2.* `fmaf(s, scale_log2, -m)` is the exponent argument, so testing
-# `max(s) · scale_log2 > m + 8` is the same comparison; but the raw maximum can be taken beside the
-# exponentials, from the scores alone, while the arguments exist one at a time inside the loop
-# that packs P. Keeping the test on the raw scores also keeps `m` in the classic path's units:
-# `m_new = max(m, mx · scale_log2)`, as in stage 12.
+# **Instructor's answer.** *2.* Split between lanes, the warp would run both paths one after the
+# other anyway, and the classic path is long. A uniform branch also lets ptxas keep each path's
+# registers apart. A vote costs one instruction.
 
 # %% [markdown]
-# **Instructor's answer.** *3.* Two reasons. The classic path is a long stretch of code: split
-# between lanes, the warp would run both paths one after the other for every lane anyway. And the
-# two paths leave different registers live (the lazy pass has P, the classic path rebuilds it from
-# S), which ptxas handles best when the branch is uniform. A vote costs one instruction.
+# **Instructor's answer.** *3.* That fallback computes S again with a `wgmma`, which a
+# warpgroup's four warps issue together (`.sync.aligned`). Voted per warp, one warp could issue it
+# alone: undefined, in practice a hang. Elsewhere the fallback is arithmetic and shuffles within a
+# warp, so a warp's vote is enough.
 
 # %% [markdown]
-# **Instructor's answer.** *4.* The fallback issues a `wgmma`, and a `wgmma` is issued by the
-# four warps of a warpgroup together (`.sync.aligned`). Decided per warp, one warp could take the
-# fallback and issue the product alone while the others went on: undefined, and in practice a
-# hang. The other shapes' fallback is per-thread arithmetic and shuffles within a warp, so a
-# warp's vote is enough there. The warpgroup's vote costs a barrier across its 4 warps at every
-# tile; the products already keep those warps close together.
-
-# %% [markdown]
-# **Instructor's answer.** *5.* Non-causal: the first key tile holds the sink, so the first tile,
-# taken the classic way, sets each row's maximum and almost every later tile is lazy. Causal: the
-# same, since every row sees key 0 in its first tile. Inputs whose largest scores come late (a
-# query that attends to recent tokens only, with small scores elsewhere) fall back more often.
+# **Instructor's answer.** *4.* The first key tile holds the sink, so the first tile, taken the
+# classic way, sets each row's maximum and almost every later tile is lazy; under the mask too,
+# since every row sees key 0 in its first tile. Inputs whose largest scores come late fall back
+# more often.
 
 # %% [markdown]
 # ## Summary
 #
-# - A tile's softmax waits for the row maximum before any exponential, and rescales O at every
-#   tile: D / 2 multiplications a thread, though a row's maximum rarely moves after the first
-#   tiles.
-# - O / l does not depend on the `m` the exponentials are taken against; `m` only keeps them in
-#   range. Stage 13 takes a tile's exponentials against `m` as it stands and checks the tile's
-#   maximum beside them: if no score is more than 8 (log2 units) above `m`, P ≤ 256 and the tile
-#   is done, with no rescale. Otherwise a warp vote sends the warp through stage 12's softmax.
-# - Measured on the H100 (fp16, the sweep): 1.00–1.06× stage 12 (ties at D = 128 under the mask
-#   at N = 512 and 16384), most at D = 64 on long sequences (1.04–1.06×); 1.01–1.20× cuDNN, and
-#   686 TFLOP/s (69 % of the tensor peak) at D = 128, N = 16384 in the recorded run. Short items
-#   gain less than their share of lazy tiles: their first and last tiles, and the store, are
-#   untouched.
-# - Where S cannot stay beside P (two blocks an SM, 104 registers) the lazy pass writes over S and
-#   a failed vote computes S again; since that fallback issues a `wgmma`, the vote is taken over
-#   the warpgroup (`bar.red.or.pred`), not the warp.
+# - Stage 12's softmax waits for the row maximum before any exponential and rescales O at every
+#   tile, though a row's maximum rarely moves after the first tiles.
+# - O / l does not depend on the `m` the exponentials are taken against. The lazy rescale takes
+#   them against `m` as it stands and checks the tile's maximum beside them: if no score is more
+#   than 8 (log2 units) above `m`, P ≤ 256 and O is not rescaled; otherwise a warp vote sends the
+#   warp through stage 12's softmax. Where S cannot stay beside P (two blocks an SM) the fallback
+#   computes S again, and its vote covers the warpgroup.
+# - What it did on the H100 (fp16): 1.00–1.06× stage 12 over the sweep, most at D = 64 on long
+#   sequences (1.04–1.06×), where the softmax weighs as much as the products; 1.02× at the teaching
+#   config. The exponentials no longer wait for the maximum's shuffles, and the tensor pipe got
+#   busier.
 # - On random inputs the classic path never runs after an item's first tile; on keys that grow
-#   along the sequence it runs at almost every tile, and the result is still exact.
-# - Built on the lazy softmax, FlashAttention-3's in-warpgroup overlap ties at D = 128 and its
-#   ping-pong still loses: a quarter off the softmax is not yet enough for the turns.
+#   along the sequence it runs at almost every tile, and the result stays exact.
 
 # %%
 nb.reached("13_lazy_rescale")
