@@ -155,7 +155,7 @@ sched3.head(6)
 # %% [markdown]
 # On the H100 a 128-key tile at D = 128 is 8.4 MFLOP of products per block, under 2 µs at the
 # 610–640 TFLOP/s measured below for long sequences. A copy arriving within that needs one tile of
-# lookahead, and three buffers of 64 KiB (with 32 KiB of Q) are all 227 KiB allow anyway.
+# lookahead, and three buffers of 64 KiB (with 32 KiB of Q) are all 227 KiB allow.
 #
 # **Why no `__syncthreads`:** a warpgroup needs only its own tile to have landed (full) and tells
 # the producer when it is done with one (empty). The two warpgroups of a block no longer start
@@ -319,7 +319,7 @@ plots.stalls(only=["08_tuned", "09_wgmma", "10_tma"])
 #   predicted, though the loop has no `BAR.SYNC`. The one left is at the start (the barriers must
 #   exist before anyone waits). This profile does not say where the rest comes from. A hypothesis:
 #   the four warps of a warpgroup waiting for each other at each `wgmma`, which they issue together
-#   (`.sync.aligned`); a per-instruction profile (where the samples land) would test it.
+#   (`.sync.aligned`); a per-instruction profile would test it.
 # * **long_scoreboard** rose from 6.3 % to 10.2 %, as a warp polling an mbarrier with `try_wait`
 #   (`SYNCS.PHASECHK`, a shared-memory operation) would show: the wait moved from the block
 #   barrier to the data.
@@ -400,12 +400,12 @@ labs.check("10.parity", answer)
 
 # %% [markdown]
 # **Instructor's answer.** *1.* For a tile that crosses N the engine still writes (zero) rows and
-# counts their bytes. A negative count is no error in itself: the PTX ISA gives tx-count the valid
-# range −(2²⁰ − 1) to 2²⁰ − 1, and a phase completes once the pending arrivals and the tx-count have
-# reached zero. But nothing says in what order or pieces a box's bytes are counted: the phase
-# could complete while part of the tile is still landing, and the surplus would count against the
-# next phase, completing a later tile's phase before its data arrived. Expect exactly what the
-# boxes copy.
+# counts their bytes. The PTX ISA says the tx-count must be set to the total the phase tracks, yet
+# a negative count is within its valid range, −(2²⁰ − 1) to 2²⁰ − 1, not undefined. A phase
+# completes once the pending arrivals and the tx-count have reached zero, and nothing says in what
+# order or pieces a box's bytes are counted: the phase could complete while part of the tile is
+# still landing, and the surplus would count against the next phase, completing a later tile's
+# phase before its data arrived. Expect exactly what the boxes copy.
 
 # %% [markdown]
 # **Instructor's answer.** *2.* A warp's `wgmma.wait_group` says that *its* part of the warpgroup's
