@@ -155,7 +155,7 @@ sched3.head(6)
 # %% [markdown]
 # On the H100 a 128-key tile at D = 128 is 8.4 MFLOP of products per block, under 2 µs at the
 # 610–640 TFLOP/s measured below for long sequences. A copy arriving within that needs one tile of
-# lookahead, and three buffers of 64 KiB (with 32 KiB of Q) are all 227 KiB allow.
+# lookahead, and three buffers of 64 KiB (with 32 KiB of Q) are all that 227 KiB allows.
 #
 # **Why no `__syncthreads`:** a warpgroup needs only its own tile to have landed (full) and tells
 # the producer when it is done with one (empty). The two warpgroups of a block no longer start
