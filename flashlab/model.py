@@ -187,8 +187,8 @@ def kernel_kind(name, stage_kernels=None) -> str:
 
 def gpu_time_by_kind(fn, stage_kernels=None, calls=1) -> dict:
     """fn called `calls` times under torch.profiler: the GPU time of its kernels in ms per call,
-    by kernel_kind, and in all ("busy": the GPU's time computing; a forward pass's wall time
-    minus this is time the GPU waited for the CPU to launch work); "attention_kernels": the
+    by kernel_kind, and in all ("busy": the GPU's time computing; a forward pass's elapsed time,
+    event to event, minus this is time the GPU waited for the CPU to launch work); "attention_kernels": the
     attention kernels' names (which backend SDPA chose)."""
     from torch.profiler import ProfilerActivity, profile
     fn()

@@ -688,8 +688,11 @@ def save_all(df=None, outdir=None, gpu=None, profile=None):
 
 
 def model_forward(rows=None, gpu=None):
-    """A GPT-2 forward pass with each attention (data/model.csv): the GPU's time by kind of kernel
-    (attention, matmul, other) stacked, and the pass's wall time as a dot, one panel per dtype."""
+    """A GPT-2 forward pass with each attention (data/model.csv): the time the GPU spent in kernels,
+    by kind of kernel (attention, matmul, other; torch.profiler, one pass), stacked, and the
+    pass's elapsed time as a dot (forward_ms: bench.time_fn's CUDA events before and after one
+    pass, median of its runs: the kernels plus every gap in which the GPU waited for the host to
+    launch the next one), one panel per dtype. Each row's text names both."""
     rows = tables.model_rows(gpu) if rows is None else rows
     dtypes = sorted(dict.fromkeys(rows["dtype"]), key=lambda d: d != "fp16")
     n = rows.groupby("dtype").size().max()
@@ -705,20 +708,22 @@ def model_forward(rows=None, gpu=None):
             vals = pd.to_numeric(sub[col], errors="coerce").fillna(0).to_numpy()
             ax.barh(y, vals, left=left, color=color, height=0.7, label=label)
             left += vals
-        ax.plot(sub["forward_ms"], y, "o", color="0.15", ms=4, label="wall time of the pass")
+        ax.plot(sub["forward_ms"], y, "o", color="0.15", ms=4,
+                label="elapsed time of the pass (CUDA events: kernels + GPU idle between them)")
         for yi, r, busy in zip(y, sub.itertuples(), left):
             att = getattr(r, "attention_gpu_ms", float("nan"))
-            text = f" {busy:.1f} ms GPU" + (f", attention {att:.2f}" if att and att == att else "")
+            text = (f" elapsed {r.forward_ms:.1f} ms; in kernels {busy:.1f}"
+                    + (f" (attention {att:.2f})" if att and att == att else ""))
             ax.text(max(busy, r.forward_ms), yi, text, va="center", fontsize=7.5)
         ax.set_yticks(y, sub["impl"])
-        ax.set_xlim(0, max(left.max(), sub["forward_ms"].max()) * 1.55)
+        ax.set_xlim(0, max(left.max(), sub["forward_ms"].max()) * 1.75)
         ax.set_xlabel("ms per forward pass")
         r0 = sub.iloc[0]
         ax.set_title(f"GPT-2, {r0.n_layer} layers, {r0.batch}×{r0.seq} tokens, {dt}", fontsize=10)
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8, frameon=False)
     fig.suptitle(f"Where a forward pass spends the GPU, with each attention ({rows['gpu'].iloc[0]})",
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 1))

@@ -64,15 +64,21 @@ def tma_box_figure(N=300, D=128, BC=128, tile=2):
         c = BOX_COLORS[b.box % 4]
         ax.add_patch(Rectangle((b.col0, row0), 64, BC, fc=c, alpha=0.55, ec="k", lw=2.5))
         ax.text(b.col0 + 32, row0 + (BC - zero) / 2,
-                f"box {b.box}: columns {b.col0}–{b.col0 + 63}\ncoordinates ({b.col0}, {row0}, "
-                f"h, b)", ha="center", va="center", fontsize=TEXT)
+                f"box {b.box}: columns\n{b.col0}–{b.col0 + 63}, at\n({b.col0}, {row0}, h, b)",
+                ha="center", va="center", fontsize=TEXT)
         # where it lands
         y = b.box * BC
         ax.add_patch(Rectangle((sx, y), 64, BC, fc=c, alpha=0.55, ec="k", lw=2.5))
-        ax.text(sx + 32, y + (BC - zero) / 2, f"box {b.box}: {BC} rows × 128 B\n"
-                f"= {b.bytes // 1024} KiB, 128-byte swizzle",
-                ha="center", va="center", fontsize=TEXT)
-        ax.text(sx + 66, y + 2, f"+{b.dst} B", ha="left", va="top", fontsize=TEXT)
+        ax.text(sx + 32, y + (BC - zero) / 2,
+                f"rows {row0}–{row0 + BC - zero - 1}\n({BC - zero} rows of K)" if zero
+                else f"rows {row0}–{row0 + BC - 1}", ha="center", va="center", fontsize=TEXT)
+        # the whole box, zero-filled rows included: a bracket over all BC rows, labelled beside it
+        bx = sx + 68
+        ax.plot([bx, bx + 3, bx + 3, bx], [y + 1, y + 1, y + BC - 1, y + BC - 1], color="k",
+                lw=1.5)
+        ax.text(bx + 6, y + BC / 2, f"box {b.box} (all of it),\nat +{b.dst} B:\n{BC} rows × 128 B\n"
+                f"= {b.bytes // 1024} KiB,\n128-byte swizzle",
+                ha="left", va="center", fontsize=TEXT)
         ax.annotate("", (sx - 1.5, y + (BC - zero) / 2), (b.col0 + 32, row0 - 1),
                     arrowprops=dict(arrowstyle="-|>", color="0.2", lw=2,
                                     connectionstyle="arc3,rad=-0.25"))
@@ -95,7 +101,7 @@ def tma_box_figure(N=300, D=128, BC=128, tile=2):
             f"2 × {nbytes} = {2 * nbytes} bytes,\nzero-filled rows included",
             ha="center", va="top", fontsize=TEXT)
     bottom = max(n_tiles * BC, len(boxes) * BC + 0.22 * N)
-    ax.set_xlim(-0.42 * D, sx + 64 + 0.35 * D)
+    ax.set_xlim(-0.42 * D, sx + 64 + 0.75 * D + 16)
     ax.set_ylim(bottom + 0.02 * N, -0.1 * N)
     ax.axis("off")
     past = f"; rows {N}–{row0 + BC - 1} are past N = {N}" if zero else ""

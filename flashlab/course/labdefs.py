@@ -333,7 +333,8 @@ _LABS = (
          Hex64("a 64-bit descriptor (an int)")),
     _lab("10_tma", "10.parity",
          "The mbarrier ring: which buffer, and which phase parity?",
-         "Stage 10 runs a ring of STAGES = 4 buffers (its ring at D = 64): tile j lives in buffer "
+         "Take a ring like stage 10's, of STAGES = 4 buffers (stage 10's own have two or three): "
+         "tile j lives in buffer "
          "j % STAGES, each buffer has a full and an empty mbarrier, each completing one phase per "
          "round of the ring, and loads run STAGES - 2 tiles ahead. At iteration j = 9: in which "
          "buffer is tile 9 and which parity do the warps wait for on its full barrier; into which "

@@ -82,8 +82,6 @@ nb.show_source("hopper_host.cuh", "make_map")
 # * Rows past N are **filled with zeros** by the engine (`CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE`
 #   means zeros, not NaN), and their bytes still count: every copy of a tile delivers the full
 #   box.
-# * The function is fetched at run time with `cudaGetDriverEntryPointByVersion` (`encode_tiled`,
-#   beside `make_map`), so the extension needs no extra link against the driver library.
 
 # %%
 tma.tma_box_figure(N=300, D=128, BC=128, tile=2)
@@ -155,9 +153,9 @@ print("per tile over the last 4 tiles: 3 buffers",
 sched3.head(6)
 
 # %% [markdown]
-# On the H100 a tile at D = 128 takes about 2 µs of math per block, against about 1 µs for a copy
-# to arrive: one tile of lookahead suffices, and three buffers of 64 KiB (with 32 KiB of Q) are all
-# the 227 KiB of shared memory allows.
+# On the H100 a 128-key tile at D = 128 is 8.4 MFLOP of products per block, under 2 µs at the
+# 610–640 TFLOP/s measured below for long sequences. A copy arriving within that needs one tile of
+# lookahead, and three buffers of 64 KiB (with 32 KiB of Q) are all that 227 KiB allows.
 #
 # **Why no `__syncthreads`:** a warpgroup needs only its own tile to have landed (full) and tells
 # the producer when it is done with one (empty). The two warpgroups of a block no longer start
@@ -215,11 +213,15 @@ with nb.unless_missing():
     print("\n".join(nb.sass_lines("10_tma", r"UTMA|SYNCS|BAR\.SYNC|HGMMA.*gdesc", kernel=r"__half, 128,")))
 
 # %% [markdown]
-# `UTMALDG.4D` is the bulk tensor copy (two per K/V tile at D = 128, plus Q), `UTMACCTL.PF` the
-# tensor-map prefetch, `SYNCS.ARRIVE.TRANS64` an arrival (with `A1T0`: an arrival that expects
-# bytes), `SYNCS.PHASECHK.TRANS64.TRYWAIT` the parity wait. The loop bodies of the two stages (one
-# trip of the K/V loop at D = 128): stage 10's is 60 instructions shorter, with four `UTMALDG`
-# and four `SYNCS` where stage 09 had 16 `LDGSTS`, 7 `LDS` and a block barrier:
+# `UTMALDG.4D` is the bulk tensor copy (two per K or V tile at D = 128), `UTMACCTL.PF` the
+# tensor-map prefetch, the seven `SYNCS.EXCH.64` the barriers' `mbarrier.init` (offset 0 `q_full`,
+# `0x8`–`0x18` full, `0x20`–`0x30` empty), `SYNCS.PHASECHK.TRANS64.TRYWAIT` the parity wait.
+# `SYNCS.ARRIVE.TRANS64` is an arrival whose last operand is a byte count: with a register (`R0`,
+# `R8`) just before `UTMALDG`s, the elected thread's `arrive.expect_tx` on `q_full` or a full
+# barrier; as `.A1T0` with `RZ` (no bytes) on an empty barrier, lane 0's plain `mbarrier.arrive`.
+# The loop bodies of the two stages (one trip of the K/V loop at D = 128): stage 10's is 60
+# instructions shorter, with four `UTMALDG` and four `SYNCS` where stage 09 had 16 `LDGSTS`, 7
+# `LDS` and a block barrier:
 
 # %%
 with nb.unless_missing():
@@ -228,10 +230,10 @@ with nb.unless_missing():
 # %% [markdown]
 # ## 9 · Measure
 #
-# On a Hopper GPU this builds the stage, checks it against a float64 reference, then times it
-# together with stage 09 and SDPA's flash and cuDNN backends, run by run in turn at each config (the
-# teaching configs, then the FlashAttention sweep), three rounds over, as `flashlab run` does, so
-# that their ratios come from one run. Otherwise: the recorded rows.
+# On a Hopper GPU this builds the stage, checks it against a float64 reference, then times it with
+# stage 09 and SDPA's flash and cuDNN backends, run by run in turn at each config (the teaching
+# configs, then the FlashAttention sweep), three rounds over, so that their ratios come from one
+# run. Otherwise: the recorded rows.
 
 # %%
 ev = nb.evaluate("10_tma")
@@ -268,27 +270,28 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted 1.05–1.15×, more where tiles are short. Measured, with both stages timed in
-# turn in this run: 1.05× at the teaching config, at the bottom of the band, and 1.01–1.39× over
-# the sweep, 1.11× on average at D = 64 and 1.19× at D = 128. Roughly as predicted at the short
-# end, with one correction: the largest gains are at the longest sequences (1.31–1.39× at D = 128
-# without the mask from N = 4096 on), not at the shortest tiles. A long sequence is many tiles per
+# **Time.** Predicted 1.05–1.15×, more where tiles are short. Measured: 1.05× at the teaching
+# config, at the bottom of the band, and 1.01–1.39× over the sweep, 1.11× on average at D = 64 and
+# 1.19× at D = 128. Roughly as predicted at the short end, with one correction: the largest gains
+# are at the longest sequences (1.31–1.39× at D = 128 without the mask from N = 4096 on), not at
+# the shortest tiles. A long sequence is many tiles per
 # block, and every one of them paid stage 09's barrier; a short one is mostly prologue (loading Q
 # and the first tiles) and epilogue, which TMA shortens little. At D = 64 the gain is smaller:
 # stage 09 already runs two blocks an SM there (four under the mask on short sequences), and one
-# block's barrier waits were partly hidden behind the others' products. The smallest gain, 1.01× under the mask at D = 128 and N = 512, is
-# where a block has one to four tiles of 64 keys and, with two buffers and each P·V retired before
-# the next tile, never more than one tile in flight: there is little waiting left for mbarriers to
-# shorten. Stage 10 runs stage 09's shape there (two blocks an SM of two warpgroups, 64-key tiles)
-# below N = 8192; from N = 8192 its own 128-key tiles, one block an SM, are as fast or faster.
+# block's barrier waits were partly hidden behind the others' products. The smallest gain, 1.01×
+# under the mask at D = 128 and N = 512, is where a block has two to eight tiles of 64 keys and,
+# with two buffers and each P·V retired before the next tile, never more than one tile in flight:
+# there is little waiting left for mbarriers to shorten. Stage 10 runs stage 09's shape there (two
+# blocks an SM of two warpgroups, 64-key tiles) below N = 8192, its own 128-key tiles from 8192.
 #
 # **bf16** runs as fast as fp16 (the time ratio above: 0.997): the same instruction, another
 # element type.
 #
 # **Against cuDNN**, PyTorch's fastest attention: 0.75–1.12×. At D = 128 from N = 2048 on,
-# 0.89–0.97× without the mask and 0.99–1.03× with it (0.88–0.97× and 0.99–1.03× in the recorded
-# run). At D = 64 stage 10 is ahead of cuDNN at every length (1.02–1.12×). What is left is the scheduling: the tensor cores still wait while a warpgroup
-# exponentiates, which costs most at D = 128, where the products are the larger part of a tile.
+# 0.89–0.97× without the mask and 0.99–1.03× with it. At D = 64 stage 10 is ahead of cuDNN at
+# every length (1.02–1.12×). What is left is the scheduling: the tensor cores still wait while a
+# warpgroup exponentiates, which costs most at D = 128, where the products are the larger part of a
+# tile.
 
 # %% [markdown]
 # ## 10 · Stall reasons
@@ -312,13 +315,14 @@ plots.stalls(only=["08_tuned", "09_wgmma", "10_tma"])
 # %% [markdown]
 # ### Discussion
 #
-# * **barrier** fell by more than a quarter, from 12.1 % to 8.9 % of warp time, as predicted, but not to
-#   zero: the loop has no `BAR.SYNC`. What remains is the start (the barriers must exist before
-#   anyone waits) and the warps of a warpgroup waiting for each other at each `wgmma`, which all
-#   four must issue together (`.sync.aligned`).
-# * **long_scoreboard** rose from 6.3 % to 10.2 %: a warp polling an mbarrier with `try_wait`
-#   (`SYNCS.PHASECHK`) waits on a memory operation, and is counted there. The wait moved from the
-#   barrier to the data itself, which is where it belongs.
+# * **barrier** fell by about a quarter, from 12.1 % to 8.9 % of warp time, but not to the near zero
+#   predicted, though the loop has no `BAR.SYNC`. The one left is at the start (the barriers must
+#   exist before anyone waits). This profile does not say where the rest comes from. A hypothesis:
+#   the four warps of a warpgroup waiting for each other at each `wgmma`, which they issue together
+#   (`.sync.aligned`); a per-instruction profile would test it.
+# * **long_scoreboard** rose from 6.3 % to 10.2 %, as a warp polling an mbarrier with `try_wait`
+#   (`SYNCS.PHASECHK`, a shared-memory operation) would show: the wait moved from the block
+#   barrier to the data.
 # * **mio_throttle** fell from 12.8 % to 10.2 %: the 16-byte copies no longer crowd the memory
 #   instruction queue.
 # * The **tensor pipe** is busy 46 % of the time (42 % in stage 09). More than half the time the
@@ -328,18 +332,17 @@ plots.stalls(only=["08_tuned", "09_wgmma", "10_tma"])
 # %% [markdown]
 # ## 11 · What is next
 #
-# Every warp of a block still does everything: it waits for data, multiplies, and exponentiates,
-# and while a warpgroup's softmax runs the tensor cores have nothing of its to do. The last stages
-# give the warps different jobs — one warpgroup only copies, the others only compute — and then
-# schedule the computing warpgroups so that one's softmax runs under the other's products.
+# Every warp still waits for data, multiplies and exponentiates in turn. The next stages give the
+# warps different jobs — one warpgroup copies, the others compute — and schedule the computing
+# warpgroups so that one's softmax runs under the other's products.
 
 # %% [markdown]
 # ## Exercises
 #
 # ### Lab `10.parity`
 #
-# The ring's bookkeeping, by hand, on the four-buffer ring stage 10 runs at D = 64: which buffer
-# and which phase parity.
+# The ring's bookkeeping, by hand, on a ring of four buffers (stage 10's own have two or three):
+# which buffer and which phase parity.
 
 # %%
 from flashlab.course import labs
@@ -397,10 +400,12 @@ labs.check("10.parity", answer)
 
 # %% [markdown]
 # **Instructor's answer.** *1.* For a tile that crosses N the engine still writes (zero) rows and
-# counts their bytes; a barrier told to expect fewer would see its count go below zero in that
-# phase — undefined — and the extra bytes would land in the next phase's count, completing a
-# later tile's phase before its data has arrived. The simple rule: expect exactly what the boxes
-# copy.
+# counts their bytes. The PTX ISA says the tx-count must be set to the total the phase tracks, yet
+# a negative count is within its valid range, −(2²⁰ − 1) to 2²⁰ − 1, not undefined. A phase
+# completes once the pending arrivals and the tx-count have reached zero, and nothing says in what
+# order or pieces a box's bytes are counted: the phase could complete while part of the tile is
+# still landing, and the surplus would count against the next phase, completing a later tile's
+# phase before its data arrived. Expect exactly what the boxes copy.
 
 # %% [markdown]
 # **Instructor's answer.** *2.* A warp's `wgmma.wait_group` says that *its* part of the warpgroup's

@@ -21,7 +21,7 @@
 # **Prerequisites:** notebooks 05–08 (the kernels this one runs on any recent GPU; on a Hopper GPU
 # it runs stages 09–13 too); notebook 00's timing method and roofline.
 #
-# **Time:** about 15 min to read, 40 min to work through.
+# **Time:** about 23 min to read, 40 min to work through.
 
 # %%
 # %matplotlib inline
@@ -158,8 +158,10 @@ print("SDPA's attention kernels:", ", ".join(
 plots.model_forward(rows)
 
 # %% [markdown]
-# The bars are the GPU's time inside kernels, from a profile of one pass (`torch.profiler`), split
-# by kind of kernel; the dot is the pass's wall time (`bench.time_fn`: warmed, median of many).
+# The bars are the time the GPU spent inside kernels in one profiled pass (`torch.profiler`), by
+# kind of kernel. The dot is not kernel time: it is the pass's elapsed time, from a CUDA event
+# recorded before the pass to one after it (`bench.time_fn`: warmed, median of 20 passes), kernels
+# and the gaps between them.
 #
 # ### Discussion
 #
@@ -193,9 +195,9 @@ plots.model_forward(rows)
 # that led the sweep at this point among SDPA's, with Hopper's `wgmma` instructions. Stages 09–13
 # use them too; at this sweep point stage 13 reached 1.09 of cuDNN's rate (360 against 331 TFLOP/s).
 #
-# **The wall time is not the GPU's time.** The dots sit 0.6–3.9 ms to the right of the bars and
-# move between stages by more than any stage's whole attention: in fp16 stage 07's pass took
-# 18.7 ms of wall time and stage 08's 16.3, each with 14.9 ms of kernels. The difference is the GPU
+# **The elapsed time is not the kernels' time.** The dots sit 0.6–3.9 ms to the right of the bars
+# and move between stages by more than any stage's whole attention: in fp16 stage 07's pass took
+# 18.7 ms elapsed and stage 08's 16.3, each with 14.9 ms of kernels. The difference is the GPU
 # waiting for Python to launch the next kernel, which varies from pass to pass; the timer's notes
 # in `data/model.csv` say the GPU waited for the host in every timing. A kernel's effect on a model
 # is measured in its kernels' time (the profile), or after removing the launches (CUDA graphs), not
@@ -238,12 +240,12 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 # `time_fn` queues the calls behind a short GPU sleep, so the GPU runs them back to back, and what
 # shows is the kernel plus the 3–5 µs between two kernels. The host's own time per call is the last
 # column (`host_us`: how long the Python call takes to return, its kernel queued): about 30 µs for
-# SDPA, 24–60 µs for the stages, 36–39 µs for stage 13. That is checking the inputs (remembered per
+# SDPA, 24–68 µs for the stages, 36–39 µs for stage 13. That is checking the inputs (remembered per
 # layout, so a model's repeated calls are checked in a few microseconds), allocating the output,
 # and for stages 10–13 encoding three TMA tensor maps; stages 11–13 also zero the counter their
 # persistent blocks claim items from. Against a 44 µs kernel the host keeps ahead, but only just:
 # in the model those launches queue behind other work, and the GPU waits for them whenever Python
-# falls behind, so the profile, not the wall time, decides between kernels.
+# falls behind, so the profile, not the elapsed time, decides between kernels.
 
 # %% [markdown]
 # ## Exercises
@@ -267,8 +269,8 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 #    `torch.no_grad()`: `g = torch.cuda.CUDAGraph()` and `with torch.cuda.graph(g): logits =
 #    m(tokens, use_cache=False).logits`. `g.replay()` runs the pass again on whatever
 #    `tokens` holds, with no Python in between. Check the logits against an ordinary pass, time
-#    `g.replay` with `fl.bench.time_fn` for the stage and for SDPA, and set both against the wall
-#    time and the GPU time above. Which of a stage's host-side steps does a replay skip, and which
+#    `g.replay` with `fl.bench.time_fn` for the stage and for SDPA, and set both against the
+#    elapsed and kernel times above. Which of a stage's host-side steps does a replay skip, and which
 #    GPU-side step must the graph hold for stages 11–13 to hand out their items again?
 
 # %% [markdown]
@@ -276,7 +278,7 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 #
 # 1. A faster attention kernel changed this model's forward pass by a few percent. For which
 #    models and inputs would the same kernel change it by half? Name two properties of the input.
-# 2. The wall time of a pass moved by more between runs than stage 08's attention takes in total.
+# 2. A pass's elapsed time moved between stages by more than stage 08's attention takes in total.
 #    What else runs in a forward pass besides the GPU's kernels, and how would you remove it?
 # 3. Twice eager's difference is a rule for the logits of one model on one input. What would it
 #    fail to catch, and what would you add before trusting a kernel for training?
@@ -290,7 +292,7 @@ display(alone[alone["dtype"] == "fp16"].round(1).reset_index(drop=True))
 
 # %% [markdown]
 # **Instructor's answer.** *2.* Python and the CPU: each layer launches a few dozen kernels, and
-# the GPU waits whenever launching falls behind computing, so the wall time carries the CPU's
+# the GPU waits whenever launching falls behind computing, so the elapsed time carries the CPU's
 # noise. CUDA graphs (`torch.cuda.graphs`, or `torch.compile(mode="reduce-overhead")`) record the
 # launches once and replay them; larger batches also hide launches behind longer kernels.
 
