@@ -8,7 +8,9 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=$PYTHONPATH:/tmp/site && python3 -m ipykernel install --user --name python3 >/dev/null || exit 1
-git rev-parse --short=10 HEAD 2>/dev/null && export FLASHLAB_COMMIT=$(git rev-parse --short=10 HEAD)$(git diff --quiet HEAD 2>/dev/null || echo -dirty)
+# The device's copy of the repository may carry an older .git than its files: pass the commit in
+# (FLASHLAB_COMMIT=$(git rev-parse --short=10 HEAD) from a clean checkout) when that matters.
+[ -n "${FLASHLAB_COMMIT:-}" ] || export FLASHLAB_COMMIT=$(git rev-parse --short=10 HEAD)$(git diff --quiet HEAD 2>/dev/null || echo -dirty)
 echo "commit: ${FLASHLAB_COMMIT:-unknown}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw --format=csv | tee "$OUT/gpu.txt"
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
