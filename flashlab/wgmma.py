@@ -13,6 +13,7 @@ them with the ones here).
     wgmma.accumulator_figure(64)                  # who holds which element of the accumulator
     wgmma.encode_descriptor(0x10400, 16, 1024)    # a descriptor, as hopper.cuh's wgmma_desc
     wgmma.swizzle_figure(D=128)                   # stage 06's XOR against the 128-byte swizzle
+    wgmma.ring_figure()                           # the K/V buffers, iteration by iteration
 
 Notation (the PTX ISA's): thread t of a warpgroup is in warp w = t // 32, lane l = t % 32;
 groupID g = l // 4 and threadID_in_group q = l % 4, as in flashlab.fragments.
@@ -479,4 +480,96 @@ def swizzle_figure(D=128, rows=64):
                  f"{sep}stage 06's XOR and the 128-byte swizzle of wgmma and TMA\nnumber: logical "
                  f"16-byte chunk (same hue: same banks); red: chunk 0 of 8 rows, read in one "
                  f"phase;{sep}✓: the hardware's pattern, chunk ^ (line % 8)", fontsize=TITLE - 1)
+    return fig
+
+
+# ---------------------------------------------------------------- the ring of K/V buffers
+
+RING_LOAD = "#9ecae1"    # a tile's cp.async copies in flight
+RING_MATH = "#3182bd"    # S = Q Kᵀ, the softmax and P·V's issue: the tile's iteration
+RING_TAIL = 0.35         # how much of the next iteration a P·V left running is drawn to hold
+
+
+def ring_steps(n_tiles=6, stages=3, retire=False) -> pd.DataFrame:
+    """What each K/V buffer of 09_wgmma.cu holds, in iterations of its K/V loop (iteration j runs
+    from j, its barrier, to j + 1; -1 to 0 is the start, where Q is copied). Tile t lives in buffer
+    t % stages. The first stages - 1 tiles are copied with Q; tile t after them is issued at
+    iteration t - AHEAD (`const int next = j + AHEAD;` in arrive_and_load), with
+    AHEAD = stages - 2, or stages - 1 with RETIRE, and has landed by the barrier of iteration t.
+    Iteration t reads tile t (S = Q Kᵀ, then P·V). Without RETIRE the P·V of tile t runs on into
+    iteration t + 1, until the wait for S of tile t + 1 retires it (drawn as the first RING_TAIL
+    of that iteration); with RETIRE it retires before the barrier of iteration t + 1.
+    Returns a row per (tile, what): tile, buffer, what ("load", "S, P·V", "P·V runs on"), start,
+    end, and ahead (AHEAD)."""
+    ahead = stages - 1 if retire else stages - 2
+    if ahead < 1:
+        raise ValueError("the kernel needs stages >= 3, or stages >= 2 with retire")
+    if n_tiles < 1:
+        raise ValueError("n_tiles is at least 1")
+    rows = []
+    for t in range(n_tiles):
+        buf = t % stages
+        issued = -1 if t < stages - 1 else t - ahead
+        rows.append(dict(tile=t, buffer=buf, what="load", start=issued, end=t))
+        rows.append(dict(tile=t, buffer=buf, what="S, P·V", start=t, end=t + 1))
+        if not retire:
+            rows.append(dict(tile=t, buffer=buf, what="P·V runs on", start=t + 1,
+                             end=t + 1 + RING_TAIL))
+    df = pd.DataFrame(rows)
+    df["ahead"] = ahead
+    return df
+
+
+def ring_figure(n_tiles=6, rings=((3, False), (2, True))):
+    """ring_steps on a time axis, one panel per (stages, retire) in `rings`: a lane per buffer, a
+    column per iteration of the K/V loop. Light: a tile's copies in flight (issued after a
+    barrier, landed by the barrier of the iteration that reads it); dark: the iteration that
+    reads the tile; hatched: its P·V still running while the next iteration starts. Dashed
+    lines: each iteration's barrier (cp.async wait, fence.proxy.async, __syncthreads)."""
+    fig = Figure(figsize=(15, 0.9 + sum(1.0 + 0.75 * s for s, _ in rings)), layout="constrained")
+    axes = fig.subplots(len(rings), 1, squeeze=False,
+                        gridspec_kw=dict(height_ratios=[s + 1.2 for s, _ in rings]))[:, 0]
+    for ax, (stages, retire) in zip(axes, rings):
+        df = ring_steps(n_tiles, stages, retire)
+        ahead = int(df["ahead"].iloc[0])
+        h = 0.7
+        for r in df.itertuples():
+            y = r.buffer
+            if r.what == "load":
+                ax.broken_barh([(r.start, r.end - r.start)], (y - h / 2, h), fc=RING_LOAD,
+                               ec="0.3", lw=0.8)
+                where = "copied with Q" if r.start < 0 else "load"
+                ax.text((r.start + r.end) / 2, y, f"{where}: tile {r.tile}", ha="center",
+                        va="center", fontsize=TEXT, bbox=dict(fc=RING_LOAD, ec="none", pad=0.5))
+            elif r.what == "S, P·V":
+                ax.broken_barh([(r.start, r.end - r.start)], (y - h / 2, h), fc=RING_MATH,
+                               ec="0.3", lw=0.8)
+                ax.text((r.start + r.end) / 2, y, f"S, P·V: tile {r.tile}", ha="center",
+                        va="center", fontsize=TEXT, color="white", fontweight="bold")
+            else:
+                ax.broken_barh([(r.start, r.end - r.start)], (y - h / 2, h), fc="white",
+                               ec=RING_MATH, lw=0.8, hatch="///")
+        for j in range(n_tiles):
+            ax.axvline(j, color="0.35", ls="--", lw=0.9)
+        ax.set_yticks(range(stages), [f"buffer {b}" for b in range(stages)], fontsize=LABEL)
+        ax.set_ylim(stages - 0.5, -0.5)
+        ax.set_xticks([-0.5] + [j + 0.5 for j in range(n_tiles)],
+                      ["start"] + [f"iteration {j}" for j in range(n_tiles)], fontsize=TEXT)
+        ax.set_xlim(-1.02, n_tiles + (0 if retire else RING_TAIL) + 0.02)
+        ax.tick_params(axis="x", length=0)
+        how = ("each P·V retired before the next barrier" if retire
+               else "each P·V left running into the next iteration")
+        ax.set_title(f"{stages} buffers, {how}: loads run {ahead} tile{'s' if ahead > 1 else ''}"
+                     f" ahead", fontsize=LABEL + 1, loc="left")
+        for s in ("top", "right"):
+            ax.spines[s].set_visible(False)
+    handles = [Patch(fc=RING_LOAD, ec="0.3", label="copies in flight (cp.async)"),
+               Patch(fc=RING_MATH, ec="0.3", label="the iteration that reads the tile"),
+               Patch(fc="white", ec=RING_MATH, hatch="///", label="its P·V still running"),
+               matplotlib.lines.Line2D([], [], color="0.35", ls="--",
+                                       label="barrier: wait, fence.proxy.async, __syncthreads")]
+    axes[-1].legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=4,
+                    fontsize=TEXT, frameon=False)
+    fig.suptitle("Stage 09's ring of K/V buffers: tile t lives in buffer t % STAGES, and a buffer "
+                 "is refilled only once no product reads it", fontsize=TITLE - 1)
     return fig

@@ -234,6 +234,9 @@ SOURCE = {
     "k_desc": ("09_wgmma.cu", "const uint64_t b = wgmma_desc(Kt + blk * BC * 128 + in_row, 16, "
                               "1024);"),
     "k_step": ("09_wgmma.cu", "const uint32_t blk = kk / 4, in_row = (kk % 4) * 32;"),
+    "ring_ahead": ("09_wgmma.cu", "constexpr int AHEAD = RETIRE ? STAGES - 1 : STAGES - 2;"),
+    "ring_with_q": ("09_wgmma.cu", "if (next < STAGES - 1) return;  // copied with Q"),
+    "ring_issue": ("09_wgmma.cu", "const int next = j + AHEAD;"),
     "v_desc": ("09_wgmma.cu", "wgmma_rs<T, D, 1>(o, p[ks], wgmma_desc(Vt + ks * 16 * 128, "
                               "BC * 128, 1024), 1);"),
     "tma_tile": ("10_tma.cu", "tma_load_4d(dst + blk * ROWS * 128, &map, bar, blk * 64, at(1), "
@@ -265,6 +268,24 @@ SOURCE = {
     "o_shared": ("12_tma_store.cu", "at = Qw + (d / 8) * BR * 128 + row * 128 + (((d % 8) ^ "
                                     "(row % 8)) << 4) + 4 * t;"),
 }
+
+
+@pytest.mark.parametrize("stages, retire", [(3, False), (4, False), (2, True), (3, True)])
+def test_ring_steps_never_refill_a_buffer_in_use(stages, retire):
+    """Stage 09's ring: a tile lands before the iteration that reads it, a buffer's next load
+    starts only once the P·V of its last tile is done, and loads run AHEAD tiles ahead."""
+    df = wgmma.ring_steps(n_tiles=9, stages=stages, retire=retire)
+    assert (df["ahead"] == (stages - 1 if retire else stages - 2)).all()
+    for buf, rows in df.groupby("buffer"):
+        spans = sorted(zip(rows.start, rows.end))
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), buf
+    loads = df[df.what == "load"].set_index("tile")
+    assert (loads.end == loads.index).all()
+    assert (loads.start[loads.index < stages - 1] == -1).all()
+    later = loads[loads.index >= stages - 1]
+    assert (later.index - later.start == df["ahead"].iloc[0]).all()
+    with pytest.raises(ValueError):
+        wgmma.ring_steps(stages=2, retire=False)
 
 
 def test_models_quote_the_kernels():
@@ -562,6 +583,7 @@ FIGURES = [lambda: wgmma.accumulator_figure(64), lambda: wgmma.accumulator_figur
            lambda: wgmma.descriptor_figure(), lambda: wgmma.descriptor_figure(
                wgmma.encode_descriptor(0x12340, 128 * 128, 1024)),
            lambda: wgmma.swizzle_figure(128), lambda: wgmma.swizzle_figure(64),
+           lambda: wgmma.ring_figure(), lambda: wgmma.ring_figure(3, rings=((4, False),)),
            lambda: tma.tma_box_figure(), lambda: tma.tma_box_figure(N=200, D=64, BC=64, tile=1),
            lambda: tma.ring_timeline(), lambda: tma.ring_timeline(stages=4, compute=[1.5, 2.0]),
            lambda: warpspec.register_figure(), lambda: warpspec.register_figure((1, 2), D=64),
@@ -582,7 +604,7 @@ def test_figures_draw(make):
 
 def test_frames_are_dataframes():
     for df in (wgmma.accumulator_owner(), wgmma.a_fragment_owner(), wgmma.swizzle_banks(128),
-               tma.ring_schedule(), wgmma.kernel_descriptors(), tma.tma_boxes(),
+               tma.ring_schedule(), wgmma.kernel_descriptors(), wgmma.ring_steps(), tma.tma_boxes(),
                warpspec.register_budget(), warpspec.claim_schedule(),
                warpspec.warpspec_schedule().work, warpspec.warpspec_schedule().copies,
                warpspec.elected_schedule().work, tma_store.o_store_requests(),

@@ -1,26 +1,22 @@
 # %% [markdown]
 # # Stage 09 — wgmma: a warpgroup multiplies 64 × N × 16 at once, in the background
 #
-# Stages 05–08 fed the tensor cores one warp-sized `mma.sync` at a time: 16 × 8 × 16, both
-# operands in registers, the warp waiting for each result. Hopper's tensor cores take a bigger,
-# **asynchronous** instruction, **`wgmma.mma_async`**: four warps together (a *warpgroup*)
-# multiply a 64 × N × 16 block, reading the operands straight from shared memory, while the
-# threads go on with other work until they ask for the result.
+# Stages 05–08 fed the tensor cores one warp-sized `mma.sync` at a time: 16 × 8 × 16, operands in
+# registers, the warp waiting for each result. Hopper's take **`wgmma.mma_async`**: four warps
+# together (a *warpgroup*) multiply a 64 × N × 16 block read straight from shared memory,
+# asynchronously: the threads go on with other work until they ask for the result.
 #
 # ## Objectives
 # After this notebook you can:
-# - read a `wgmma` instruction: its shape, where each operand comes from, its fp32 accumulators;
-# - say which thread of a warpgroup holds which accumulator element, and why stage 08's softmax
-#   code carries over unchanged;
-# - encode a shared-memory matrix descriptor, and recognise stage 06's XOR swizzle in the
-#   128-byte layout it names;
-# - order asynchronous tensor-core work with `fence`, `commit_group` and `wait_group`, and let one
-#   product run on while the threads start the next tile;
-# - predict what the instruction change buys from stage 08's profile, and check it.
+# - read a `wgmma` instruction: its shape, its operands, which thread holds which accumulator;
+# - encode a shared-memory matrix descriptor, recognise stage 06's XOR in the 128-byte swizzle it
+#   names, and say why tiles written by ordinary stores are fenced into the *async proxy*;
+# - order asynchronous products with `fence`, `commit_group` and `wait_group`, and follow the ring
+#   of buffers that lets one product run on while the next tile starts;
+# - predict what the instruction buys from stage 08's profile, and check it.
 #
-# **Prerequisites:** notebooks 05–08 (mma fragments, the swizzle, cp.async, the tuned shapes).
-# The kernel needs a Hopper GPU (compute capability 9.0: H100, H200, GH200); elsewhere this
-# notebook replays the numbers recorded on one.
+# **Prerequisites:** notebooks 05–08. The kernel needs a Hopper GPU (compute capability 9.0: H100,
+# H200, GH200); elsewhere this notebook replays the numbers recorded on one.
 #
 # **Time:** about 25 min to read, 45 min to work through.
 
@@ -53,11 +49,10 @@ with nb.unless_missing():
                      "stall_math_pipe_throttle", "stall_selected"]].round(2))
 
 # %% [markdown]
-# Count what one warpgroup's worth of work costs in instructions. A K/V tile of BC keys against
-# 64 query rows at head dim D is two products of 64 × BC × D. With `mma.sync.m16n8k16` every warp
-# issues one instruction per 16 × 8 × 16 block of its 16 rows, plus the `ldmatrix` that bring
-# its operands; with `wgmma.m64nNk16` the warpgroup issues one instruction per 16 columns of the
-# reduction:
+# Count the instructions. A K/V tile of BC keys against 64 query rows at head dim D is two products
+# of 64 × BC × D. With `mma.sync.m16n8k16` each warp issues one per 16 × 8 × 16 block of its 16
+# rows, plus the `ldmatrix` for its operands; with `wgmma.m64nNk16` the warpgroup issues one per 16
+# columns of the reduction:
 
 # %%
 def instructions_per_tile(D, BC):
@@ -72,22 +67,22 @@ pd.DataFrame({(D, BC): instructions_per_tile(D, BC) for D, BC in [(64, 64), (128
     columns=["D", "BC"])
 
 # %% [markdown]
-# Each `mma.sync` is a few hundred FLOPs that a warp must issue, feed from registers and wait
-# for; a `wgmma` of 64 × 128 × 16 is 262 144 FLOPs in one instruction. That matters twice: the
-# issue slots `mma.sync` and `ldmatrix` took go back to the softmax, and `mma.sync` cannot keep
-# Hopper's tensor cores fed — on an H100 it peaks near two thirds of the chip's dense fp16 rate,
-# while `wgmma` is what cuBLAS's own matrix products use to reach the ceiling notebook 00
-# measured:
+# Each `mma.sync` is 4 096 FLOPs that a warp must issue, feed from registers and wait for; one
+# `wgmma` of 64 × 128 × 16 is 262 144. The issue slots `mma.sync` and `ldmatrix` took go back to
+# the softmax, and the tensor cores get fed: on an H100 `mma.sync` peaks near two thirds of the
+# dense fp16 rate, which `wgmma` can reach. cuBLAS's products, built on `wgmma`, reached:
 
 # %%
 print(f"measured fp16 matmul ceiling on {here.name}: {roof['matmul_fp16_tflops']:.0f} TFLOP/s "
       f"(datasheet dense peak of an H100 SXM: 989)")
 
 # %% [markdown]
+# That is a whole product's FLOPs over its whole time, whatever the clock and however often the
+# pipe idles; the datasheet's peak is the rate of a tensor pipe busy every cycle.
+#
 # ## 2 · The instruction
 #
-# `kernels/hopper.cuh` wraps it, once with both operands in shared memory (`SS`) and once with A
-# in registers (`RS`):
+# `kernels/hopper.cuh` wraps it with both operands in shared memory (`SS`) or A in registers (`RS`):
 
 # %%
 nb.show_lines("hopper.cuh", r"^// D \(64 x N, fp32\) = A B", r"^#define WGMMA_RS")
@@ -95,21 +90,20 @@ nb.show_source("hopper.cuh", "wgmma_ss")
 
 # %% [markdown]
 # * **`wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {d0..d63}, descA, descB, p, 1, 1, 0, 0`**
-#   — all 128 threads of the warpgroup execute it together (`.sync.aligned`); it multiplies A
-#   (64 × 16) by B (16 × 128) and adds to D, 64 fp32 registers in each thread, when the predicate
-#   `p` (scale-d) is true, or overwrites D when it is false: the first k-step of S needs no
-#   zeroing. The immediates are the scales of A and B (1) and whether each is transposed.
-# * **`descA`, `descB`** are 64-bit *matrix descriptors*: where a tile sits in shared memory and
-#   how it is laid out (section 4). With `RS`, A is four 32-bit registers per thread instead.
-# * It returns at once. **`wgmma.fence`** orders the registers the threads wrote before it;
-#   **`wgmma.commit_group`** closes a batch into a group; **`wgmma.wait_group N`** waits until
-#   at most N groups are still running, and only then are their accumulators valid.
+#   — all 128 threads execute it together (`.sync.aligned`): D (64 fp32 registers a thread) = A
+#   (64 × 16) · B (16 × 128), plus D when the predicate `p` is true, so the first k-step of S needs
+#   no zeroing. The immediates: the scales of A and B, and whether each is transposed.
+# * **`descA`, `descB`** are 64-bit *matrix descriptors* of shared-memory tiles (section 4). With
+#   `RS`, A is four 32-bit registers a thread.
+# * It returns at once. **`wgmma.fence`** orders the registers written before it;
+#   **`wgmma.commit_group`** closes a batch into a group; **`wgmma.wait_group N`** waits until at
+#   most N groups run, and only then are their accumulators valid.
 #
 # ## 3 · Who holds what
 #
-# The accumulator of `m64nNk16` is spread over the 128 threads exactly as four warps' `mma.sync`
-# accumulators would be: warp w holds rows 16w … 16w + 15, and inside a warp each 8-column tile is
-# the `m16n8` C fragment of notebook 05.
+# The accumulator of `m64nNk16` is spread over the 128 threads as four warps' `mma.sync`
+# accumulators would be: warp w holds rows 16w … 16w + 15, each 8-column tile the `m16n8` C
+# fragment of notebook 05.
 
 # %%
 wgmma.accumulator_figure(64)
@@ -120,19 +114,17 @@ print(acc[acc["thread"] == 5].head(8).to_string(index=False))
 
 # %% [markdown]
 # Thread 5 (warp 0, lane 5: `g = 1`, `t = 1`) holds rows 1 and 9, columns 2–3 of every 8-column
-# tile — the lane's place in notebook 05's fragment. So the whole softmax of stage 08 — quad
-# shuffles for the row max and sum, the mask, `exp2`, the rescale — runs on `s[4n + i]` as it ran
-# on `s[n][i]`, and the scores rounded to 16 bits are already the A operand of P·V, the `m16n8k16`
-# A fragment per warp:
+# tile, as in notebook 05's fragment. So stage 08's softmax runs on `s[4n + i]` as it ran on
+# `s[n][i]`, and the scores rounded to 16 bits are already P·V's A operand:
 
 # %%
 nb.show_lines("09_wgmma", r"// O \+= P V: P's 8-column tiles", r"wgmma_commit\(\);  // no wait")
 
 # %% [markdown]
-# ## 4 · Operands in shared memory: the descriptor and the 128-byte swizzle
+# ## 4 · Operands in shared memory: descriptor, swizzle, async proxy
 #
-# A descriptor names a tile by its start address and two strides, and names its layout by a
-# swizzle mode. The bit fields, from the PTX ISA's "Matrix Descriptor Format":
+# A descriptor names a tile by its start address and two strides, and its layout by a swizzle
+# mode. The bit fields, from the PTX ISA's "Matrix Descriptor Format":
 
 # %%
 nb.show_source("hopper.cuh", "wgmma_desc")
@@ -140,18 +132,14 @@ q_desc = wgmma.encode_descriptor(0x10400, 16, 1024)   # a Q tile at shared addre
 wgmma.descriptor_figure(q_desc)
 
 # %% [markdown]
-# * **K-major** operands — Q (A of S) and K (B of S), whose reduction dim, the head dim, is
-#   contiguous — need only the *stride byte offset*: 1024 bytes from one group of 8 rows to the
-#   next. The leading offset is unused with a swizzle (set to 1, i.e. 16 bytes).
-# * **V** is B of P·V with its reduction dim (the keys) *not* contiguous: it is read transposed
-#   (`imm-trans-b = 1`, N-major), and the *leading byte offset* says how far apart its 64-column
-#   blocks are.
+# * **K-major** operands (Q and K for S, the head dim contiguous) need only the *stride byte
+#   offset*: 1024 bytes from one 8-row group to the next; the leading offset is unused (16).
+# * **V**, B of P·V, has its reduction dim (the keys) not contiguous: it is read transposed
+#   (`imm-trans-b = 1`), the *leading byte offset* the distance between its 64-column blocks.
 #
-# The swizzle mode says how rows are stored: **128-byte swizzle** — rows of 64 16-bit columns,
-# 8 rows to an atom of 1024 bytes, and the 16-byte chunk `c` of row `r` stored at chunk
-# `c ^ (r % 8)`. That is stage 06's XOR, now applied by the hardware to address bits 4–6 from
-# bits 7–9, which is why every tile must start on a 1024-byte boundary. At D = 64 the two layouts
-# are the same; at D = 128 the 128-byte swizzle splits the tile into two 64-column blocks:
+# The **128-byte swizzle** stores chunk `c` (16 bytes) of row `r` at chunk `c ^ (r % 8)`, in atoms
+# of 8 rows of 128 bytes: stage 06's XOR, done by the hardware on address bits 4–6 from bits 7–9,
+# so every tile starts on a 1024-byte boundary. At D = 128 a tile is two 64-column blocks:
 
 # %%
 wgmma.swizzle_figure(D=128)
@@ -161,9 +149,8 @@ nb.show_source("hopper.cuh", "sw128")
 display(wgmma.swizzle_banks(64))
 
 # %% [markdown]
-# The kernel builds one descriptor per k-step: 16 columns further is 32 bytes further inside a
-# 64-column block, and the next block starts `rows · 128` bytes on. At D = 128, BC = 128, with
-# Q at shared address 0 and the first K tile right after the 32 KiB of Q:
+# One descriptor per k-step: 16 columns further is 32 bytes further into a 64-column block, and the
+# next block starts `rows · 128` bytes on. At D = 128, BC = 128, Q at address 0 and K after it:
 
 # %%
 BR, BC, D = 128, 128, 128
@@ -176,14 +163,23 @@ for kk in range(D // 16):
 pd.DataFrame(steps).set_index(["k_step", "operand"]).head(10)
 
 # %% [markdown]
-# **Where the descriptors live.** `HGMMA` reads a descriptor from *uniform registers* (`UR`): one
-# 64-bit value for the whole warp, not one per thread. Q's descriptors depend on which warpgroup
-# the thread is in (its 64 rows of the tile), and computed as `threadIdx.x / 128` that index is,
-# as far as the compiler can prove, different in every thread. ptxas then keeps the loop's
-# descriptors (K's and V's as well) in ordinary registers and copies each into uniform registers
-# (`R2UR`) before its `wgmma`, tile after tile: 48 moves a tile at D = 128. Read from lane 0 with a shuffle, the index is one value
-# for the warp by construction, and the descriptors are built in uniform registers once, before
-# the loop:
+# **The async proxy.** The PTX ISA's memory model calls each way of reaching memory a *proxy*.
+# Ordinary loads and stores (`ld.shared`, `st.shared`, stage 07's `cp.async`) use the *generic
+# proxy*; `wgmma` reads its shared-memory operands through the *async proxy*, as the TMA will in
+# stage 10. A barrier orders accesses within a proxy: after `st.shared` and `__syncthreads`,
+# another thread's `ld.shared` sees the new bytes, but a `wgmma` may not. Accessing a location
+# through both proxies needs a cross-proxy fence, `fence.proxy.async` (here `.shared::cta`: the
+# block's shared memory); `wgmma.fence` orders only registers. Stage 09 fences in
+# `arrive_and_load` (section 5): each thread waits for its own `cp.async` copies, runs
+# `fence_proxy_async()`, then meets the others at `__syncthreads` (`FENCE.VIEW.ASYNC.S` before
+# `BAR.SYNC` in section 8). The way back needs none: a `wgmma`'s completion, seen through
+# `wait_group`, carries an implicit fence, so the write-back may reuse Q's buffer.
+#
+# **Where descriptors live.** `HGMMA` reads a descriptor from *uniform registers*, one value per
+# warp. Q's depend on the warpgroup index; computed as `threadIdx.x / 128` it may, for all the
+# compiler can prove, differ between threads, and ptxas then moves every descriptor of the loop
+# into a uniform register (`R2UR`) before its `wgmma`, every tile. Read from lane 0, the index is
+# uniform, and the descriptors are built once:
 
 # %%
 nb.show_lines("09_wgmma", r"// The warpgroup index as lane 0 reads it", r"const int warp =")
@@ -191,45 +187,42 @@ nb.show_lines("09_wgmma", r"// The warpgroup index as lane 0 reads it", r"const 
 # %% [markdown]
 # ## 5 · The loop: fence, commit, wait — and P·V left running
 #
-# Loads are stage 08's `cp.async`, now writing the 128-byte swizzle (`load_tile_async`), so that
-# the comparison with stage 08 is about the instruction. A block is two warpgroups (128 query
-# rows; one under the causal mask at D = 128, section 5). The K/V loop:
+# Loads are stage 08's `cp.async`, writing the 128-byte swizzle, so that the comparison is about
+# the instruction. A block is two warpgroups (128 query rows), except under the causal mask at
+# D = 64 below N = 2048, where `pick()` runs blocks of one warpgroup (64 rows). The K/V loop:
 
 # %%
 nb.show_lines("09_wgmma", r"// This thread.s copies of tile j have landed", r"// Online softmax")
 
 # %% [markdown]
-# Two things are new besides the instruction, and one thing about the causal mask.
-#
-# * **`fence.proxy.async`.** `wgmma` reads shared memory through the *async proxy*, a path that
-#   ordinary stores (and `cp.async`) are not ordered with by `__syncthreads` alone: each thread
-#   fences its copies into the async proxy before the barrier publishes them.
 # * **P·V runs on.** After issuing tile `j`'s P·V the warpgroup does not wait: it goes to the next
-#   tile's barrier and issues S of tile `j + 1`, and the tensor cores take P·V of `j` and S of
-#   `j + 1` back to back. The `wait_group 0` after S covers both, so O is final before the rescale.
-#   The price is a buffer: while P·V of tile `j` still reads V of `j`, the loads may refill only
-#   the buffer of tile `j − 2`, so with `STAGES` buffers the loads run `STAGES − 2` tiles ahead.
-#   Before the first P·V no buffer is held, so the first `STAGES − 1` tiles are copied with Q.
-#   `pick()` chooses 3 buffers of 128 keys at D = 64 (113 KiB of shared memory, two blocks per
-#   SM) and at D = 128 without the mask (225 KiB, one block per SM). Two blocks of 256 threads leave 128 registers
-#   a thread: enough for S (64 a thread) and O (32) only once the last P·V, which still reads P
-#   from registers, has retired. So with two blocks an SM (`BLOCKS == 2`) a warpgroup waits for it
-#   before issuing S; the other block's products keep the tensor cores busy meanwhile.
-# * **Each warpgroup runs its own tiles.** Under the causal mask, the key tiles past a
-#   warpgroup's last row are masked for all of its rows. It counts the ones it needs (`n_mine`)
-#   and computes those, then only meets the block's barriers and issues its share of the loads
-#   for the rest (the other warpgroup's rows still need them). There is no test inside the tile
-#   loop; a skip branch there costs 3–10 % at D = 64 even where it is never taken.
+#   barrier and issues S of tile `j + 1`, and the tensor cores take the two back to back; the
+#   `wait_group 0` after S covers both. The price is a buffer: while P·V of `j` reads V of `j`, the
+#   loads may refill only tile `j − 2`'s buffer, so with `STAGES` buffers they run `STAGES − 2`
+#   tiles ahead (the first `STAGES − 1` come with Q).
+# * **`RETIRE`.** With two buffers that leaves none to load into, so each warpgroup retires its
+#   P·V before the next barrier, and loads run `STAGES − 1` tiles ahead.
 #
-# Under the causal mask the tiles on the diagonal, half masked, weigh more, and so do a block's
-# start and end: its first loads, the wait for the first S, the write-back. So there `pick()`
-# runs more blocks per SM, each with 2 buffers of 64 keys: at D = 64 below N = 2048, four blocks
-# of one warpgroup (41 KiB each); at D = 128, two blocks of two warpgroups (97 KiB each), where
-# each K/V tile serves 128 query rows. One block's start and end run beside the other blocks'
-# products. With two buffers, P·V running on would leave none to load into, so there each
-# warpgroup retires its P·V before the next barrier (`RETIRE`): that buffer is free one tile
-# sooner, the loads run `STAGES − 1` tiles ahead, and with no P·V in flight while S is computed
-# the warpgroup fits in the 128 registers a thread that 512 threads an SM leave:
+# The ring, for both kinds of shape `pick()` runs:
+
+# %%
+wgmma.ring_figure(n_tiles=6, rings=((3, False), (2, True)))
+
+# %% [markdown]
+# Each column is an iteration, opened by its barrier. Above, tile `j + 1` lands while tile `j` is
+# read, and P·V of `j − 1` (hatched) still holds the third buffer. Below, no P·V crosses a barrier,
+# and two buffers give the same lookahead.
+#
+# Under the causal mask a warpgroup computes only the `n_mine` tiles its rows need, then just
+# meets the barriers and issues its share of the loads: no test inside the tile loop.
+#
+# **The shapes.** At D = 64 two blocks of two warpgroups share an SM (three 128-key buffers,
+# 113 KiB each), leaving 128 registers a thread: enough for S and O only once the last P·V (which
+# reads P from registers) has retired, so with `BLOCKS == 2` a warpgroup waits for it before S
+# while the other block's products run. At D = 128 one 225 KiB block fills the SM. Under the mask,
+# diagonal tiles and a block's start and end weigh more, so `pick()` runs smaller blocks with two
+# 64-key buffers and `RETIRE`: four of one warpgroup (41 KiB) at D = 64 below N = 2048, two of two
+# warpgroups (97 KiB) at D = 128:
 
 # %%
 nb.show_lines("09_wgmma", r"// PICK", r"^}")
@@ -239,9 +232,8 @@ with nb.unless_missing():
 # %% [markdown]
 # ## 6 · What changed, line by line
 #
-# Against stage 08 the kernel was rewritten around the warpgroup — rows per warpgroup instead of
-# per warp, descriptors instead of `ldmatrix`, the accumulators as flat arrays — and everything
-# else (the pipeline, the softmax, the write-back through shared memory) kept:
+# The kernel was rewritten around the warpgroup (rows per warpgroup, descriptors instead of
+# `ldmatrix`, flat accumulators); the pipeline, softmax and write-back are stage 08's:
 
 # %%
 nb.show_diff("08_tuned", "09_wgmma", context=1)
@@ -249,30 +241,32 @@ nb.show_diff("08_tuned", "09_wgmma", context=1)
 # %% [markdown]
 # ## 7 · Prediction, before measuring
 #
-# Split stage 08's time into the part the tensor pipe is busy, `f` (its profile, section 1), and
-# the rest. If `wgmma` does the same math `r` times faster and nothing else changes, the
-# speedup is
+# Split stage 08's time into the part the tensor pipe is busy, `f` (section 1), and the rest. If
+# `wgmma` does `r` times the work per busy cycle and nothing else changes,
 #
 # $$\text{speedup}_{09/08} = \frac{1}{(1 - f) + f / r}.$$
 #
-# With `r` the ratio of the measured matmul ceiling to `mma.sync`'s two-thirds of the dense peak:
+# Both rates must be per busy cycle: the datasheet's dense peak, which `wgmma` can reach, against
+# `mma.sync`'s two thirds of it, so `r = 1.5`. Dividing section 1's measured ceiling by two thirds
+# of the datasheet peak would mix the two kinds of rate (1.15).
 
 # %%
 f = 0.49  # stage 08's tensor pipe at the teaching config, if its profile is not recorded
 with nb.unless_missing():
     f = float(nb.profile("08_tuned").at["tensor_pipe_pct", "08_tuned"]) / 100
-r = roof["matmul_fp16_tflops"] / (2 / 3 * 989)
+peak = 989                 # dense fp16 TFLOP/s of an H100 SXM: a tensor pipe busy every cycle
+r = peak / (2 / 3 * peak)  # per busy cycle: wgmma at the peak, mma.sync at two thirds of it
 predicted = 1 / ((1 - f) + f / r)
 print(f"f = {f:.2f}, r = {r:.2f} -> predicted speedup {predicted:.2f}x at the teaching config "
-      f"(D = 64); more at D = 128, where the tensor share is larger")
+      f"(D = 64); tensor pipe busy {f / r * predicted:.0%} of the time (stage 08: {f:.0%})")
 
 # %% [markdown]
-# * **Time:** about the speedup above at D = 64, more at D = 128. Not more, because the softmax
-#   is untouched, and within a warpgroup it still waits for S and then makes the tensor cores
-#   wait for P: this kernel overlaps one tile's P·V with the next tile's start, nothing else.
-# * **Machine code:** `HMMA` and `LDSM` gone; `HGMMA` 64 × BC × 16 and 64 × D × 16, one per k-step;
-#   `WARPGROUP.ARRIVE` (the fence) and `WARPGROUP.DEPBAR` (the wait).
-# * **Profile:** the tensor pipe busier; far fewer instructions issued per FLOP.
+# * **Time:** about 1.2× at the teaching config (D = 64); more at D = 128, where products are a
+#   larger share; never above `r`: the softmax still waits for S, the tensor cores for P.
+# * **Machine code:** no `HMMA` or `LDSM`; one `HGMMA` per k-step; `WARPGROUP.ARRIVE` (the fence)
+#   and `WARPGROUP.DEPBAR` (the wait).
+# * **Profile:** the tensor pipe busy a *smaller* share of the time (printed above), each busy
+#   cycle doing more; far fewer instructions issued.
 
 # %% [markdown]
 # ## 8 · The machine code
@@ -290,17 +284,17 @@ with nb.unless_missing():
                                   kernel=r"__half, 128,")))
 
 # %% [markdown]
-# `WARPGROUP.ARRIVE` is `wgmma.fence`; the `HGMMA` with `gdesc[UR..]` operands read both operands
-# through descriptors held in uniform registers (S), the ones with an `R` operand take A from
-# registers (P·V); `WARPGROUP.DEPBAR.LE gsb0, 0x0` is `wait_group 0`. The loop body:
+# `WARPGROUP.ARRIVE` is `wgmma.fence`; `HGMMA` with `gdesc[UR..]` reads both operands through
+# uniform-register descriptors (S), with an `R` operand A from registers (P·V);
+# `WARPGROUP.DEPBAR.LE gsb0, 0x0` is `wait_group 0`; `FENCE.VIEW.ASYNC.S` is `fence.proxy.async`.
+# The loop body:
 
 # %%
 with nb.unless_missing():
     display(nb.loop_bodies(["08_tuned", "09_wgmma"], kernel=r"__half, 128,"))
 
 # %% [markdown]
-# No `R2UR` in the loop (the column would show it): the few this kernel has move the block's
-# indices into uniform registers before the loop starts.
+# No `R2UR` in the loop: the few in the kernel move the block's indices before it starts.
 
 # %%
 with nb.unless_missing():
@@ -313,10 +307,9 @@ with nb.unless_missing():
 # %% [markdown]
 # ## 9 · Measure
 #
-# On a Hopper GPU this builds the stage, checks it against a float64 reference, then times it
-# together with stage 08 and SDPA's flash and cuDNN backends, run by run in turn at each config (the
-# teaching configs, then the FlashAttention sweep), three rounds over, as `flashlab run` does, so
-# that their ratios come from one run. Otherwise: the recorded rows.
+# On a Hopper GPU this builds the stage, checks it against a float64 reference, and times it in
+# turn with stage 08 and SDPA's flash and cuDNN backends at each config, three rounds over, as
+# `flashlab run` does. Otherwise: the recorded rows.
 
 # %%
 ev = nb.evaluate("09_wgmma")
@@ -330,8 +323,8 @@ with nb.unless_missing():
           f"{gain:.2f}x stage 08; predicted {predicted:.2f}x")
 
 # %% [markdown]
-# Over the FlashAttention sweep (16k tokens, H · D = 2048, fp16), stage 09 over stage 08, and
-# over cuDNN's attention (PyTorch's fastest), rows: head dim and mask, columns: N:
+# Over the FlashAttention sweep (16k tokens, H · D = 2048, fp16): stage 09 over stage 08, then over
+# cuDNN; rows: head dim and mask, columns: N:
 
 # %%
 with nb.unless_missing():
@@ -347,52 +340,27 @@ plots.scaling(last="09_wgmma")
 # %% [markdown]
 # ### Discussion
 #
-# **Time.** Predicted 1.07× at the teaching config (D = 64) and more at D = 128. Measured, with
-# both stages timed in turn in this run: 1.22× at the teaching config; over the sweep 1.23–1.34× at
-# D = 64 (1.30× on average) and 1.26–1.52× at D = 128 (1.40×), more on long sequences than on short
-# ones. The prediction missed, and by most at D = 64, where it expected least. The model made the
-# products faster and held everything else fixed; three things it left out:
+# **Time.** Predicted 1.20× at the teaching config, measured 1.22×. Over the sweep the gain is
+# larger: 1.23–1.34× at D = 64 and 1.26–1.52× at D = 128, more on long sequences. The model has one
+# `f` and holds the rest fixed; the sweep departs from both:
 #
-# * **The block's shape changed with the instruction.** At D = 64 `pick()` runs 128-key tiles
-#   with two blocks on each SM (section 5; the profile below shows the occupancy doubling). While
-#   one block's warpgroups meet at the barrier, exponentiate or write O back, the other block's
-#   products run. That time, which the model counted as fixed, is now partly hidden. The 128-key
-#   tiles also halve the barriers and loop trips per key. Stage 08 runs one block an SM: its
-#   fragments pass through registers, and its 256 threads take 255 each, the whole register file.
-# * **Shared memory feeds the tensor cores now.** A `wgmma` with both operands in shared memory
-#   reads A (64 × 16, 2 KiB) and B (N × 16) per instruction. With 128-key tiles S is
-#   `m64n128k16`: 6 KiB for 262 144 FLOPs. At the tensor cores' full rate that is 96 bytes a
-#   clock, against the 128 that shared memory delivers. With 64-key tiles (`m64n64k16`, 4 KiB for
-#   half the FLOPs) it would be all 128: the wider tile is what leaves the rate `r` within reach.
-# * **How the loop is written counts.** The descriptors come from uniform registers (section 4).
-#   Built from `threadIdx.x`, they were moved there 48 times a tile at D = 128; timed in turn on
-#   the H100, that kernel was 1.03–1.10× slower over the sweep than this one. In the same way, a
-#   test inside the tile loop that skips the tiles past a warpgroup's rows under the mask cost
-#   1.03–1.10× at D = 64, even without the mask, where it is never taken. That is why each
-#   warpgroup counts its own tiles and runs them in a loop of their own.
-#
-# Under the mask at D = 128 the gain is largest, 1.35–1.52×, and the block's shape is most of it.
-# Timed in turn on the H100 over the sweep's causal configs at D = 128, blocks of one warpgroup
-# with three buffers of 64 keys, also two to an SM, ran 0.87–0.93× as fast as this shape: each
-# of their K/V tiles serves 64 query rows instead of 128, so every row costs twice the loads, and
-# two warpgroups on an SM instead of four leave fewer softmaxes to fill the gaps between products.
-# Where the gain is smallest, 1.23× at D = 64 and N = 512 without the mask, a block has four tiles
-# of 128 keys, and at D = 64 each tile's products are half as long as at D = 128 for the same
-# barrier, softmax and loads: the block's fixed costs weigh most there. Under the mask at D = 64
-# on short sequences the opposite trade pays: a block has one to eight tiles of 64 keys, so its
-# start and end are much of its time, and four blocks of one warpgroup on each SM stagger them
-# where two blocks of two warpgroups ran them together. Timed in turn on the H100, two warpgroups
-# with six buffers of 64 keys ran 0.95× as fast as this shape at N = 512 and 0.99× at 1024; from
-# N = 2048 on, 128-key tiles for two warpgroups are faster again.
+# * **`f` grows.** At D = 128 a tile's products take twice as long for the same softmax, so the
+#   same `r` buys more; on long sequences a block's start and end weigh less.
+# * **The rest changed.** The model never exceeds `r`, 1.5×, yet under the mask at D = 128 the gain
+#   reaches 1.52×: two blocks share an SM there, and one block's barriers, softmax and write-back
+#   run beside the other's products, time the model counted as fixed. At D = 64 the profile below
+#   shows the second block and fewer instructions, but also new waits at the barrier; at the
+#   teaching config, where the prediction held, their net effect is small. Appendix 09a times the
+#   alternatives to these shapes.
 #
 # Against cuDNN, PyTorch's fastest backend, stage 09 is at 0.94–1.02× at D = 64, and at D = 128
-# 0.72–0.73× without the mask and 0.84–0.92× under it. The gap is what overlapping the softmax
-# with the products is worth, and it is largest where the products are the larger part of a tile.
+# 0.72–0.73× without the mask and 0.84–0.92× under it: what overlapping the softmax with the
+# products is worth, most where products dominate a tile.
 
 # %% [markdown]
-# ## 10 · The profile: is the tensor pipe busier?
+# ## 10 · The profile: fewer busy cycles, each doing more
 #
-# Nsight Compute at the teaching config, stage 08 against stage 09:
+# Nsight Compute at the teaching config:
 
 # %%
 idea = list(fl.stage("09_wgmma").idea_metrics)
@@ -411,31 +379,40 @@ with nb.unless_missing():
 plots.idea_metrics(only=["09_wgmma"])
 
 # %% [markdown]
-# ### Discussion
-#
-# * **The tensor pipe is *less* busy — 49 % → 42 % — in less time (0.058 → 0.047 ms).** The
-#   counter measures the cycles the pipe is working, not the work it does in them. The kernels do
-#   the same FLOPs, so each busy cycle of `wgmma` does about (49 × 0.058) / (42 × 0.047) ≈ 1.5
-#   times the work of one of `mma.sync`: the two-thirds-of-peak ceiling of `mma.sync`, seen from
-#   the other side. A metric that counts activity, not throughput, can fall when a kernel gets
-#   better.
-# * **Two blocks an SM:** achieved occupancy 11.6 % → 22.9 %, the second block `pick()` fits at
-#   D = 64.
-# * **Instructions:** warps were `selected` (issuing) 23 % of the time in stage 08 and 13 % now:
-#   the `mma.sync` and `ldmatrix` of a loop trip became a few `wgmma` (16 at D = 128, against 256
-#   `mma.sync` and 80 `ldmatrix`). Shared-memory wavefronts fell by 38 % and load bank conflicts by
-#   almost two thirds (12 500 → 4 334): the hardware's swizzle.
-# * **New waits:** `barrier` (2.6 → 12.1 %) and `mio_throttle` (2.8 → 12.8 %). Each tile, all 256
-#   threads issue their `cp.async` copies and meet at `__syncthreads`: the slower warpgroup and the
-#   copy queue now decide when the tensor cores get the next tile. That is what stage 10 removes.
+# The tensor pipe's busy time (share × duration) in each, and their ratio: the work of one busy
+# cycle of stage 09 against one of stage 08.
+
+# %%
+with nb.unless_missing():
+    prof = nb.profile("09_wgmma")
+    if "08_tuned" not in prof.columns:
+        raise nb.not_recorded("08_tuned", " profile (to compare with)", " --profile")
+    busy = {}
+    for s in ("08_tuned", "09_wgmma"):
+        ms, share = prof.at["duration_ms", s], prof.at["tensor_pipe_pct", s] / 100
+        busy[s] = ms * share * 1e3  # µs
+        print(f"{s}: {ms:.3f} ms x {share:.0%} = {busy[s]:.1f} µs of tensor-pipe time")
+    print(f"work per busy cycle, 09 over 08: {busy['08_tuned'] / busy['09_wgmma']:.2f} "
+          f"(section 7's r = {r:.2f})")
 
 # %% [markdown]
+# ### Discussion
+#
+# * **The tensor pipe is busy 49 % → 42 % of the time (section 7 expected 39 %), in less time
+#   (0.058 → 0.046 ms).** The counter counts the cycles the pipe works, not the work in them.
+#   With the same FLOPs, the busy-time ratio above, about 1.5, is section 7's `r`, measured.
+# * **Two blocks an SM:** achieved occupancy 11.6 % → 22.9 %.
+# * **Instructions:** warps issue 13 % of the time instead of 23 % (`selected`): a loop trip's 256
+#   `mma.sync` and 80 `ldmatrix` became 16 `wgmma` (D = 128, section 8). Shared-memory wavefronts
+#   fell 38 %.
+# * **New waits:** `barrier` (2.6 → 12.1 %) and `mio_throttle` (2.8 → 12.8 %): every tile, each
+#   thread issues its copies and meets the block at `__syncthreads`, so the slower warpgroup and
+#   the copy queue decide when the tensor cores get the next tile.
+#
 # ## 11 · What is next
 #
-# Every thread still issues `cp.async` copies of 16 bytes (16 a tile at D = 128) and the whole
-# block meets at `__syncthreads` before each tile. **Stage 10** hands the copies to Hopper's tensor
-# memory accelerator, one instruction per tile from one thread, and replaces the barrier with
-# mbarriers that each warpgroup waits on by itself.
+# **Stage 10** hands the copies to the tensor memory accelerator, one instruction per tile from one
+# thread, and replaces the barrier with mbarriers each warpgroup waits on by itself.
 
 # %% [markdown]
 # ## Exercises
@@ -468,19 +445,13 @@ labs.check("09.descriptor", answer)
 # (`rows · 128` bytes per block: BR rows for Q, BC for K) and `(kk % 4) · 32` bytes into its rows;
 # both operands K-major with the 128-byte swizzle, stride byte offset 1024, leading offset 16.
 #
-# **How it is judged.** `flashlab grade` builds stage 09 from your region in `kernels/` and compares
-# it with a float64 reference: the output is filled with NaN first (an element never written fails),
-# N = 1, 17, 1000 and 4096 (ragged: no tile divides the first three), D = 64 and 128, causal and
-# not, fp16 and bf16, the strided layout of a model's projections, and keys whose size grows along
-# the sequence, so that every row's maximum keeps rising and each rescale path runs. A wrong kernel
-# scores 0, and the message names the first failing case and its first wrong element (batch, head,
-# row, column, got, expected). A right one is timed at the teaching config and under the causal
-# mask: when your instructor grades, in turn with the solution's stage on the same GPU, the slower
-# of the two ratios counting; when you check your own work, against the solution's recorded speedup
-# over stage 08. Full points within 5 % of the solution's speed, fewer below.
+# **How it is judged.** `flashlab grade` compares your stage with a float64 reference (N = 1, 17,
+# 1000, 4096; D = 64, 128; causal or not; fp16, bf16; strided inputs; every rescale path) and names
+# the first wrong case and element; a wrong kernel scores 0. A right one is timed at the teaching
+# config and under the mask against the solution (in turn with it when your instructor grades,
+# against its recorded speedup when you check): full points within 5 % of its speed.
 #
-# **GPU:** compute capability 9.0 (H100, H200, GH200): `wgmma` exists nowhere else; elsewhere
-# `flashlab grade` skips it with one line saying why. Run it with
+# **GPU:** compute capability 9.0; elsewhere `flashlab grade` skips it. Run it with
 #
 #     flashlab grade --exercise 09.descriptors
 
@@ -491,64 +462,53 @@ labs.check("09.descriptor", answer)
 #    warps 2–5 formed one?
 # 2. The tile at D = 128 is two 64-column blocks rather than one 256-byte row per key. What would a
 #    256-byte row cost with the 128-byte swizzle mode?
-# 3. S is waited for at once, P·V is not. Why can the kernel not leave S running too, as it does
-#    P·V, without another change?
+# 3. S is waited for at once, P·V is not. Why can the kernel not leave S running too, without
+#    another change?
 # 4. Which part of a tile's time did this stage leave untouched, and how would you hide it?
 # 5. Replace the shuffle that reads the warpgroup index from lane 0 by `threadIdx.x / 128` and
-#    rebuild. How many `R2UR` does the loop get, and why would those moves cost more than their
-#    count suggests?
+#    rebuild. How many `R2UR` does the loop get, and why would they cost more than their count?
 
 # %% [markdown]
-# **Instructor's answer.** *1.* The instruction is warpgroup-wide: the 64 rows of A and D are split
-# 16 per warp, and each warp's part runs on its SM sub-partition's tensor core, one warp per
-# sub-partition. The PTX ISA requires a warpgroup to be four contiguous warps whose first warp
-# index is a multiple of 4 (warps 4w … 4w + 3): warps 2–5 span two warpgroups and the behaviour
-# is undefined.
+# **Instructor's answer.** *1.* The 64 rows of A and D are split 16 per warp, each warp's part on
+# its sub-partition's tensor core. The PTX ISA requires four contiguous warps, the first a multiple
+# of 4: warps 2–5 span two warpgroups, and the behaviour is undefined.
 
 # %% [markdown]
-# **Instructor's answer.** *2.* The 128-byte swizzle permutes 16-byte chunks within 128 bytes, and
-# its atom is 8 rows of 128 bytes. A 256-byte row is not a layout the descriptor can name with that
-# mode: the "leading dimension" would have to jump inside a row. Splitting the tile into 64-column
-# blocks keeps every row of the atom 128 bytes and lets the descriptor step to the second half by
-# its start address (k-steps 4–7) or, for V, by its leading byte offset.
+# **Instructor's answer.** *2.* The mode permutes 16-byte chunks within atoms of 8 rows of 128
+# bytes; a 256-byte row is not a layout it can name. 64-column blocks keep rows at 128 bytes, and
+# the descriptor reaches the second block by its start address (k-steps 4–7) or, for V, its
+# leading byte offset.
 
 # %% [markdown]
-# **Instructor's answer.** *3.* The softmax needs S: the row max, the exponentials and the sum
-# read every score. To overlap S with something, the warpgroup must have other work that does not
-# need it: the softmax of the *previous* tile. That is a software pipeline inside the warpgroup
-# (issue S of tile j + 1, then do the softmax of tile j), with a second set of S registers — the
-# overlap that the last stages build.
+# **Instructor's answer.** *3.* The softmax reads every score of S. To overlap S, the warpgroup
+# needs work that does not need it: the previous tile's softmax. That is a software pipeline inside
+# the warpgroup, with a second set of S registers, which the last stages build.
 
 # %% [markdown]
 # **Instructor's answer.** *4.* The softmax: between the wait for S and the issue of P·V the tensor
-# cores have nothing of this warpgroup's to do, and the two warpgroups of a block run in step (the
-# barrier each tile). Two ways to hide it: let another warpgroup's products run during this one's
-# softmax (give the warpgroups different schedules: specialisation and ping-pong), or pipeline
-# inside the warpgroup as in question 3.
+# cores have nothing of this warpgroup's, and a block's warpgroups run in step. Let another
+# warpgroup's products run meanwhile (specialisation, ping-pong), or pipeline inside the warpgroup
+# as in question 3.
 
 # %% [markdown]
-# **Instructor's answer.** *5.* 48 a tile at D = 128, 32 at D = 64 with 128-key tiles: one per
-# 32-bit half of every descriptor the loop uses, Q's, K's and V's. Each `HGMMA` waits for the moves that
-# produce its descriptor, and the moves sit among the products that should be issued back to
-# back; the loop also grows by a tenth (945 instead of 865 instructions at D = 128). Measured on
-# the H100, the uniform index made stage 09 1.03–1.10× faster over the sweep.
+# **Instructor's answer.** *5.* 48 a tile at D = 128, 32 at D = 64 (128-key tiles): one per 32-bit
+# half of every descriptor the loop uses, Q's and K's per k-step of S, V's per k-step of P·V. Each
+# `HGMMA` waits for its moves, and they sit among products that should issue back to back, in a
+# loop of 863 instructions at D = 128 (section 8). Timed on an H100, the lane-0 index made stage 09
+# 1.03–1.11× faster over the sweep (appendix 09a).
 
 # %% [markdown]
 # ## Summary
 #
-# - `wgmma.mma_async` multiplies 64 × N × 16 for a whole warpgroup in one asynchronous instruction,
-#   B (and A) read from shared memory through 64-bit descriptors.
-# - Its accumulator layout is four warps' `mma.sync` layouts: the softmax code did not change.
-# - The 128-byte swizzle a descriptor names is stage 06's XOR in hardware; tiles are 64-column
-#   blocks on 1024-byte boundaries.
-# - `fence` / `commit_group` / `wait_group` order the asynchronous products; leaving P·V running
-#   across the next tile's start costs a buffer.
-# - Descriptors live in uniform registers: the warpgroup index they depend on must be visibly the
-#   same across the warp (read from lane 0), or every tile pays for moving them there.
-# - Registers set the shape: at D = 64 two blocks an SM of 128-key tiles fit 128 registers a
-#   thread once each warpgroup retires its P·V before issuing the next S, and the second block's
-#   products run while the first block waits or exponentiates. Under the mask at D = 128 the same
-#   holds for two blocks of two warpgroups with 64-key tiles, where it is worth 1.07–1.14×.
+# - `wgmma.mma_async` multiplies 64 × N × 16 for a warpgroup in one asynchronous instruction,
+#   reading shared memory through 64-bit descriptors; its accumulators are four warps' `mma.sync`
+#   layouts, so the softmax did not change.
+# - The 128-byte swizzle is stage 06's XOR in hardware; `wgmma` reads it through the async proxy,
+#   so copies are fenced (`fence.proxy.async`) before the barrier.
+# - `fence`, `commit_group` and `wait_group` order the products; P·V left running costs a buffer.
+# - Per busy cycle `wgmma` does 1.5 times `mma.sync`'s work; with stage 08's tensor share that
+#   predicted the teaching config. Two blocks an SM add to it elsewhere.
+# - Descriptors live in uniform registers: the warpgroup index must be visibly uniform.
 
 # %%
 nb.reached("09_wgmma")
