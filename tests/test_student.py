@@ -489,6 +489,10 @@ def test_what_an_edition_leaves_out():
     assert "appendix of a stage it hands out" in student.left_out("notebooks/08a_tuning_log.ipynb",
                                                                   week4)  # it works out 08's
     assert student.left_out("notebooks/src/08a_tuning_log.py", student.assignment(13, 9)) is None
+    hopper = student.assignment(13, 9)  # 12's appendix goes with 12's solution, as 08a with 08's
+    assert "appendix of a stage it hands out" in student.left_out("notebooks/12a_tma_store_log.ipynb",
+                                                                  hopper)
+    assert student.left_out("notebooks/src/12a_tma_store_log.py", student.assignment(13, 13)) is None
 
 
 @pytest.fixture(scope="module")
