@@ -465,6 +465,19 @@ def variant_rows(stage, gpu=None) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
+def variant_gpu(stage) -> str:
+    """The GPU whose rows of `stage`'s variants a notebook shows: the GPU shown, where they are
+    recorded on it; else the GPU they were last recorded on (a variant is compared only with its
+    stage timed in turn with it, so its ratios stand on their own GPU); the GPU shown when none."""
+    st = _stage(stage)
+    shown = gpu_shown(st, df=RESULTS.load())
+    df = VARIANTS.load()
+    df = df[df["stage"] == st.slug] if len(df) else df
+    if not len(df) or (df["gpu"] == shown).any():
+        return shown
+    return df.sort_values("time")["gpu"].iloc[-1]
+
+
 def tune_log(gpu=None) -> pd.DataFrame:
     """Stage 08's tuning log on `gpu` (default: the GPU shown); NotRecorded if it has none."""
     gpu = gpu or gpu_shown(next(st for st in _stages() if st.picks))

@@ -154,6 +154,16 @@ OVERLAP_METRICS = ("duration_ms", "tensor_pipe_pct", "stall_wait", "stall_barrie
                    "stall_selected")
 
 
+def _gpu_said(st):
+    """The GPU the overlaps' rows come from (tables.variant_gpu), said when it is not the GPU the
+    rest of the notebook shows."""
+    gpu, shown = tables.variant_gpu(st), tables.gpu_shown(st)
+    if gpu != shown:
+        print(f"(not recorded on {shown}: as recorded on {gpu}, each kernel timed in turn with "
+              f"stage 12 there)")
+    return gpu
+
+
 def overlaps(measure=None) -> pd.DataFrame:
     """Stage 12 and its three variants (the registry's: no_overlap, in_warpgroup, ping_pong),
     config by config: each variant's speed over stage 12, timed in turn with it, and each overlap
@@ -163,7 +173,8 @@ def overlaps(measure=None) -> pd.DataFrame:
     st = _stage(12)
     if measure if measure is not None else tables.live(st):
         variants.measure(st, log=lambda msg: None)
-    rows = tables.variant_rows(st)
+    gpu = _gpu_said(st)
+    rows = tables.variant_rows(st, gpu)
     rows = rows[rows["check_passed"]].copy()
     rows["name"] = rows["variant"].str.split("+").str[1]
     wide = rows.pivot_table(index=["D", "causal", "N"], columns="name", values="ratio")
@@ -187,14 +198,15 @@ def overlap_profile(measure=None) -> pd.DataFrame:
         prof.profile(st, OVERLAP_PROFILED)
         for v in st.variants:
             prof.profile(st, OVERLAP_PROFILED, variant=v.name)
-    recorded = tables.profile_rows(tables.gpu_shown(st))
+    gpu = _gpu_said(st)
+    recorded = tables.profile_rows(gpu)
     names = [st.slug] + [v.slug for v in st.variants]
     wide = (tables.profile_wide(recorded, OVERLAP_PROFILED) if recorded is not None
             else pd.DataFrame())
     if st.slug not in wide.index or not any(n in wide.index for n in names[1:]):
         raise tables.NotRecorded(f"the overlaps' profile at {OVERLAP_PROFILED.label}: not "
-                                 f"recorded on {tables.gpu_shown(st)} yet (notebook 12 records it "
-                                 f"when it runs live there, with Nsight Compute)")
+                                 f"recorded on {gpu} yet (notebook 12 records it when it runs "
+                                 f"live there, with Nsight Compute)")
     shown = [n for n in names if n in wide.index]
     table = wide.loc[shown, [m for m in OVERLAP_METRICS if m in wide.columns]].T
     table.columns = ["12" if n == st.slug else n.split("+")[1] for n in shown]

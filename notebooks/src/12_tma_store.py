@@ -18,11 +18,11 @@
 # - predict where the store pays (short work items) and check it in the machine code, the sweep
 #   and the profile.
 #
-# **Prerequisites:** notebooks 11 (producer, consumers, the persistent grid) and 10 (TMA, tensor
+# **Prerequisites:** notebooks 11 (producer and consumer warpgroups) and 10 (TMA, tensor
 # maps, mbarriers); notebook 09's 128-byte swizzle. The kernel needs a Hopper GPU (H100, H200,
 # GH200); elsewhere this notebook replays the numbers recorded on one.
 #
-# **Time:** about 22 min to read, 40 min to work through.
+# **Time:** about 25 min to read, 45 min to work through.
 
 # %%
 # %matplotlib inline
@@ -80,9 +80,8 @@ nb.show_lines("12_tma_store", r"// O / l of a finished item", r"^  \};")
 #    below).
 # 2. **`fence.proxy.async`.** The TMA reads shared memory through the *async proxy*, not the path
 #    `st.shared` writes through; the fence makes each thread's writes visible to it.
-# 3. **A named barrier.** `bar.sync 1 + cw, 128` waits until the warpgroup's 128 threads have
-#    written, and for this warpgroup only (barrier 0, `__syncthreads`, would stop the producer and
-#    the other consumer too).
+# 3. **A named barrier.** `bar.sync 1 + cw, 128` waits for this warpgroup's 128 threads only
+#    (`__syncthreads` would stop the producer and the other consumer too).
 # 4. **One thread issues the copy:** `cp.async.bulk.tensor.4d.global.shared::cta.bulk_group`, one
 #    box of 64 rows × 64 columns per 64 columns of D, then `cp.async.bulk.commit_group`. The tensor
 #    map drops rows past N.
@@ -97,8 +96,7 @@ nb.show_lines("12_tma_store", r"if \(j == 0 && prev_slot >= 0", r"softmax\(s, j 
 # has read it. So at the next item's first tile the issuing thread waits for
 # `cp.async.bulk.wait_group.read 0` (the copy has *read* shared memory; its global writes may still
 # be on their way) and arrives once for its warpgroup. By then the 8–16 KiB copy has had a whole
-# S = Q Kᵀ to finish. Before the block exits, the same wait keeps shared memory alive until the
-# last copy has read it.
+# S = Q Kᵀ to finish. Before the block exits, the same wait keeps shared memory alive for the last copy.
 #
 # ## 3 · One warp instruction, both ways
 
@@ -122,7 +120,7 @@ nb.show_diff("11_warpspec", "12_tma_store", context=1)
 #
 # | change | where | why |
 # |---|---|---|
-# | a consumer whose rows all lie past the end of the sequence runs no key tile; it hands the tiles back and releases the previous item's Q buffer itself | D = 64, three consumers (192 rows an item) | stage 11 computed those rows for nothing: an eighth more rows at N = 512 and 1024, and under the mask every key tile |
+# | a consumer whose rows all lie past the end of the sequence runs no key tile, and releases the previous item's Q buffer itself | D = 64, three consumers (192 rows an item) | stage 11 computed those rows for nothing: an eighth more at N = 512 and 1024 |
 # | 160-key tiles | D = 128 without the mask, from N = 4096 | two buffers still fit, and each tile's waits and issue are spread over more keys |
 #
 # So at D = 128 under the mask, at D = 128 without it up to N = 2048 and at D = 64 under the mask
@@ -170,13 +168,13 @@ with nb.unless_missing():
 # %% [markdown]
 # `STG` is gone and `STS` grows by its count (1 → 33 at D = 128, 1 → 17 at D = 64): the same
 # 4-byte pieces, to shared memory. `UTMASTG.4D` is the TMA store (two boxes at D = 128),
-# `UTMACMDFLUSH` the commit. `BAR.SYNC.DEFER_BLOCKING 0x0` is the set-up's `__syncthreads`, as in
-# stage 11; `BAR.SYNC.DEFER_BLOCKING R2, 0x80` is the named barrier, its id (1 + cw) in register R2,
-# 0x80 = 128 threads. The first `FENCE.VIEW.ASYNC.S` is the set-up's `fence.mbarrier_init` (stage 11
-# has it too), the second the store's `fence.proxy.async.shared::cta`. The three `DEPBAR.LE SB0, 0x0`
-# are the source's three `cp.async.bulk.wait_group.read 0`: at 0x0f70, at an item's first tile
-# before the arrival on `q_empty`; at 0x3eb0, where a consumer with no tiles (section 5) releases the
-# previous item's buffer itself; at 0x5b80, just before the block exits.
+# `UTMACMDFLUSH` the commit. `BAR.SYNC.DEFER_BLOCKING R2, 0x80` is the named barrier, its id
+# (1 + cw) in R2, 0x80 = 128 threads (`0x0` is the set-up's `__syncthreads`). The first
+# `FENCE.VIEW.ASYNC.S` is the set-up's `fence.mbarrier_init`, the second the store's
+# `fence.proxy.async.shared::cta`. The three `DEPBAR.LE SB0, 0x0` are the source's three
+# `cp.async.bulk.wait_group.read 0`: at an item's first tile before the arrival on `q_empty`
+# (0x0f70); where a consumer with no tiles (section 5) releases the previous item's buffer
+# (0x3eb0); before the block exits (0x5b80).
 #
 # ## 8 · Measure
 #
@@ -229,8 +227,7 @@ plots.scaling(last="12_tma_store")
 #
 # **Where it missed: the size.** At D = 128 without the mask the model gave 1.107, 1.055 and 1.028
 # at N = 512, 1024 and 2048; measured, 1.16×, 1.09× and 1.05×, one and a half to two times the
-# predicted gain: the model's 1 unit for stage 11's end of an item was too little. Long cells move
-# by a few per cent from run to run, which is why the kernels are timed in turn.
+# predicted gain: the model's 1 unit for stage 11's end of an item was too little.
 #
 # **The teaching config** (D = 64, N = 1024): 1.07× in fp16 and in bf16, every row tight: inside the
 # predicted 1.05–1.15×. At D = 64 without the mask the consumers past the end add to the store
@@ -275,18 +272,66 @@ plots.idea_metrics(only=["12_tma_store"])
 #   memory instructions) to zero. `long_scoreboard` rose (12 → 16 %); polling an mbarrier counts
 #   there, and the consumers past the end poll the `full` barrier of every tile they hand back.
 # * **A surprise: bank conflicts on shared-memory stores,** about 2.4 thousand against 52, where
-#   section 2's bank map promises none: a few per cent of the tens of thousands of `st.shared` for
-#   O. Each instruction's 32 words are in 32 banks; perhaps the counter also counts a store that
-#   finds its bank busy with the TMA (not tested).
+#   section 2's bank map promises none (a few per cent of the `st.shared` for O); perhaps the
+#   counter also counts a store that finds its bank busy with the TMA (not tested).
 
 # %% [markdown]
 # ## 10 · FlashAttention-3's two overlaps, run by you
 #
-# FlashAttention-3 adds two overlaps to a kernel of this shape. In *ping-pong*, the two consumer
-# warpgroups take turns at the tensor cores, ordered by named barriers, so that one's softmax runs
-# under the other's products. In the *in-warpgroup* overlap, a consumer runs the softmax of tile j
-# while the P·V of tile j − 1 is still in flight. The cells below build both on this stage and time
-# them.
+# FlashAttention-3 adds two overlaps to a kernel of this shape. In **ping-pong**, two consumer
+# warpgroups take turns at the tensor cores (named barriers order the turns), so one's softmax
+# runs under the other's products. In the **in-warpgroup** overlap a consumer issues S_j with
+# P_{j−1}·V_{j−1} and runs tile j's softmax while that P·V is in flight. Both are *variants* of
+# this stage: `kernels/12_overlap.patch` rewrites the consumer's loop (two consumers, O from
+# registers), in three versions: `no_overlap`, `in_warpgroup`, and `ping_pong` (both). The
+# carried regions keep your own code. The loop with both:
+
+# %%
+from flashlab import variants
+pingpong = variants.source(fl.stage(12).variant("ping_pong"))
+print(nb.excerpt(pingpong, r"for \(int j = 1; j < my_tiles; j\+\+\) \{", r"softmax\(s, j \* BC\);"))
+
+# %% [markdown]
+# **Predict first.** A turn hides one consumer's softmax under the other's products. At D = 128
+# a consumer's two products of a 128-key tile are 2 · 64·128·128 multiply-adds: about 1 024
+# cycles of the SM's tensor cores. Its softmax takes 1 200–1 400 cycles a tile beside the other
+# consumer (appendix 11a). At D = 64 the products halve; the softmax does not. Do the turns pay,
+# at each head dim? Can the in-warpgroup overlap?
+#
+# The next cell builds the variants, checks each against float64 (ragged N, both masks, fp16 and
+# bf16, output poisoned) and times them config by config, in turn with stage 12: each variant
+# over stage 12, then each overlap over the kernel it was added to.
+
+# %%
+with nb.unless_missing():
+    display(tma_store.overlaps())
+
+# %% [markdown]
+# All four under Nsight Compute at D = 128 (B = 4, H = 16, N = 4096): time, the tensor pipe's
+# busy share, and the main stall reasons (% of warp cycles).
+
+# %%
+with nb.unless_missing():
+    display(tma_store.overlap_profile())
+
+# %% [markdown]
+# ### Discussion
+#
+# As recorded (on an H200, in turn with stage 12 there), every variant passes the check and none
+# beats stage 12: `ping_pong` runs at 0.81–0.84× at D = 64 and 0.88–0.95× at D = 128. Part of
+# that is what the rewrite leaves out: `no_overlap` is 0.83–0.86× at D = 64 (two consumers, not
+# three; no TMA store) and 0.88–0.96× at D = 128. Against the kernel each was added to:
+#
+# - the in-warpgroup overlap *loses*: 0.92–0.96× at D = 64, 0.97–0.98× at D = 128;
+# - the turns *gain* on top of it, most where the products are shortest: 1.02–1.07× at D = 64,
+#   1.01× at D = 128.
+#
+# In the profile both overlaps cut the `barrier` stall (22.9 % → 10.7 % and 12.5 %), but `wait`
+# (the wgmma waits among the fixed-latency ones) and `short_scoreboard` (the exponentials) rise,
+# and the tensor pipe is *less* busy (75.0 % → 72.8–73.8 %; stage 12: 80.5 %). As predicted, a
+# softmax longer than the products it runs under is not hidden: each turn waits for it, and the
+# in-warpgroup overlap adds a second S and P to the same warps' registers and issue slots. Stage
+# 13 shortens the softmax itself.
 
 # %% [markdown]
 # ## Exercises
@@ -340,11 +385,12 @@ labs.check("12.store_sectors", answer)
 #    without one? What would `st.shared` cost then?
 # 2. Why does the issuing thread wait for `wait_group.read`, not the full `wait_group 0`, before
 #    the producer may refill the buffer? What would go wrong with no wait at all?
-# 3. The producer warpgroup has three idle warps: what would it take for them to store O?
-# 4. Stage 12's gain fades as N grows. Which other costs are paid once per work item, and which
+# 3. Stage 12's gain fades as N grows. Which other costs are paid once per work item, and which
 #    still leave the tensor cores waiting?
-# 5. A consumer whose rows all lie past the end of the sequence has no first tile. Where must it
+# 4. A consumer whose rows all lie past the end of the sequence has no first tile. Where must it
 #    release the previous item's Q buffer, and what if it never did?
+# 5. In section 10 the turns gained most at D = 64, where the in-warpgroup overlap lost most. Why,
+#    from the cycle counts of its prediction?
 
 # %% [markdown]
 # **Instructor's answer.** *1.* Unswizzled, a warp instruction's 8 rows, 128 bytes apart, would hit
@@ -357,33 +403,37 @@ labs.check("12.store_sectors", answer)
 # producer could load a later item's Q into the buffer while the TMA still reads O from it.
 
 # %% [markdown]
-# **Instructor's answer.** *3.* O is in the consumers' registers, which no other warp can read: only
-# they can write it to shared memory, and that is the work. The producer could issue the copy
-# after a barrier shared with them, but issuing is one instruction.
-
-# %% [markdown]
-# **Instructor's answer.** *4.* Waiting for Q, the first S with no P·V beside it, the last P·V with
+# **Instructor's answer.** *3.* Waiting for Q, the first S with no P·V beside it, the last P·V with
 # no softmax beside it, O's normalisation and store. The consumers start each item together, so at
 # its first tile both run their softmax while the tensor cores idle, and at its last both wait for
 # their P·V. Stage 12 shortened only the store.
 
 # %% [markdown]
-# **Instructor's answer.** *5.* Right after its item's loop, after `wait_group.read` (its previous O
+# **Instructor's answer.** *4.* Right after its item's loop, after `wait_group.read` (its previous O
 # may still be leaving that buffer). `q_empty` needs one arrival per consumer: without it the
 # producer would wait for that buffer two items later, forever.
 
 # %% [markdown]
+# **Instructor's answer.** *5.* At D = 64 a consumer's products take about 512 cycles against a
+# softmax of about 1 600 (appendix 11a): the in-warpgroup overlap has little P·V to hide the
+# softmax under, and still doubles the live S and P (0.92–0.96×). The turns keep one consumer's
+# products going during the other's long softmax, so the tensor pipe idles less: 1.02–1.07× on
+# top, as recorded on the H200.
+
+# %% [markdown]
 # ## Summary
 #
-# - Stage 11 ends every work item with D / 4 four-byte stores a thread from registers, each warp
-#   instruction writing 8 half-used sectors, all issued before the next item can start.
-# - Stage 12 writes O into its rows of the item's Q buffer in the 128-byte swizzle (one wavefront a
-#   warp instruction), fences it for the async proxy, gathers the warpgroup at a named barrier, and
-#   one thread copies it out with a TMA store while the consumers start the next item.
+# - Stage 11 ends every work item with D / 4 four-byte stores a thread, each warp instruction
+#   writing 8 half-used sectors, before the next item can start.
+# - Stage 12 writes O into the item's Q buffer in the 128-byte swizzle, fences it for the async
+#   proxy, gathers the warpgroup at a named barrier, and one thread copies it out with a TMA store
+#   while the consumers start the next item.
 # - The buffer goes back to the producer after `cp.async.bulk.wait_group.read`, at the next item's
 #   first tile.
 # - Where only the store changed, it gained 1.14–1.16× at N = 512, fading to 1.02× at N = 16384: the
 #   predicted shape, a larger size. At the teaching config 1.07×; 1.01–1.15× cuDNN over the sweep.
+# - FlashAttention-3's two overlaps, built on this stage as variants and timed beside it, do not
+#   pay here: a softmax longer than the products it runs under is not hidden.
 
 # %%
 nb.reached("12_tma_store")
