@@ -39,8 +39,7 @@ print(here)
 # %% [markdown]
 # ## 1 · Where stage 08 stands
 #
-# Stage 08 is level with PyTorch's FlashAttention-2 backend, and its profile says the tensor pipe
-# is busy about half the time:
+# Stage 08's profile says the tensor pipe is busy about half the time:
 
 # %%
 with nb.unless_missing():
@@ -217,7 +216,7 @@ wgmma.ring_figure(n_tiles=6, rings=((3, False), (2, True)))
 # meets the barriers and issues its share of the loads: no test inside the tile loop.
 #
 # **The shapes.** At D = 64 two blocks of two warpgroups share an SM (three 128-key buffers,
-# 113 KiB each), leaving 128 registers a thread: enough for S and O only once the last P·V (which
+# 113 KiB a block), leaving 128 registers a thread: enough for S and O only once the last P·V (which
 # reads P from registers) has retired, so with `BLOCKS == 2` a warpgroup waits for it before S
 # while the other block's products run. At D = 128 one 225 KiB block fills the SM. Under the mask,
 # diagonal tiles and a block's start and end weigh more, so `pick()` runs smaller blocks with two

@@ -4,7 +4,8 @@
 # Notebook 12 is about the TMA store of O. Its kernel also carries two changes of shape, and
 # FlashAttention-3's two other overlaps were tried beside it. This appendix keeps that record: how
 # a consumer whose rows lie past the end of the sequence gets no tiles, what each shape choice
-# measured, and why ping-pong and the in-warpgroup overlap tied with stage 11 on the H100.
+# measured, and why ping-pong and the in-warpgroup overlap lost to stage 11 on the H100, or at
+# best tied.
 #
 # ## Objectives
 # After this notebook you can:
@@ -39,7 +40,7 @@ nb.banner("12_tma_store")
 # each consumer already runs only the key tiles up to its own last row. One cost of a 192-row item
 # is left: **the end of the sequence.** N = 512 is 2⅔ items of 192 rows, N = 1024 is 5⅓ and
 # N = 2048 is 10⅔: the last item's last one or two consumers compute rows past the end, which are
-# never stored. Without the mask that is an eighth more rows at N = 512 and 1024, and at most 3 %
+# never stored. Without the mask that is an eighth more rows at N = 512 and 1024, and about 3 %
 # from N = 2048 on. Under the mask it costs more: such a consumer's last row is taken as N's, so it
 # runs every key tile of the sequence, as many as the longest item.
 #
@@ -117,8 +118,9 @@ with nb.unless_missing():
 # turns at the tensor cores (*ping-pong*, ordered by named barriers), so that one's softmax runs
 # under the other's products. Inside a consumer, the softmax of tile j runs while the products of
 # tile j − 1 are still in flight. Both were built on stage 11 (the kernel is kept as
-# `tools/candidates/12_overlap.patch`) and timed against it over the fp16 sweep on the H100:
-# 0.87–1.02× stage 11 with either overlap or both (`data/runs/hopper-try-20261125T0955Z.log`).
+# `kernels/12_overlap.patch`, the variants notebook 12's section 10 runs) and timed against it over
+# the fp16 sweep on the H100: 0.87–1.02× stage 11 with either overlap or both, losing up to 13 %
+# and at best tying (`data/runs/hopper-try-20261125T0955Z.log`).
 #
 # Getting the second one to run at all took care. In the PTX the order was `wgmma.wait_group 1`,
 # the softmax's 66 `ex2`, then `wgmma.wait_group 0`; in the SASS both `WARPGROUP.DEPBAR` came first
@@ -126,7 +128,7 @@ with nb.unless_missing():
 # above the exponentials it was meant to overlap. Rotating the loop (the wait at the top of a turn,
 # the softmax at its end) keeps the loop's back edge between the two.
 #
-# **Why they tie.** Stage 11's consumer loop, stamped with the SM clock at each step (B = 4,
+# **Why they do not pay.** Stage 11's consumer loop, stamped with the SM clock at each step (B = 4,
 # H = 16, N = 4096, D = 128, fp16, block 0,
 # `data/runs/hopper-trace-20261127T0440Z-stage11-now.log`), takes a period of 3 188 and 3 184 cycles
 # a tile for its two consumers, of which the softmax takes 1 402 and 1 214: **1 200–1 400 cycles a
@@ -158,6 +160,7 @@ with nb.unless_missing():
 #   consumers pay at D = 64 under the mask from N = 2048 on; below that two blocks an SM stay faster.
 # - Four K/V buffers at D = 64 and 160-key tiles at D = 128 without the mask from N = 4096 each
 #   measured a per cent or two.
-# - FlashAttention-3's ping-pong and in-warpgroup overlap tie with stage 11 on the H100: a
+# - FlashAttention-3's ping-pong and in-warpgroup overlap lose to stage 11 on the H100 or at best
+#   tie (0.87–1.02×): a
 #   consumer's softmax, 1 200–1 400 cycles a tile at D = 128 beside the other consumer, is longer
 #   than the other consumer's products that would hide it.

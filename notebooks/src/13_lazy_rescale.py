@@ -22,7 +22,7 @@
 # notebook 02's online softmax. The kernel needs a Hopper GPU (H100, H200, GH200); elsewhere this
 # notebook replays the numbers recorded on one.
 #
-# **Time:** about 25 min to read, 40 min to work through.
+# **Time:** about 23 min to read, 40 min to work through.
 
 # %%
 # %matplotlib inline
@@ -143,7 +143,7 @@ nb.show_diff("12_tma_store", "13_lazy_rescale", context=1)
 # `MUFU.EX2` and its arithmetic) and the wait for the maximum; it adds a compare and a vote.
 #
 # * **D = 64.** A consumer's tile holds the SM's tensor cores for 2 · 64 · 128 · 64 multiply-adds at
-#   4 096 FLOP a cycle (notebook 11): 512 cycles. Its warps' 66 `MUFU.EX2` (64 exponentials and 2
+#   4 096 FLOP a cycle (appendix 11a): 512 cycles. Its warps' 66 `MUFU.EX2` (64 exponentials and 2
 #   factors) hold their sub-partitions' special-function units for 66 × 8 = 528. The softmax weighs
 #   as much as the products, so a shorter one leaves the tensor cores waiting less. The model takes a
 #   quarter off, but the exponentials, which stay, are most of it: **1.03–1.08×** on long sequences.
@@ -257,7 +257,7 @@ plots.scaling(last="13_lazy_rescale")
 # * **D = 64 under the mask:** 1.015× and 1.030× at N = 512 and 1024 (the two-blocks shape): inside
 #   its band. From N = 2048, where three consumers run, 1.03–1.06×.
 # * **D = 128:** 1.01–1.03× without the mask, 1.00–1.02× under it: inside the band. Long cells move
-#   by a few per cent from run to run (notebook 12), so the smallest of these rank nothing.
+#   by a few per cent from run to run (notebook 00), so the smallest of these rank nothing.
 # * **Where it missed: short items.** At N = 1024 seven of an item's eight tiles are lazy: 7/8 of
 #   the long-sequence gain would be about 1.05×. Measured: 1.02×, the bottom of the band. What the
 #   lazy pass does not touch (an item's first S with no P·V beside it, its last P·V with no softmax

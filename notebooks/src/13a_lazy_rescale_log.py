@@ -23,16 +23,17 @@
 # **Prerequisites:** notebook 13; notebook 12's section 10 (the two overlaps); notebook 11 and its
 # appendix 11a (a consumer's softmax on the SM clock).
 #
-# **Time:** about 10 min to read, 20 min to work through.
+# **Time:** about 11 min to read, 20 min to work through.
 
 # %% [markdown]
 # ## 1 · The recorded run
 #
 # `data/results.csv` holds stages 08–13 and SDPA's backends timed in turn at each config of the
-# sweep on an H100 (commit b1a05ff, 2026-11-27): the rows notebook 13 replays where there is no
-# Hopper GPU. In fp16, stage 13 ran 0.999–1.056× stage 12 over the sweep's 24 cells and
+# sweep on an H100 by `flashlab run` (commit b1a05ff, 2026-11-27). Notebook 13 prints its own live
+# run at the same commit, taken earlier the same day, whose rows that run replaced: the two agree
+# within a few per cent, cell by cell. In `flashlab run`'s fp16 rows, stage 13 ran 0.999–1.056× stage 12 over the sweep's 24 cells and
 # 1.012–1.214× cuDNN. The lowest cell, 0.999× at D = 128, N = 16384 under the mask, is a tie: long
-# cells move by a few per cent from run to run (notebook 12). At D = 128, N = 16384 without the
+# cells move by a few per cent from run to run (notebook 00). At D = 128, N = 16384 without the
 # mask stage 13 reached 686 TFLOP/s, 69 % of the H100's dense fp16 tensor peak of 989 TFLOP/s.
 #
 # ## 2 · From stages 11 and 12 to stage 13's two-blocks shape
@@ -67,7 +68,7 @@
 #
 # Notebook 12's section 10 builds FlashAttention-3's two overlaps (the two consumers taking turns
 # at the tensor cores, and a consumer's softmax of tile j under its own products of tile j − 1);
-# on stage 11 they tie. A consumer's softmax is longer than what the turns hide it under: on the
+# on stage 11 they lose up to 13 % or at best tie (appendix 12a). A consumer's softmax is longer than what the turns hide it under: on the
 # SM clock, stage 11 at D = 128 (B = 4, H = 16, N = 4096, fp16), a consumer's softmax took 1 402
 # and 1 214 cycles a tile, its rescale and packing another 208 and 299
 # (`data/runs/hopper-trace-20261127T0440Z-stage11-now.log`), against about 1 024 cycles of the
@@ -75,7 +76,7 @@
 # about a third. Stage 13 takes about a quarter off them in notebook 13's model.
 #
 # Both overlaps were built again on stage 13, with two consumers: the loop rotated as in
-# `tools/candidates/12_overlap.patch` (S_j issued with P_{j−1}·V_{j−1}, the lazy pass of S_j
+# `kernels/12_overlap.patch` (S_j issued with P_{j−1}·V_{j−1}, the lazy pass of S_j
 # under that P·V), the lazy pass writing a second P while the first is still read, a failed vote's
 # classic path at the top of the next turn (S still raw there), and the turns on named barriers.
 # Three consumers at D = 64 do not fit: with two P's they spill. Timed in turn with stage 13 on the
@@ -92,8 +93,8 @@
 #
 # ## 4 · A longer exercise: why the turns still lose
 #
-# Put the lazy pass into the kernel of `tools/candidates/12_overlap.patch` (`patch -o
-# 12_overlap.cu kernels/12_tma_store.cu tools/candidates/12_overlap.patch` writes it; its rotated
+# Put the lazy pass into the kernel of `kernels/12_overlap.patch` (`variants.source(fl.stage(12)
+# .variant("ping_pong"))` writes it, as notebook 12's section 10 shows; its rotated
 # loop packs P at the top of the next turn, so the lazy pass must write a second P while the first
 # is still read by the P·V in flight). Time it against stage 13 with `tools/hopper_try.py`
 # (`tools/candidates/README.md` shows the command line), and read a consumer's turn on the SM clock
