@@ -259,13 +259,37 @@ def error_at(attn, config: Config, inputs, ref) -> float:
     return rel_err(attn(q, k, v, causal=config.causal, out=out), ref)
 
 
-def timing_row(config: Config, t: Timing) -> dict:
-    """A timing as a results row's values: the Timing's fields and TFLOP/s at its p20/median/p80."""
+def timing_row(config: Config, t: Timing, pass_="forward") -> dict:
+    """A timing as a results row's values: the Timing's fields and TFLOP/s at its p20/median/p80
+    (FLOPs of `pass_`: the backward counts 2.5 times the forward's)."""
     row = t.as_dict()
-    row["tflops"] = tflops(config, t.median_ms)
-    row["tflops_p20"] = tflops(config, t.p80_ms)  # the slower time gives the lower rate
-    row["tflops_p80"] = tflops(config, t.p20_ms)
+    row["tflops"] = tflops(config, t.median_ms, pass_)
+    row["tflops_p20"] = tflops(config, t.p80_ms, pass_)  # the slower time gives the lower rate
+    row["tflops_p80"] = tflops(config, t.p20_ms, pass_)
     return row
+
+
+def backward_fn(attn, q, k, v, causal=False, do=None):
+    """A callable that runs attn's backward alone at (q, k, v), as FlashAttention times it: the
+    forward runs once here, with grad on, and each call takes the gradients of sum(o ∘ do) from
+    the graph it keeps (retain_graph). ValueError where attn's output carries no gradient (a
+    stage without a backward refuses sooner, saying so)."""
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    with torch.enable_grad():
+        o = attn(*leaves, causal=causal)
+    if not o.requires_grad:
+        raise ValueError(f"{getattr(attn, '__name__', attn)}: its output carries no gradient, "
+                         f"so it has no backward to time")
+    do = torch.randn_like(o) if do is None else do
+    return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+
+def bench_backward(attn, config: Config, min_runs=20, device="cuda", seed=0, inputs=None) -> dict:
+    """Time attn's backward alone at config (backward_fn): ms and TFLOP/s, the FLOPs counted as
+    FlashAttention counts the backward's (2.5 times the forward's, half of it causal)."""
+    q, k, v = inputs if inputs is not None else config.inputs(device, seed)
+    t = time_fn(backward_fn(attn, q, k, v, config.causal), min_runs, device)
+    return timing_row(config, t, pass_="backward")
 
 
 def bench(attn, config: Config, min_runs=20, device="cuda", with_error=True, seed=0,

@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from .inputs import DTYPE_NAMES, dtype_of
-from .reference import naive_attention, reference, rel_err
+from .reference import (grad_err, naive_attention, naive_backward, reference, reference_backward,
+                        reference_lse, rel_err)
 
 # (B, H, N); each is run at every head dim the function supports, causal and not.
 SHAPES = ((1, 1, 1), (2, 3, 17), (1, 2, 1000), (1, 1, 4096))
@@ -39,6 +40,7 @@ class Case:
     rel_err: float
     tol: float
     layout: str = "contiguous"  # or "bnhd": see case_inputs()
+    what: str = "o"             # the tensor compared: "o", or a gradient ("dq", "dk", "dv")
 
     @property
     def passed(self) -> bool:
@@ -72,6 +74,7 @@ class CheckResult:
         for c in self.cases:
             mark = "ok  " if c.passed else "FAIL"
             where = "" if c.layout == "contiguous" else f"  {c.layout}"
+            where += "" if c.what == "o" else f"  {c.what}"
             lines.append(f"  {mark} B={c.B} H={c.H} N={c.N:<5} D={c.D:<3} {c.dtype} "
                          f"causal={str(c.causal):5}  rel_err={c.rel_err:.2e}  tol={c.tol:.1e}"
                          f"{where}")
@@ -155,4 +158,61 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
                     ref = reference(q, k, v, causal=c)
                     result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], rel_err(got, ref),
                                              tolerance(q, k, v, c, ref), layout))
+    return result
+
+
+# --- the backward pass ---------------------------------------------------------------------------
+
+def check_backward(backward, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, causal=(False, True),
+                   seed=None, device="cuda", name=None) -> CheckResult:
+    """Check a backward pass against float64 on fresh random inputs, as check() takes a forward.
+    `backward(q, k, v, o, lse, do, causal, dq, dk, dv)` writes the gradients of the loss
+    sum(o ∘ do) into dq, dk and dv, which are filled with NaN before every call (an element never
+    written fails). It gets o in the inputs' dtype and lse (fp32, (B, H, N), natural log) from the
+    float64 reference, so only the backward is judged. Each of dq, dk, dv passes within
+    FlashAttention's rule: at most twice the error of PyTorch's own backward in the same dtype
+    (plus a hair); fp32 within 1e-4. The cases say which gradient (Case.what)."""
+    name = name or getattr(backward, "__name__", repr(backward))
+    seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    result = CheckResult(name, seed=seed)
+    dt = dtype_of(dtype)
+    for B, H, N in shapes:
+        for D in head_dims:
+            for c in causal:
+                q, k, v, _ = case_inputs(B, H, N, D, dt, "contiguous", gen, device)
+                do = torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
+                o = reference(q, k, v, causal=c).to(dt)
+                lse = reference_lse(q, k, causal=c).float()
+                grads = [torch.full_like(q, math.nan) for _ in range(3)]
+                backward(q, k, v, o, lse, do, c, *grads)
+                refs = reference_backward(q, k, v, do, causal=c)
+                theirs = naive_backward(q, k, v, do, causal=c) if dt != torch.float32 else None
+                for what, got, ref, i in zip(("dq", "dk", "dv"), grads, refs, range(3)):
+                    tol = FP32_TOL if theirs is None else 2 * grad_err(theirs[i], ref) + 1e-6
+                    result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], grad_err(got, ref),
+                                             tol, what=what))
+    return result
+
+
+def check_lse(attn, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, causal=(False, True),
+              seed=None, device="cuda", name=None, tol=1e-4) -> CheckResult:
+    """Check the row log-sum-exp a forward returns (attn(q, k, v, causal=c, return_lse=True) ->
+    (o, lse)) against float64: relative error of lse within `tol` (it is a sum of exponentials
+    taken in fp32 from the inputs as given), with the output poisoned as check() does."""
+    name = name or getattr(attn, "__name__", repr(attn))
+    seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    result = CheckResult(name, seed=seed)
+    dt = dtype_of(dtype)
+    for B, H, N in shapes:
+        for D in head_dims:
+            for c in causal:
+                q, k, v, out = case_inputs(B, H, N, D, dt, "contiguous", gen, device)
+                _, lse = attn(q, k, v, causal=c, out=out, return_lse=True)
+                result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt],
+                                         rel_err(lse, reference_lse(q, k, causal=c)), tol,
+                                         what="lse"))
     return result

@@ -279,3 +279,45 @@ def test_one_callable_timed_in_turn_is_timed_as_alone(fake_cuda, monkeypatch):
     assert clock.times == [] and one.median_ms == 2.0
     assert one.timer == "cuda events, queued" and one.note == ""
     assert bench_mod.time_interleaved({}, device="cpu") == {}  # every stage failed there
+
+
+# --- the backward, timed alone --------------------------------------------------------------------
+
+def test_backward_fn_runs_the_backward_alone_and_again():
+    from flashlab.baselines import Baseline
+    from flashlab.bench import backward_fn
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    calls = []
+    def attn(q, k, v, causal=False):
+        calls.append(1)
+        return Baseline("torch_naive")(q, k, v, causal)
+    run = backward_fn(attn, q, k, v, causal=True)
+    first, again = run(), run()
+    assert len(calls) == 1  # the forward ran once, when the callable was made
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert [g.shape for g in first] == [q.shape] * 3
+
+
+def test_backward_fn_refuses_a_function_without_a_gradient():
+    from flashlab.bench import backward_fn
+    q, k, v = (torch.randn(1, 1, 4, 8) for _ in range(3))
+    with pytest.raises(ValueError, match="no gradient"):
+        backward_fn(lambda q, k, v, causal=False: (q + k + v).detach(), q, k, v)
+
+
+def test_a_backward_rows_tflops_count_two_and_a_half_forwards():
+    from flashlab.bench import Timing, timing_row
+    cfg = fl.Config(2, 4, 1024, 64, False, "fp16")
+    t = Timing(1.0, 0.9, 1.1, 20, "events")
+    fwd, bwd = timing_row(cfg, t), timing_row(cfg, t, pass_="backward")
+    assert bwd["tflops"] == pytest.approx(2.5 * fwd["tflops"])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sdpa_flash", "sdpa_cudnn"])
+def test_sdpa_backward_is_timed_alone(name):
+    from flashlab.baselines import Baseline
+    from flashlab.bench import bench_backward
+    cfg = fl.Config(4, 16, 4096, 128, False, "fp16")  # a point of the FlashAttention sweep
+    row = bench_backward(Baseline(name), cfg)
+    assert 30 < row["tflops"] < 2000, row
