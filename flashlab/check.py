@@ -115,6 +115,16 @@ def case_inputs(B, H, N, D, dtype, layout="contiguous", gen=None, device="cuda")
     return q, k, v, out
 
 
+def _started(name, seed, device):
+    """(a generator, an empty CheckResult) for one check: a fresh seed each call (without touching
+    torch's global generator), kept in the result so that a failure can be replayed with
+    check(..., seed=result.seed)."""
+    seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen, CheckResult(name, seed=seed)
+
+
 def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True), seed=None,
           device="cuda", name=None, strided_shapes=None, growing_shapes=()) -> CheckResult:
     """Run `attn` on fresh random inputs over `shapes` x head dims x causal; see CheckResult.
@@ -140,12 +150,7 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
             + [(shape, "growing") for shape in growing_shapes])
     if st is not None and not st.causal:
         causal = (False,)
-    # A fresh seed each call (without touching torch's global generator), kept in the result so
-    # that a failure can be replayed with check(..., seed=result.seed).
-    seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    result = CheckResult(name, seed=seed)
+    gen, result = _started(name, seed, device)
     for dt in dtypes:
         dt = dtype_of(dt)
         for (B, H, N), layout in runs:
@@ -172,11 +177,7 @@ def check_backward(backward, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, c
     float64 reference, so only the backward is judged. Each of dq, dk, dv passes within
     FlashAttention's rule: at most twice the error of PyTorch's own backward in the same dtype
     (plus a hair); fp32 within 1e-4. The cases say which gradient (Case.what)."""
-    name = name or getattr(backward, "__name__", repr(backward))
-    seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    result = CheckResult(name, seed=seed)
+    gen, result = _started(name or getattr(backward, "__name__", repr(backward)), seed, device)
     dt = dtype_of(dtype)
     for B, H, N in shapes:
         for D in head_dims:
@@ -201,11 +202,7 @@ def check_lse(attn, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, causal=(Fa
     """Check the row log-sum-exp a forward returns (attn(q, k, v, causal=c, return_lse=True) ->
     (o, lse)) against float64: relative error of lse within `tol` (it is a sum of exponentials
     taken in fp32 from the inputs as given), with the output poisoned as check() does."""
-    name = name or getattr(attn, "__name__", repr(attn))
-    seed = int.from_bytes(os.urandom(7), "little") if seed is None else seed
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
-    result = CheckResult(name, seed=seed)
+    gen, result = _started(name or getattr(attn, "__name__", repr(attn)), seed, device)
     dt = dtype_of(dtype)
     for B, H, N in shapes:
         for D in head_dims:
