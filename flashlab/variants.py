@@ -183,7 +183,9 @@ def build(variant: Variant, verbose=False):
     why = st.unavailable()
     if why is not None:
         raise RuntimeError(f"{variant.slug}: {why}")
-    folder = Path(tempfile.mkdtemp(prefix="flashlab-variant-"))
+    # One file per variant, rewritten with each build (the module cache keys on its text).
+    folder = Path(tempfile.gettempdir()) / "flashlab-variants"
+    folder.mkdir(exist_ok=True)
     path = folder / f"{variant.slug.replace('+', '_')}.cu"
     path.write_text(source(variant))
     module = _build.build_module(path, verbose=verbose, arch=st.arch(capability()),
