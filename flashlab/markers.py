@@ -66,8 +66,15 @@ class Region:
 
     @property
     def title(self) -> str:
-        """The task's first clause: up to its first ':', ';' or '.' that ends a word."""
-        return re.split(r"(?<=\S)[:;.](?=\s|$)", self.task, maxsplit=1)[0].strip()
+        """The task's first clause: up to its first ':', ';' or '.' that ends a word, outside
+        parentheses ("as it stands (hh = 0: row r0, ...)" keeps its parenthesis whole)."""
+        depth = 0
+        for i, ch in enumerate(self.task):
+            depth += (ch == "(") - (ch == ")")
+            if (depth <= 0 and ch in ":;." and i > 0 and not self.task[i - 1].isspace()
+                    and (i + 1 == len(self.task) or self.task[i + 1].isspace())):
+                return self.task[:i].strip()
+        return self.task.strip()
 
     @property
     def unwritten(self) -> bool:

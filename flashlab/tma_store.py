@@ -154,13 +154,12 @@ OVERLAP_METRICS = ("duration_ms", "tensor_pipe_pct", "stall_wait", "stall_barrie
                    "stall_selected")
 
 
-def _gpu_said(st):
+def _gpu_said(st, what="each kernel timed in turn with stage 12 there"):
     """The GPU the overlaps' rows come from (tables.variant_gpu), said when it is not the GPU the
     rest of the notebook shows."""
     gpu, shown = tables.variant_gpu(st), tables.gpu_shown(st)
     if gpu != shown:
-        print(f"(not recorded on {shown}: as recorded on {gpu}, each kernel timed in turn with "
-              f"stage 12 there)")
+        print(f"(not recorded on {shown}: as recorded on {gpu}, {what})")
     return gpu
 
 
@@ -198,7 +197,7 @@ def overlap_profile(measure=None) -> pd.DataFrame:
         prof.profile(st, OVERLAP_PROFILED)
         for v in st.variants:
             prof.profile(st, OVERLAP_PROFILED, variant=v.name)
-    gpu = _gpu_said(st)
+    gpu = _gpu_said(st, "each kernel profiled there")
     recorded = tables.profile_rows(gpu)
     names = [st.slug] + [v.slug for v in st.variants]
     wide = (tables.profile_wide(recorded, OVERLAP_PROFILED) if recorded is not None

@@ -4,9 +4,11 @@ not become a stage (notebook 12's FlashAttention-3 overlaps) instead of reportin
 
 A variant patch holds no exercise's code. It is made, and applied, with every marked region of the
 kernel (// BEGIN EXERCISE id ... and // BEGIN CARRIED id ...) collapsed to its marker, task and
-stub lines; applying it puts each region's code back from the stage's own kernel, which in a
-student's edition is the student's own. So the patch ships in every edition that has its stage,
-and a variant runs on the code its student wrote.
+stub lines; applying it puts each region's code back from the stage's own kernel. An edition keeps
+the markers of the regions it hands out only, so it gets the variant's kernel instead of the patch
+(kernels/variants/NN_x.cu, written by flashlab.course.student with those regions stubbed), and
+source() puts the student's own code from the stage's kernel into them: a variant runs on the code
+its student wrote.
 
     text = variants.source(fl.stage(12).variant("ping_pong"))   # the kernel, as a string
     attn = variants.build(fl.stage(12).variant("ping_pong"))    # an Attention, like a stage's

@@ -784,7 +784,8 @@ def test_the_lazy_softmax_without_its_fallback_fails(tmp_path):
     mine = markers.strip_markers(_text("13_lazy_rescale"))
     assert LAZY_WITHOUT_FALLBACK in mine
     edition = (tree / "kernels" / "13_lazy_rescale.cu").read_text()
-    (r,) = [r for r in K.regions(_text("13_lazy_rescale")) if r.id == "13.lazy_softmax"]
+    (r,) = [r for r in K.regions(_text("13_lazy_rescale"))
+            if r.id == "13.lazy_softmax" and not r.carried]
     lazy = "\n".join(r.body) + "\n"
     assert LAZY_WITHOUT_FALLBACK in lazy
     hacked = _text("13_lazy_rescale").replace(lazy, lazy.replace(LAZY_WITHOUT_FALLBACK, "    (void)mx;\n"))
@@ -795,6 +796,26 @@ def test_the_lazy_softmax_without_its_fallback_fails(tmp_path):
     print(got)
     assert got.ok is False and got.score == 0, got
     assert "keys growing along the sequence" in got.message, got
+
+
+@pytest.mark.gpu
+def test_the_lazy_softmax_not_yet_carried_to_the_two_blocks_pass_is_still_right(tmp_path):
+    """13.lazy_softmax written in fast() but not carried to fast_inplace(), which keeps its stub:
+    the two-blocks shape (D = 64 under the mask, N < 2048) takes the classic path at every tile
+    after an item's first, and the stage is still right everywhere."""
+    st = fl.stage("13")
+    if st.unavailable():
+        pytest.skip(st.unavailable())
+    text = _text("13_lazy_rescale")
+    (r,) = [r for r in K.regions(text) if r.id == "13.lazy_softmax" and r.carried]
+    lines = text.splitlines()
+    lines[r.begin + r.task_lines:r.end] = list(r.stub)  # the stub's code in place of the pass
+    src = tmp_path / "13_lazy_rescale.cu"
+    src.write_text(markers.strip_markers("\n".join(lines) + "\n"))
+    from flashlab.runtime import Attention
+    attn = Attention(st, build.build_module(src, arch=st.arch(st.min_cc)))
+    res = fl.check(attn, head_dims=(64,), causal=(True,), growing_shapes=((2, 3, 1000),))
+    assert res.passed, str(res)
 
 
 @pytest.mark.gpu

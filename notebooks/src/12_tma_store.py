@@ -283,9 +283,9 @@ plots.idea_metrics(only=["12_tma_store"])
 # warpgroups take turns at the tensor cores (named barriers order the turns), so one's softmax
 # runs under the other's products. In the **in-warpgroup** overlap a consumer issues S_j with
 # P_{j−1}·V_{j−1} and runs tile j's softmax while that P·V is in flight. Both are *variants* of
-# this stage: `kernels/12_overlap.patch` rewrites the consumer's loop (two consumers, O from
-# registers), in three versions: `no_overlap`, `in_warpgroup`, and `ping_pong` (both). The
-# carried regions keep your own code. The loop with both:
+# this stage: a patch rewrites its consumer loop (two consumers, O from registers), in
+# three versions: `no_overlap`, `in_warpgroup`, and `ping_pong` (both). Carried
+# regions keep your code. The loop with both:
 
 # %%
 from flashlab import variants
