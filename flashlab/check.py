@@ -27,6 +27,10 @@ STRIDED_SHAPES = ((2, 3, 17), (2, 4, 1000))
 GROWING_SHAPES = ((2, 3, 1000), (1, 2, 4096))
 LAYOUTS = ("contiguous", "bnhd", "growing")
 FP32_TOL = 1e-4
+# check_backward: a gradient's error is relative to its own norm, or to a tenth of the
+# largest of the three where it is smaller (dQ and dK are zero when every row has one key), and
+# passes within twice PyTorch's own same-dtype error plus GRAD_EPS.
+GRAD_FLOOR, GRAD_EPS = 0.1, 1e-4
 
 
 @dataclass
@@ -190,10 +194,12 @@ def check_backward(backward, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, c
                 backward(q, k, v, o, lse, do, c, *grads)
                 refs = reference_backward(q, k, v, do, causal=c)
                 theirs = naive_backward(q, k, v, do, causal=c) if dt != torch.float32 else None
+                floor = GRAD_FLOOR * max(torch.linalg.vector_norm(r).item() for r in refs)
                 for what, got, ref, i in zip(("dq", "dk", "dv"), grads, refs, range(3)):
-                    tol = FP32_TOL if theirs is None else 2 * grad_err(theirs[i], ref) + 1e-6
-                    result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], grad_err(got, ref),
-                                             tol, what=what))
+                    tol = (FP32_TOL if theirs is None
+                           else 2 * grad_err(theirs[i], ref, floor) + GRAD_EPS)
+                    result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt],
+                                             grad_err(got, ref, floor), tol, what=what))
     return result
 
 

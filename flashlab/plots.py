@@ -27,7 +27,7 @@ BASELINE_STYLE = {
 }
 # One colour and one marker per stage, in registry order: neighbours differ in hue and lightness,
 # none is a baseline's (reds, purples, orange, brown, grey), and the fast stages (05 on), which
-# the sweep figures draw together, are the most distinct of all. A stage past the list reuses it.
+# the sweep figures draw together, are the most distinct of all.
 STAGE_PALETTE = ("#aec7e8", "#dbdb8d", "#9edae5", "#f7b6d2",            # 01-04
                  "#2ca02c", "#1f77b4", "#d4a017", "#17becf", "#e377c2",  # 05-09
                  "#393b79", "#98df8a", "#8c6d31", "#111111")             # 10-13
@@ -68,8 +68,12 @@ def _up_to(rows, last):
 
 def _stage_colors():
     """{slug: colour} by the stage's place in the registry, so a stage keeps its colour in every
-    figure, whichever stages that figure shows (last=)."""
-    return {st.slug: STAGE_PALETTE[i % len(STAGE_PALETTE)] for i, st in enumerate(stages())}
+    figure, whichever stages that figure shows (last=). Stages past the palette take tab20b's
+    colours, in order, none of them used already."""
+    extra = [matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab20b"].colors]
+    extra = [c for c in extra if c not in STAGE_PALETTE]
+    return {st.slug: (STAGE_PALETTE + tuple(extra))[i % (len(STAGE_PALETTE) + len(extra))]
+            for i, st in enumerate(stages())}
 
 
 def _color_of(slug):

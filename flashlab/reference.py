@@ -121,12 +121,14 @@ def blocked_backward(q, k, v, o, lse, do, causal=False, scale=None, BR=64, BC=64
     return dq.to(q.dtype), dk, dv
 
 
-def grad_err(out, ref) -> float:
-    """rel_err, except where the reference is exactly zero (dQ and dK of a row with one key: the
-    softmax of one score has no gradient), where it is the absolute norm ||out||."""
+def grad_err(out, ref, floor=0.0) -> float:
+    """||out - ref|| / max(||ref||, floor): rel_err, except where the reference is (nearly) zero
+    (dQ and dK when every row has one key: the softmax of one score has no gradient), where the
+    difference is measured against `floor` (check_backward: a tenth of the largest of the
+    three gradients' norms); inf when out holds NaN or inf."""
     out = out.double()
     if not torch.isfinite(out).all():
         return math.inf
-    norm = torch.linalg.vector_norm(ref).item()
     diff = torch.linalg.vector_norm(out - ref).item()
+    norm = max(torch.linalg.vector_norm(ref).item(), floor)
     return diff / norm if norm > 0 else diff

@@ -95,7 +95,33 @@ def kernel_text(text: str, old, kernel: str) -> str:
     return text
 
 
+WORDS_PER_MINUTE = 120  # how fast a notebook's stated read time assumes its prose is read
+WORK_MINUTES = 20        # the skeleton's time to work through, until its exercises are written
+
+
+def prose_words(text: str) -> int:
+    """The words of a percent-format notebook source's markdown cells."""
+    words, markdown = 0, False
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            markdown = line.startswith("# %% [markdown]")
+        elif markdown and line.startswith("#"):
+            words += len(line[1:].split())
+    return words
+
+
+def read_minutes(text: str) -> int:
+    """The read time a notebook source states for its prose: its words at 120 a minute."""
+    return max(1, round(prose_words(text) / WORDS_PER_MINUTE))
+
+
 def notebook_text(number: int, slug: str, title: str, idea: str, old) -> str:
+    """The skeleton, its stated read time its own prose's (the author's prose makes it grow)."""
+    text = _skeleton(number, slug, title, idea, old, "READ_MINUTES")
+    return text.replace("READ_MINUTES", str(read_minutes(text)))
+
+
+def _skeleton(number: int, slug: str, title: str, idea: str, old, read) -> str:
     nn, mm = f"{number:02d}", f"{old.number:02d}"
     return f'''# %% [markdown]
 # # Stage {nn} — {title}
@@ -111,7 +137,7 @@ def notebook_text(number: int, slug: str, title: str, idea: str, old) -> str:
 #
 # **Prerequisites:** notebook {mm}.
 #
-# **Time:** about 10 min to read, 20 min to work through.
+# **Time:** about {read} min to read, {WORK_MINUTES} min to work through.
 
 # %%
 # %matplotlib inline
@@ -181,7 +207,7 @@ nb.reached("{slug}")
 '''
 
 
-def course_map_row(number: int, slug: str, title: str, old, minutes=(10, 20)) -> str:
+def course_map_row(number: int, slug: str, title: str, old, minutes=(1, WORK_MINUTES)) -> str:
     st_cc = ".".join(map(str, old.min_cc)) + (" (Hopper only)" if old.arch_specific else "")
     return (f"| [{number:02d} — {title}]({slug}.ipynb) | {WRITE}: what a student can do after it) "
             f"| {old.number:02d} | {minutes[0]} | {minutes[1]} | {st_cc} |")
@@ -238,11 +264,12 @@ def new_stage(number, slug, source, title=None, idea=None) -> list:
     new_registry = insert_entry(text, registry_entry(text, old, number, full, title, idea, kernel,
                                                      builds_on), number)
     ast.parse(new_registry)
-    new_guide = add_to_course_map(guide.read_text(), course_map_row(number, full, title, old),
-                                  number)
+    skeleton = notebook_text(number, full, title, idea, old)
+    row = course_map_row(number, full, title, old, (read_minutes(skeleton), WORK_MINUTES))
+    new_guide = add_to_course_map(guide.read_text(), row, number)
     cu.write_text(new_cu)
     registry.write_text(new_registry)
-    nb_src.write_text(notebook_text(number, full, title, idea, old))
+    nb_src.write_text(skeleton)
     guide.write_text(new_guide)
     return [cu, registry, nb_src, guide]
 

@@ -175,11 +175,12 @@ def _prose_words(source):
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.stem)
 def test_the_stated_read_time_matches_the_prose(source):
-    """'about R min to read' is the prose at 120 words a minute, within a fifth."""
+    """'about R min to read' is the prose at 120 words a minute, within a fifth (or a minute, for
+    a skeleton that `flashlab new-stage` just wrote)."""
     words = _prose_words(source)
     read, _ = _minutes(source)
     expected = words / WORDS_PER_MINUTE
-    assert abs(read - expected) <= 0.2 * expected, \
+    assert abs(read - expected) <= max(1, 0.2 * expected), \
         f"{source.stem}: {words} words read in about {expected:.0f} min at {WORDS_PER_MINUTE} " \
         f"words a minute; the notebook says {read}"
 
