@@ -139,16 +139,23 @@ def _values(raw, chosen):
     return rows
 
 
-def _prepare(stage, config):
-    """The stage (built outside ncu, so the profiled process only loads it) and its config:
-    by default the teaching config in the stage's own first dtype."""
+def _prepare(stage, config, variant=None):
+    """The stage, or its variant's entry (flashlab.variants.stage_of), built outside ncu so the
+    profiled process only loads it, and the config: by default the teaching config in the
+    stage's own first dtype."""
     ok, why = available()
     if not ok:
         raise RuntimeError(f"cannot profile here: {why}; the recorded metrics are in "
                            f"{tables.PROFILE.path()} (flashlab.tables.PROFILE.load())")
     st = _stage(stage)
-    st.build()
-    return st, config or teaching(st.dtypes[0])
+    cfg = config or teaching(st.dtypes[0])
+    if variant is None:
+        st.build()
+        return st, cfg
+    from . import variants
+    v = st.variant(variant)
+    variants.build(v)
+    return variants.stage_of(v), cfg
 
 
 def _ncu(st, cfg, options, timeout):
@@ -166,12 +173,7 @@ def profile(stage, config: Config = None, record=True, timeout=900, variant=None
     """Profile one launch of `stage` at `config` (default: the teaching config in its own
     dtype) under ncu; returns (and records) the metrics. variant: one of the stage's variants
     (its name), profiled in the stage's place; its rows name it ("12_tma_store+ping_pong")."""
-    st, cfg = _prepare(stage, config)
-    if variant is not None:
-        from . import variants
-        v = st.variant(variant)
-        variants.build(v)  # compiled here, so the profiled process only loads it
-        st = variants.stage_of(v)
+    st, cfg = _prepare(stage, config, variant)
     chosen = _choose()
     for _ in range(4):  # ncu refuses the whole run over one unknown metric: drop it and retry
         metrics = sorted({p for o in chosen.values() for p in (o if isinstance(o, tuple) else (o,))})
