@@ -54,17 +54,53 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("launch", [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t ws, int B,
                      int H, int N, int D, int dtype, bool causal, float scale, uintptr_t stream,
-                     py::object layout) {
+                     py::object layout, uintptr_t lse) {
     FlashlabProblem p = problem(q, k, v, o, ws, B, H, N, D, dtype, causal, scale, layout);
+    p.lse = (float*)lse;
     const char* err = flashlab_launch(&p, (void*)stream);
     if (err) throw std::runtime_error(err);
   }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("ws"), py::arg("B"),
      py::arg("H"), py::arg("N"), py::arg("D"), py::arg("dtype"), py::arg("causal"),
-     py::arg("scale"), py::arg("stream"), py::arg("layout") = py::none());
+     py::arg("scale"), py::arg("stream"), py::arg("layout") = py::none(), py::arg("lse") = 0);
+#ifdef FLASHLAB_BACKWARD
+  m.attr("has_backward") = true;
+  m.def("backward_workspace_bytes", [](int B, int H, int N, int D, int dtype, bool causal) {
+    FlashlabProblem p = problem(0, 0, 0, 0, 0, B, H, N, D, dtype, causal, 1.f);
+    return flashlab_backward_workspace_bytes(&p);
+  });
+  // q, k, v as `layout` says; o, dout, dq, dk, dv contiguous; lse (B, H, N) fp32.
+  m.def("backward", [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
+                       uintptr_t dout, uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t ws,
+                       int B, int H, int N, int D, int dtype, bool causal, float scale,
+                       uintptr_t stream, py::object layout) {
+    FlashlabProblem p = problem(q, k, v, o, ws, B, H, N, D, dtype, causal, scale, layout);
+    p.lse = (float*)lse;
+    p.dout = (const void*)dout;
+    p.dq = (void*)dq;
+    p.dk = (void*)dk;
+    p.dv = (void*)dv;
+    const char* err = flashlab_backward_launch(&p, (void*)stream);
+    if (err) throw std::runtime_error(err);
+  });
+#else
+  m.attr("has_backward") = false;
+#endif
 }
 """
 
 NVCC_FLAGS = ["-O3", "-std=c++17", "-lineinfo"]
+# A .cu file that defines this has a backward pass: its binding gains backward() (FLASHLAB_BACKWARD).
+_BACKWARD = re.compile(r'extern\s+"C"[^;{]*\bflashlab_backward_launch\s*\(')
+
+
+def has_backward(text: str) -> bool:
+    """Whether a stage's kernel source defines the backward entry of kernels/flashlab.h."""
+    return _BACKWARD.search(text) is not None
+
+
+def binding(backward=False) -> str:
+    """The binding's source; with the backward entry for a stage that has one."""
+    return ("#define FLASHLAB_BACKWARD 1\n" if backward else "") + BINDING
 
 
 class BuildError(RuntimeError):
@@ -127,7 +163,8 @@ def build_module(source, verbose=False, arch=None, include_dir=None):
     flags = NVCC_FLAGS + arch_flags(arch)
     digest = hashlib.sha256()
     include_dir = Path(include_dir) if include_dir is not None else KERNELS
-    for part in [text, BINDING, repr(flags), torch.__version__, *_headers(include_dir).values()]:
+    bind = binding(has_backward(text))
+    for part in [text, bind, repr(flags), torch.__version__, *_headers(include_dir).values()]:
         digest.update(part.encode())
     stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(source))[0])
     name = f"flashlab_{stem}_{digest.hexdigest()[:12]}"
@@ -139,7 +176,7 @@ def build_module(source, verbose=False, arch=None, include_dir=None):
     try:
         return load_inline(
             name=name,
-            cpp_sources=[BINDING],
+            cpp_sources=[bind],
             cuda_sources=[cuda_source],
             extra_cflags=["-O2"],
             extra_cuda_cflags=flags,

@@ -173,33 +173,83 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
 # --- the backward pass ---------------------------------------------------------------------------
 
 def check_backward(backward, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, causal=(False, True),
-                   seed=None, device="cuda", name=None) -> CheckResult:
+                   seed=None, device="cuda", name=None, strided_shapes=()) -> CheckResult:
     """Check a backward pass against float64 on fresh random inputs, as check() takes a forward.
     `backward(q, k, v, o, lse, do, causal, dq, dk, dv)` writes the gradients of the loss
     sum(o ∘ do) into dq, dk and dv, which are filled with NaN before every call (an element never
     written fails). It gets o in the inputs' dtype and lse (fp32, (B, H, N), natural log) from the
     float64 reference, so only the backward is judged. Each of dq, dk, dv passes within
     FlashAttention's rule: at most twice the error of PyTorch's own backward in the same dtype
-    (plus a hair); fp32 within 1e-4. The cases say which gradient (Case.what)."""
+    (plus a hair); fp32 within 1e-4. The cases say which gradient (Case.what). strided_shapes:
+    shapes checked again with q, k and v the (B, H, N, D) views of one (B, N, 3, H, D)
+    projection (case_inputs' "bnhd"), as a model hands them over. A built stage with a backward
+    pass may be given as it is (its backward() is called)."""
+    if getattr(getattr(backward, "stage", None), "has_backward", False):
+        name = name or backward.stage.slug
+        backward = backward.backward
     gen, result = _started(name or getattr(backward, "__name__", repr(backward)), seed, device)
     dt = dtype_of(dtype)
-    for B, H, N in shapes:
+    runs = [(shape, "contiguous") for shape in shapes] + [(s, "bnhd") for s in strided_shapes]
+    for (B, H, N), layout in runs:
         for D in head_dims:
             for c in causal:
-                q, k, v, _ = case_inputs(B, H, N, D, dt, "contiguous", gen, device)
+                q, k, v, _ = case_inputs(B, H, N, D, dt, layout, gen, device)
                 do = torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
                 o = reference(q, k, v, causal=c).to(dt)
                 lse = reference_lse(q, k, causal=c).float()
-                grads = [torch.full_like(q, math.nan) for _ in range(3)]
+                grads = [torch.full(q.shape, math.nan, dtype=dt, device=device) for _ in range(3)]
                 backward(q, k, v, o, lse, do, c, *grads)
-                refs = reference_backward(q, k, v, do, causal=c)
-                theirs = naive_backward(q, k, v, do, causal=c) if dt != torch.float32 else None
-                floor = GRAD_FLOOR * max(torch.linalg.vector_norm(r).item() for r in refs)
-                for what, got, ref, i in zip(("dq", "dk", "dv"), grads, refs, range(3)):
-                    tol = (FP32_TOL if theirs is None
-                           else 2 * grad_err(theirs[i], ref, floor) + GRAD_EPS)
-                    result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt],
-                                             grad_err(got, ref, floor), tol, what=what))
+                _judge_grads(result, q, k, v, do, c, grads, layout)
+    return result
+
+
+def _judge_grads(result, q, k, v, do, causal, grads, layout="contiguous"):
+    """Add the cases of dq, dk and dv (`grads`) against float64 to `result`."""
+    B, H, N, D = q.shape
+    refs = reference_backward(q, k, v, do, causal=causal)
+    theirs = naive_backward(q, k, v, do, causal=causal) if q.dtype != torch.float32 else None
+    floor = GRAD_FLOOR * max(torch.linalg.vector_norm(r).item() for r in refs)
+    for what, got, ref, i in zip(("dq", "dk", "dv"), grads, refs, range(3)):
+        tol = FP32_TOL if theirs is None else 2 * grad_err(theirs[i], ref, floor) + GRAD_EPS
+        result.cases.append(Case(B, H, N, D, causal, DTYPE_NAMES[q.dtype],
+                                 grad_err(got, ref, floor), tol, layout, what=what))
+
+
+def check_training(attn, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, causal=(False, True),
+                   seed=None, device="cuda", name=None, strided_shapes=STRIDED_SHAPES) -> CheckResult:
+    """A stage as a model trains through it: q, k, v require grad, o = attn(q, k, v) is taken
+    with autograd recording, and o.backward(do) must fill q.grad, k.grad and v.grad with the
+    float64 gradients (FlashAttention's rule, as check_backward). o is checked as check() does,
+    so the forward that saved the log-sum-exp is judged too. strided_shapes: again with q, k, v
+    views of one (B, N, 3, H, D) projection that requires grad (its .grad is checked)."""
+    st = getattr(attn, "stage", None)
+    gen, result = _started(name or (st.slug if st else repr(attn)), seed, device)
+    dt = dtype_of(dtype)
+    runs = [(shape, "contiguous") for shape in shapes] + [(s, "bnhd") for s in strided_shapes]
+    for (B, H, N), layout in runs:
+        for D in head_dims:
+            for c in causal:
+                q, k, v, _ = case_inputs(B, H, N, D, dt, layout, gen, device)
+                do = torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
+                if layout == "bnhd":  # the projection is the leaf, as in a model
+                    qkv = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2)
+                    qkv.requires_grad_(True)                      # (B, N, 3, H, D)
+                    leaves = [qkv[:, :, i].transpose(1, 2) for i in range(3)]
+                else:
+                    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+                with torch.enable_grad():
+                    o = attn(*leaves, causal=c)
+                    if not o.requires_grad:
+                        raise AssertionError(f"{result.name}: the output carries no gradient")
+                    o.backward(do)
+                ref = reference(q, k, v, causal=c)
+                result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], rel_err(o.detach(), ref),
+                                         tolerance(q, k, v, c, ref), layout))
+                if layout == "bnhd":
+                    grads = [qkv.grad[:, :, i].transpose(1, 2) for i in range(3)]
+                else:
+                    grads = [t.grad for t in leaves]
+                _judge_grads(result, q, k, v, do, c, grads, layout)
     return result
 
 

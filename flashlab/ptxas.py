@@ -171,6 +171,8 @@ def kernel_at(stage, kernels, cfg):
                                       cfg.causal, cfg.N)
     want.update(named or {})  # what pick() launches at D, mask and N, defaults included
     want = {k: v for k, v in want.items() if k in stage.template}
+    if getattr(stage, "backward", ""):  # its forward kernel, not one of its backward pass's
+        kernels = [r for r in kernels if stage.is_forward(r.kernel)]
     found = [r for r in kernels if all(
         dict(zip(stage.template, template_args(r.kernel))).get(k) == v for k, v in want.items())]
     if len(found) != 1:

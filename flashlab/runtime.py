@@ -39,10 +39,11 @@ def _current_stream(device_index: int) -> int:
 
 
 def refuse_autograd(who, q, k, v, out=None):
-    """Raise ValueError where autograd would record this call: grad mode is on (the caller checks
-    torch.is_grad_enabled(), which costs nothing) and q, k, v or out requires grad. A stage's
-    kernel writes o through a raw pointer, so torch would hand back an output cut off from the
-    graph, and a model trained through it would get no gradient through attention."""
+    """Raise ValueError where autograd would record this call to a stage without a backward pass:
+    grad mode is on (the caller checks torch.is_grad_enabled(), which costs nothing) and q, k, v
+    or out requires grad. A stage's kernel writes o through a raw pointer, so torch would hand
+    back an output cut off from the graph, and a model trained through it would get no gradient
+    through attention."""
     named = {"q": q, "k": k, "v": v, "out": out}
     wants = [n for n, t in named.items() if getattr(t, "requires_grad", False)]
     if wants:
@@ -50,11 +51,37 @@ def refuse_autograd(who, q, k, v, out=None):
             f"{who}: {', '.join(wants)} {'requires' if len(wants) == 1 else 'require'} grad, and "
             "this stage has no backward pass: its output would carry no gradient. For inference, "
             "call it under torch.no_grad() or torch.inference_mode() (or pass detached tensors); "
-            "to train, use torch.nn.functional.scaled_dot_product_attention")
+            "to train, use a stage with a backward pass (`flashlab list` marks them) or "
+            "torch.nn.functional.scaled_dot_product_attention")
+
+
+def _wants_grad(*tensors) -> bool:
+    return any(getattr(t, "requires_grad", False) for t in tensors)
+
+
+class _Recorded(torch.autograd.Function):
+    """A stage with a backward pass as autograd sees it: the forward saves q, k, v, o and the
+    log-sum-exp; backward() runs the stage's backward kernels. The lse output carries no
+    gradient (mark_non_differentiable): it is returned for those who asked for it."""
+
+    @staticmethod
+    def forward(ctx, attn, q, k, v, causal, scale):
+        o, lse = attn._forward(q, k, v, causal, None, scale, True)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.attn, ctx.causal, ctx.scale = attn, causal, scale
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = ctx.attn.backward(q, k, v, o, lse, do, ctx.causal, scale=ctx.scale)
+        return None, dq, dk, dv, None, None
 
 
 class Attention:
-    """A built stage: attn(q, k, v, causal=False, out=None, scale=None) -> o, all (B, H, N, D)."""
+    """A built stage: attn(q, k, v, causal=False, out=None, scale=None, return_lse=False) -> o,
+    all (B, H, N, D); a stage with a backward pass also has backward()."""
 
     def __init__(self, stage, module):
         self.stage = stage
@@ -83,12 +110,34 @@ class Attention:
             raise ValueError(f"{st.slug}: {why}")
         return code, self.module.workspace_bytes(B, H, N, D, code, causal)
 
-    def __call__(self, q, k, v, causal=False, out=None, scale=None):
+    def __call__(self, q, k, v, causal=False, out=None, scale=None, return_lse=False):
+        """o, or (o, lse) with return_lse=True: lse (B, H, N) fp32, each query row's
+        log-sum-exp of its scaled scores, natural log (stages whose registry entry has lse).
+        Where autograd records the call (grad mode on, an input requiring grad), a stage with a
+        backward pass returns an o that carries gradients to q, k and v; any other refuses."""
         st = self.stage
-        if torch.is_grad_enabled():  # never a silent detach: o would carry no gradient to q, k, v
-            refuse_autograd(st.slug, q, k, v, out)
-        validate(st.slug, q, k, v, st.dtypes, out, row_strides=st.row_strides)
-        causal = bool(causal)
+        if return_lse and not st.lse:
+            raise ValueError(f"{st.slug}: return_lse=True, but this stage's forward does not write "
+                             "the log-sum-exp (its registry entry has no lse)")
+        if torch.is_grad_enabled() and _wants_grad(q, k, v, out):  # never a silent detach
+            if not st.has_backward:
+                refuse_autograd(st.slug, q, k, v, out)
+            if out is not None:
+                raise ValueError(f"{st.slug}: out= cannot be used while autograd records the call "
+                                 "(the output must be a new tensor of the graph): leave out=None")
+            validate(st.slug, q, k, v, st.dtypes, None, row_strides=st.row_strides)
+            o, lse = _Recorded.apply(self, q, k, v, bool(causal), scale)
+            return (o, lse) if return_lse else o
+        out, lse = self._forward(q, k, v, causal, out, scale, return_lse)
+        return (out, lse) if return_lse else out
+
+    def _scale(self, D, scale):
+        scale = D ** -0.5 if scale is None else float(scale)
+        if not (0 < scale < math.inf):  # stage 08 folds it into exp2 after taking the row max
+            raise ValueError(f"{self.stage.slug}: scale must be a positive finite number, got {scale}")
+        return scale
+
+    def _problem(self, q, causal):
         B, H, N, D = q.shape
         problem = (B, H, N, D, q.dtype, causal, q.device)
         plan = self._plans.get(problem)
@@ -97,24 +146,72 @@ class Attention:
             if len(self._plans) >= REMEMBERED:
                 self._plans.clear()
             self._plans[problem] = plan
-        code, ws_bytes = plan
-        scale = D ** -0.5 if scale is None else float(scale)
-        if not (0 < scale < math.inf):  # stage 08 folds it into exp2 after taking the row max
-            raise ValueError(f"{st.slug}: scale must be a positive finite number, got {scale}")
+        return plan
+
+    def _forward(self, q, k, v, causal, out, scale, with_lse):
+        """(o, lse or None): the stage's forward, the log-sum-exp written where with_lse."""
+        st = self.stage
+        validate(st.slug, q, k, v, st.dtypes, out, row_strides=st.row_strides)
+        causal = bool(causal)
+        B, H, N, D = q.shape
+        code, ws_bytes = self._problem(q, causal)
+        scale = self._scale(D, scale)
         out = torch.empty_like(q) if out is None else out
+        lse = torch.empty(B, H, N, dtype=torch.float32, device=q.device) if with_lse else None
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
         layout = tuple(strides(t) for t in (q, k, v, out)) if st.row_strides else None
         if q.get_device() == torch.cuda.current_device():  # no device switch to pay for
-            self._launch(q, k, v, out, ws, B, H, N, D, code, causal, scale, layout)
+            self._launch(q, k, v, out, ws, B, H, N, D, code, causal, scale, layout, lse)
         else:
             with torch.cuda.device(q.device):
-                self._launch(q, k, v, out, ws, B, H, N, D, code, causal, scale, layout)
-        return out
+                self._launch(q, k, v, out, ws, B, H, N, D, code, causal, scale, layout, lse)
+        return out, lse
 
-    def _launch(self, q, k, v, out, ws, B, H, N, D, code, causal, scale, layout):
+    def backward(self, q, k, v, o, lse, do, causal=False, dq=None, dk=None, dv=None, scale=None):
+        """The stage's backward pass: (dq, dk, dv), the gradients of a loss L with dL/dO = do,
+        for o = attn(q, k, v, causal, scale) and its lse (return_lse=True). dq, dk, dv, if given,
+        are written (contiguous, the inputs' dtype); else new tensors. q, k, v may be any view
+        the forward reads; o and do are made contiguous where they are not."""
+        st = self.stage
+        if not st.has_backward:
+            raise ValueError(f"{st.slug} has no backward pass")
+        validate(st.slug, q, k, v, st.dtypes, None, row_strides=st.row_strides)
+        B, H, N, D = q.shape
+        for name, t in (("o", o), ("do", do)):
+            if not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype \
+                    or t.device != q.device:
+                raise ValueError(f"{st.slug} backward: {name} must be a {q.dtype} tensor of shape "
+                                 f"{tuple(q.shape)} on {q.device}")
+        if (not isinstance(lse, torch.Tensor) or lse.shape != (B, H, N)
+                or lse.dtype != torch.float32 or lse.device != q.device):
+            raise ValueError(f"{st.slug} backward: lse must be a float32 tensor of shape "
+                             f"{(B, H, N)} on {q.device} (the forward's return_lse=True)")
+        grads = []
+        for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
+            if t is None:
+                t = torch.empty(B, H, N, D, dtype=q.dtype, device=q.device)
+            elif (not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype
+                  or t.device != q.device or not t.is_contiguous()):
+                raise ValueError(f"{st.slug} backward: {name} must be a contiguous {q.dtype} "
+                                 f"tensor of shape {tuple(q.shape)} on {q.device}")
+            grads.append(t)
+        causal = bool(causal)
+        code, _ = self._problem(q, causal)
+        scale = self._scale(D, scale)
+        o, do, lse = o.contiguous(), do.contiguous(), lse.contiguous()
+        ws_bytes = self.module.backward_workspace_bytes(B, H, N, D, code, causal)
+        ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
+        layout = tuple(strides(t) for t in (q, k, v, o)) if st.row_strides else None
+        ptrs = [t.data_ptr() for t in (q, k, v, o, lse, do, *grads)]
+        with torch.cuda.device(q.device):
+            self.module.backward(*ptrs, ws.data_ptr() if ws is not None else 0, B, H, N, D, code,
+                                 causal, scale, _current_stream(q.get_device()), layout)
+        return tuple(grads)
+
+    def _launch(self, q, k, v, out, ws, B, H, N, D, code, causal, scale, layout, lse=None):
         stream = _current_stream(q.get_device())
         self.module.launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                            ws.data_ptr() if ws is not None else 0, B, H, N, D, code, causal,
-                           scale, stream, layout)
+                           scale, stream, layout, lse.data_ptr() if lse is not None else 0)
 
 

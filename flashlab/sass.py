@@ -43,6 +43,7 @@ CATEGORIES = {
     "LDG.E.128": "16-byte global loads (float4)",
     "LDG": "narrower global loads (4 or 8 bytes)",
     "STG": "global stores, any width",
+    "RED": "reductions to global memory (an atomicAdd whose old value is not used)",
     "LDS.128": "16-byte shared-memory loads (float4)",
     "LDS": "narrower shared-memory loads",
     "STS": "shared-memory stores, any width",
@@ -67,6 +68,8 @@ def category(opcode: str):
         return {"LDG": "LDG.E.128", "LDS": "LDS.128"}[base] if "128" in mods else base
     if base == "MUFU":
         return opcode if opcode == "MUFU.EX2" else None
+    if base == "REDG":  # sm_90's name for RED (sm_80) on global memory
+        return "RED"
     return base if base in CATEGORIES else None
 
 

@@ -69,6 +69,11 @@ class Stage:
     builds_on: object = None  # the number of the stage it improves on, diffs against and is timed
     #                        beside; None: the one before it in order (the first stage: nothing)
     variants: tuple = ()   # Variant entries: ideas its notebook runs beside it (flashlab.variants)
+    lse: bool = False      # its forward can return the row log-sum-exp: attn(..., return_lse=True)
+    backward: str = ""     # the __global__ function of its backward pass ("": it has none); the
+    #                        .cu file then defines flashlab_backward_launch (kernels/flashlab.h)
+    backward_sass: dict = field(default_factory=dict, compare=False)  # machine-code evidence of
+    #                        the backward kernel beyond COMMON_SASS (`sass` is the forward's)
 
     @property
     def name(self) -> str:
@@ -85,8 +90,30 @@ class Stage:
 
     @property
     def sass_evidence(self) -> dict:
-        """{SASS category: must appear (True) / must not (False)} in every kernel of the stage."""
+        """{SASS category: must appear (True) / must not (False)} in every forward kernel of the
+        stage (every kernel of a stage without a backward)."""
         return {**COMMON_SASS, **self.sass}
+
+    @property
+    def has_backward(self) -> bool:
+        return bool(self.backward)
+
+    def evidence_for(self, kernel: str) -> dict:
+        """The SASS evidence one of its kernels ('tuned_kernel<__half, 64, ...>' or the bare name)
+        is held to: sass_evidence for the forward kernel; for the backward kernel COMMON_SASS and
+        backward_sass; for the backward's small passes around it (Δ, the dQ conversion) only
+        that nothing spills."""
+        name = kernel.split("<")[0].split("(")[0].strip().removeprefix("void ").strip()
+        if name == self.kernel or not self.backward:
+            return self.sass_evidence
+        if name == self.backward:
+            return {**COMMON_SASS, **self.backward_sass}
+        return {"LDL": False, "STL": False}
+
+    def is_forward(self, kernel: str) -> bool:
+        """Whether `kernel` (a name as ptxas or cuobjdump print it) is the stage's forward kernel."""
+        name = kernel.split("<")[0].split("(")[0].strip().removeprefix("void ").strip()
+        return name == self.kernel
 
     def arch(self, capability) -> str:
         """The nvcc architecture to build for on a GPU of `capability` ((9, 0) -> "sm_90", or
@@ -327,6 +354,21 @@ _STAGES = (
           idea_metrics=("stall_short_scoreboard", "tensor_pipe_pct"),
           sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "UTMASTG": True, "STG": False,
                 "STS": True, "SYNCS": True, "USETMAXREG": True, "LDL": False, "STL": False}),
+    Stage(14, "14_backward", "Backward pass (FlashAttention-2's Algorithm 2)",
+          "the backward pass: the forward saves each row's log-sum-exp; a preprocessing pass "
+          "takes Δ = rowsum(dO ∘ O); per key/value block P is recomputed from Q, K and the "
+          "log-sum-exp, dV and dK are accumulated on chip and dQ is added up across blocks in fp32",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          kernel="forward_kernel",
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"), picks=True,
+          idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
+          # the forward: stage 08's kernel, which now also stores the log-sum-exp
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
+          lse=True, backward="bwd_kernel",
+          # the backward's products on the CUDA cores (FFMA, no tensor cores), P recomputed
+          # through exp2, dQ added up across key blocks by fp32 reductions to global memory
+          backward_sass={"HMMA": False, "RED": True, "LDG.E.128": True},
+          builds_on=8),
 )
 
 

@@ -32,6 +32,16 @@ struct FlashlabProblem {
   float scale;       // softmax scale, usually 1/sqrt(D)
   FlashlabLayout layout;  // strides of q, k, v, o. Stages whose registry entry has row_strides
   //                       read them; the others are only ever given contiguous tensors.
+  // The log-sum-exp, (B, H, N) fp32 contiguous: lse[bh * N + i] = log(sum_j exp(scale q_i . k_j))
+  // over the keys row i attends to, natural log. Forward: written where not null (stages whose
+  // registry entry has `lse`; null costs nothing). Backward: read, as the forward wrote it.
+  float* lse;
+  // Backward only: dL/dO (contiguous, like o), and the gradients dq, dk, dv to write (contiguous
+  // (B, H, N, D), the inputs' dtype). o, the forward's output, is contiguous here too.
+  const void* dout;
+  void* dq;
+  void* dk;
+  void* dv;
 };
 
 extern "C" {
@@ -41,4 +51,9 @@ const char* flashlab_unsupported(const FlashlabProblem* p);
 size_t flashlab_workspace_bytes(const FlashlabProblem* p);
 // Launches on `stream` (a cudaStream_t). nullptr on success, else the CUDA error string.
 const char* flashlab_launch(const FlashlabProblem* p, void* stream);
+
+// Stages with a backward pass only. Bytes of scratch its backward needs (fp32 dQ and the like),
+// and the backward's launch: reads q, k, v, o, lse and dout, writes dq, dk and dv.
+size_t flashlab_backward_workspace_bytes(const FlashlabProblem* p);
+const char* flashlab_backward_launch(const FlashlabProblem* p, void* stream);
 }

@@ -21,5 +21,14 @@ for N, D in ((17, 64), (70, 128), (1, 64), (300, 64), (300, 128)):
 for D, causal, N in picks.boundary_probes(st.source.read_text())[1::2]:
     q, k, v = (torch.randn(1, 1, N, D, device="cuda", dtype=dtype) for _ in range(3))
     attn(q, k, v, causal=causal)
+# a stage with a backward pass: the forward with its log-sum-exp, then the backward
+if st.has_backward:
+    for N, D in ((17, 64), (70, 128), (1, 64), (300, 64), (300, 128)):
+        if D not in st.head_dims:
+            continue
+        for causal in (False, True):
+            q, k, v, do = (torch.randn(1, 2, N, D, device="cuda", dtype=dtype) for _ in range(4))
+            o, lse = attn(q, k, v, causal=causal, return_lse=True)
+            attn.backward(q, k, v, o, lse, do, causal)
 torch.cuda.synchronize()
 print("done")

@@ -32,7 +32,7 @@ def test_stage_compiles_without_spills(slug, arch):
         assert 0 < k.registers <= 255, k
         assert k.spill_bytes == 0, f"{slug} spills on {arch}: {k}"
         assert k.stack_bytes == 0, f"{slug} uses a stack frame on {arch}: {k}"
-        assert ptxas.template_args(k.kernel) == [] or \
+        assert ptxas.template_args(k.kernel) == [] or not st.is_forward(k.kernel) or \
             len(ptxas.template_args(k.kernel)) == len(st.template), (k.kernel, st.template)
 
 

@@ -32,13 +32,15 @@ def test_every_stage_states_its_evidence_in_known_categories(st):
 def test_stage_technique_shows_in_sass(slug, arch):
     ev = sass.evidence(slug, arch)
     assert len(ev) >= 1, f"no kernel in the SASS of {slug}"
-    for cat, wanted in fl.stage(slug).sass_evidence.items():
-        if wanted:  # in every kernel the stage instantiates
-            missing = list(ev.index[~ev[cat]])
-            assert not missing, f"{slug} on {arch}: no {cat} in {missing}"
-        else:
-            found = list(ev.index[ev[cat]])
-            assert not found, f"{slug} on {arch}: unexpected {cat} in {found}"
+    st = fl.stage(slug)
+    for kernel, row in ev.iterrows():  # each kernel as the registry says: forward, backward, ...
+        for cat, wanted in st.evidence_for(kernel).items():
+            assert row[cat] == wanted, \
+                f"{slug} on {arch}: {kernel} {'lacks' if wanted else 'has'} {cat}"
+    assert any(st.is_forward(k) for k in ev.index), f"no {st.kernel} in the SASS of {slug}"
+    if st.has_backward:
+        assert any(k.split("<")[0] == st.backward for k in ev.index), \
+            f"no {st.backward} in the SASS of {slug}"
 
 
 # --- the recorded evidence cannot go stale ---------------------------------------------------------

@@ -1,0 +1,105 @@
+"""GPU tests of the stages with a backward pass: the log-sum-exp their forward returns, their
+backward on its own, and training through them with autograd, against float64 (FlashAttention's
+rule: twice PyTorch's own same-dtype error), on ragged lengths, strided views and more (batch,
+head) pairs than a grid's y dimension holds."""
+import pytest
+import torch
+
+import flashlab as fl
+from flashlab.check import check_backward, check_lse, check_training
+from flashlab.reference import reference, rel_err
+
+pytestmark = pytest.mark.gpu
+BACKWARD = [st.slug for st in fl.stages() if st.has_backward]
+LSE = [st.slug for st in fl.stages() if st.lse]
+DTYPES = ["fp16", "bf16"]
+
+
+@pytest.fixture(scope="module")
+def built():
+    return {}
+
+
+def attn_for(built, slug):
+    if slug not in built:
+        built[slug] = fl.stage(slug).build()
+    return built[slug]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("slug", LSE)
+def test_the_log_sum_exp_matches_float64(built, slug, dtype):
+    res = check_lse(attn_for(built, slug), dtype=dtype)
+    assert res.passed, str(res)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("slug", BACKWARD)
+def test_backward_matches_float64(built, slug, dtype):
+    """N = 1, 17, 1000, 4096 at D = 64 and 128, causal and not, and on the strided views of one
+    (B, N, 3, H, D) projection: dq, dk and dv poisoned with NaN before each call."""
+    res = check_backward(attn_for(built, slug), dtype=dtype,
+                         strided_shapes=fl.check.STRIDED_SHAPES)
+    assert res.passed, str(res)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("slug", BACKWARD)
+def test_training_through_a_stage_gives_float64_gradients(built, slug, dtype):
+    """q, k, v (and a model's (B, N, 3, H, D) projection) require grad; o.backward(do) fills
+    their .grad: the forward's saved log-sum-exp and the backward together."""
+    res = check_training(attn_for(built, slug), dtype=dtype,
+                         shapes=((1, 1, 1), (2, 3, 17), (1, 2, 1000)))
+    assert res.passed, str(res)
+
+
+@pytest.mark.parametrize("slug", BACKWARD)
+def test_more_heads_than_a_grid_dimension_holds(built, slug):
+    """B·H = 65 537 (B·H > 65 535, the y-dimension's limit): every (batch, head) gets its own
+    gradients. The last heads are compared, where a folded index would go wrong."""
+    attn = attn_for(built, slug)
+    B, H, N, D = 1, 65537, 17, 64
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.float16, generator=g)
+                   for _ in range(4))
+    o, lse = attn(q, k, v, return_lse=True)
+    dq, dk, dv = attn.backward(q, k, v, o, lse, do)
+    tail = slice(H - 64, H)
+    want = fl.reference.reference_backward(*(t[:, tail] for t in (q, k, v, do)))
+    for got, ref in zip((dq, dk, dv), want):
+        assert torch.isfinite(got).all()
+        assert rel_err(got[:, tail], ref) < 5e-3
+
+
+@pytest.mark.parametrize("slug", BACKWARD)
+def test_inference_is_unchanged_and_lse_carries_no_gradient(built, slug):
+    attn = attn_for(built, slug)
+    q, k, v = (torch.randn(2, 3, 77, 64, device="cuda", dtype=torch.float16, requires_grad=True)
+               for _ in range(3))
+    plain = [t.detach() for t in (q, k, v)]
+    want = reference(*plain)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            o = attn(q, k, v)
+        assert not o.requires_grad and rel_err(o, want) < 2e-3
+    o, lse = attn(q, k, v, return_lse=True)
+    assert o.requires_grad and not lse.requires_grad and lse.dtype == torch.float32
+    assert o.grad_fn is not None
+    with pytest.raises(ValueError, match="out= cannot be used while autograd"):
+        attn(q, k, v, out=torch.empty_like(plain[0]))
+
+
+@pytest.mark.parametrize("slug", BACKWARD)
+def test_bad_backward_input_is_a_value_error(built, slug):
+    attn = attn_for(built, slug)
+    q, k, v, do = (torch.randn(1, 2, 33, 64, device="cuda", dtype=torch.float16) for _ in range(4))
+    o, lse = attn(q, k, v, return_lse=True)
+    with pytest.raises(ValueError, match="lse must be a float32"):
+        attn.backward(q, k, v, o, lse.half(), do)
+    with pytest.raises(ValueError, match="do must be"):
+        attn.backward(q, k, v, o, lse, do[:, :1])
+    with pytest.raises(ValueError, match="dq must be a contiguous"):
+        attn.backward(q, k, v, o, lse, do, dq=torch.empty(1, 2, 33, 64, device="cuda"))
+    with pytest.raises(ValueError, match="compiled for head dims"):
+        q2 = torch.randn(1, 2, 33, 96, device="cuda", dtype=torch.float16)
+        attn.backward(q2, q2, q2, q2, lse, q2)
