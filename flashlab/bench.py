@@ -281,7 +281,9 @@ def backward_fn(attn, q, k, v, causal=False, do=None):
         raise ValueError(f"{getattr(attn, '__name__', attn)}: its output carries no gradient, "
                          f"so it has no backward to time")
     do = torch.randn_like(o) if do is None else do
-    return lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)
+    fn = lambda: torch.autograd.grad(o, leaves, do, retain_graph=True)  # noqa: E731
+    fn.do = do  # the gradient it takes: what a caller checks the result against
+    return fn
 
 
 def bench_backward(attn, config: Config, min_runs=20, device="cuda", seed=0, inputs=None) -> dict:

@@ -70,6 +70,8 @@ def _cmd_list(args):
         dims = "any D that fits" if st.any_head_dim else "D=" + "/".join(map(str, st.head_dims))
         print(f"{st.slug:16} {st.title:32} {'/'.join(st.dtypes):10} {dims}")
         print(f"{'':16} {st.idea}")
+        if st.has_backward:
+            print(f"{'':16} backward pass: trains through autograd; attn(..., return_lse=True)")
         print(f"{'':16} here: {st.availability()}")
     return 0
 

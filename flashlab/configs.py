@@ -7,8 +7,9 @@ from typing import NamedTuple
 
 from .dtypes import check_name
 
-# What a row of the results table times: the forward pass, or the backward (dQ, dK, dV from dO).
-PASSES = ("forward", "backward")
+# What a row of the results table times: the forward pass, the forward that also returns the
+# log-sum-exp (what training calls), or the backward (dQ, dK, dV from dO).
+PASSES = ("forward", "forward_lse", "backward")
 # FlashAttention's count of the backward's FLOPs: 2.5 times the forward's (five matmuls of
 # 2·N²·D each against the forward's two).
 BACKWARD_FLOPS = 2.5
@@ -43,7 +44,7 @@ def flops(B, H, N, D, causal=False, pass_="forward") -> float:
     the backward 2.5 times that; half of either when causal."""
     if pass_ not in PASSES:
         raise ValueError(f"unknown pass {pass_!r}; use one of {', '.join(PASSES)}")
-    f = 4.0 * B * H * N * N * D * (BACKWARD_FLOPS if pass_ == "backward" else 1.0)
+    f = 4.0 * B * H * N * N * D * (BACKWARD_FLOPS if pass_ == "backward" else 1.0)  # lse: free
     return f / 2 if causal else f
 
 

@@ -5,11 +5,11 @@ import torch
 
 from . import baselines as _baselines
 from . import ptxas
-from .bench import ROUNDS, bench, error_at, time_interleaved, timing_row
+from .bench import ROUNDS, backward_fn, bench, error_at, time_interleaved, timing_row
 from .configs import sweep, teaching
-from .check import FP32_TOL, check
+from .check import FP32_TOL, check, check_backward, check_lse
 from .env import environment
-from .reference import reference
+from .reference import grad_err, reference, reference_backward
 from .stages import Stage
 from .tables import CHECKS, RESULTS
 # Baselines that hold the N x N scores in memory are skipped past this N (tens of GB).
@@ -228,3 +228,103 @@ def measure_baselines(configs=None, names=_baselines.NAMES, record=True, log=pri
         torch.cuda.empty_cache()
         _keep(rows, record, frames)
     return _joined(frames)
+
+
+# --- the backward pass -----------------------------------------------------------------------------
+
+def backward_configs(st: Stage):
+    """The configs a stage's backward is timed at: the teaching config in each of its dtypes
+    (fp16 and bf16), causal and not, and for a fast stage the fp16 sweep."""
+    out = []
+    for dt in st.dtypes:
+        t = teaching(dt)
+        out += [t, type(t)(t.B, t.H, t.N, t.D, True, t.dtype)]
+    if st.fast:
+        out += [c for c in sweep("fp16", st.head_dims) if c not in out]
+    return out
+
+
+def _backward_error(fn, cfg, inputs) -> float:
+    """The largest relative error of dq, dk, dv (fn: a backward_fn) against float64, on the first
+    (batch, head) of the timed inputs: the check is the real test, this guards the config."""
+    q, k, v = inputs
+    grads = fn()
+    do = fn.do
+    one = [t[:1, :1] for t in (q, k, v, do)]
+    refs = reference_backward(*one, causal=cfg.causal)
+    floor = 0.1 * max(float(r.norm()) for r in refs)
+    return max(grad_err(g[:1, :1], r, floor) for g, r in zip(grads, refs))
+
+
+def measure_backward(stages, configs=None, baselines=_baselines.COMPARED, rounds=ROUNDS,
+                     record=True, log=print):
+    """Check and time the backward passes of `stages` (those with one) beside `baselines`'
+    backwards (SDPA's flash and cuDNN: fp16 configs), config by config, run by run in turn
+    (bench.time_interleaved, each callable the backward alone: bench.backward_fn), and the
+    stage's forward with and without the log-sum-exp; rows of pass "backward" and "forward_lse"
+    ("forward" beside them, timed in the same turn), each config's rows recorded as soon as it is
+    done. Returns (the check results, the rows). A stage whose check fails is not timed; it gets
+    a "failed check" row at each config instead. configs: default backward_configs of each."""
+    env = environment()
+    stages = [st for st in stages if st.has_backward]
+    built, checks = [], []
+    for st in stages:
+        attn = st.build()
+        dtypes = [d for d in st.dtypes if d not in st.unavailable_dtypes()]
+        passed = True
+        for dt in dtypes:
+            for chk in (check_backward(attn, dtype=dt), check_lse(attn, dtype=dt)):
+                log(str(chk).splitlines()[0])
+                checks.append(chk)
+                passed &= chk.passed
+        built.append((st, attn, passed, _ptxas_at(st, env, log)))
+    chosen = configs if configs is not None else [
+        c for st in stages for c in backward_configs(st)]
+    chosen = list(dict.fromkeys(chosen))  # in order, once each
+    frames = []
+    for cfg in chosen:
+        inputs = cfg.inputs()
+        q, k, v = inputs
+        fns, kinds, rows = {}, {}, []
+        for st, attn, passed, res_at in built:
+            if not st.takes(cfg) or cfg.dtype in st.unavailable_dtypes():
+                continue
+            if not passed:
+                rows.append(_row(st.slug, "stage", cfg, env, status="failed check",
+                                 note="not timed: its backward or lse check failed",
+                                 **{"pass": "backward"}))
+                continue
+            fn = backward_fn(attn, q, k, v, cfg.causal)
+            err = _backward_error(fn, cfg, inputs)
+            if not err <= timed_tolerance(cfg):
+                rows.append(_row(st.slug, "stage", cfg, env, status="failed check", rel_err=err,
+                                 note=f"not timed: gradient rel err {err:.2e} here",
+                                 **{"pass": "backward"}))
+                log(f"{st.slug:16} {cfg.label:42} backward FAILED: rel err {err:.2e}")
+                continue
+            fns[(st.slug, "backward")] = fn
+            kinds[(st.slug, "backward")] = ("stage", err, res_at(cfg))
+            fns[(st.slug, "forward")] = (
+                lambda a=attn, c=cfg.causal, q=q, k=k, v=v: a(q, k, v, causal=c))
+            fns[(st.slug, "forward_lse")] = (
+                lambda a=attn, c=cfg.causal, q=q, k=k, v=v: a(q, k, v, causal=c, return_lse=True))
+            for p in ("forward", "forward_lse"):
+                kinds[(st.slug, p)] = ("stage", float("nan"), res_at(cfg))
+        for name in baselines if cfg.dtype == "fp16" and fns else ():
+            try:
+                fn = backward_fn(_baselines.Baseline(name), q, k, v, cfg.causal)
+                err = _backward_error(fn, cfg, inputs)
+            except RuntimeError as e:
+                _refused(name, cfg, e, log)
+                continue
+            fns[(name, "backward")] = fn
+            kinds[(name, "backward")] = ("baseline", err, {})
+        for (name, pass_), t in time_interleaved(fns, rounds).items():
+            kind, err, res = kinds[(name, pass_)]
+            m = dict(rel_err=err, **timing_row(cfg, t, pass_))
+            rows.append(_row(name, kind, cfg, env, status="ok", **m, **res, **{"pass": pass_}))
+            log(f"{pass_:11} " + _timed_line(name, cfg, m))
+        del fns, inputs, q, k, v
+        torch.cuda.empty_cache()
+        _keep(rows, record, frames)
+    return checks, _joined(frames)

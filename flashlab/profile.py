@@ -158,26 +158,38 @@ def _prepare(stage, config, variant=None):
     return variants.stage_of(v), cfg
 
 
-def _ncu(st, cfg, options, timeout):
+def _ncu(st, cfg, options, timeout, pass_="forward"):
     """ncu on the second launch of the stage's kernel (the first may pay for loading) at cfg,
     with `options` choosing what it collects and prints. `st` may be a variant's entry
-    (flashlab.variants.stage_of): its slug names the variant, its kernel is the variant's."""
-    cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{st.kernel}",
+    (flashlab.variants.stage_of): its slug names the variant, its kernel is the variant's.
+    pass_="backward": its backward kernel, in the backward pass."""
+    kernel = st.backward if pass_ == "backward" else st.kernel
+    cmd = [ncu_path(), "--clock-control", "none", "--kernel-name", f"regex:{kernel}",
            "--launch-skip", "1", "--launch-count", "1", *options,
            sys.executable, "-m", "flashlab.profile_target", st.slug, str(cfg.B), str(cfg.H),
-           str(cfg.N), str(cfg.D), str(int(cfg.causal)), cfg.dtype]
+           str(cfg.N), str(cfg.D), str(int(cfg.causal)), cfg.dtype, pass_]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=paths.ROOT)
 
 
-def profile(stage, config: Config = None, record=True, timeout=900, variant=None) -> pd.DataFrame:
+def backward_name(stage) -> str:
+    """How the profile of a stage's backward kernel is named in data/: "14_backward.backward"."""
+    return f"{_stage(stage).slug}.backward"
+
+
+def profile(stage, config: Config = None, record=True, timeout=900, variant=None,
+            pass_="forward") -> pd.DataFrame:
     """Profile one launch of `stage` at `config` (default: the teaching config in its own
     dtype) under ncu; returns (and records) the metrics. variant: one of the stage's variants
-    (its name), profiled in the stage's place; its rows name it ("12_tma_store+ping_pong")."""
+    (its name), profiled in the stage's place; its rows name it ("12_tma_store+ping_pong").
+    pass_="backward": the stage's backward kernel, its rows named backward_name(stage)."""
     st, cfg = _prepare(stage, config, variant)
+    if pass_ == "backward" and not st.has_backward:
+        raise ValueError(f"{st.slug} has no backward pass to profile")
     chosen = _choose()
     for _ in range(4):  # ncu refuses the whole run over one unknown metric: drop it and retry
         metrics = sorted({p for o in chosen.values() for p in (o if isinstance(o, tuple) else (o,))})
-        proc = _ncu(st, cfg, ["--metrics", ",".join(metrics), "--csv", "--page", "raw"], timeout)
+        proc = _ncu(st, cfg, ["--metrics", ",".join(metrics), "--csv", "--page", "raw"], timeout,
+                    pass_)
         refused = set(re.findall(r"Failed to find metric\s+'?([\w.]+)", proc.stdout + proc.stderr))
         if proc.returncode == 0 or not refused:
             break
@@ -188,13 +200,14 @@ def profile(stage, config: Config = None, record=True, timeout=900, variant=None
                            f"\n{proc.stdout[-2000:]}")
     raw = parse_raw_csv(proc.stdout)
     env = environment()
-    rows = [dict(stage=st.slug, dtype=cfg.dtype, B=cfg.B, H=cfg.H, N=cfg.N, D=cfg.D,
+    name = backward_name(st) if pass_ == "backward" else st.slug
+    rows = [dict(stage=name, dtype=cfg.dtype, B=cfg.B, H=cfg.H, N=cfg.N, D=cfg.D,
                  causal=cfg.causal, gpu=env["gpu"], metric=m, value=v, unit=u, ncu_metric=src,
                  **{k: env[k] for k in ("compute_capability", "torch", "cuda", "commit", "time")})
             for m, v, u, src in _values(raw, chosen)]
     df = pd.DataFrame(rows, columns=COLUMNS)
     if record:
-        rp = tables.profile_raw_path(st.slug, cfg, env["gpu"])
+        rp = tables.profile_raw_path(name, cfg, env["gpu"])
         rp.parent.mkdir(parents=True, exist_ok=True)
         rp.write_text(proc.stdout)
         tables.PROFILE.upsert(rows)

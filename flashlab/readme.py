@@ -1,6 +1,7 @@
-"""The README's generated parts (never typed by hand): the stages at the teaching config and the
-last stage against PyTorch's FlashAttention-2 over the FlashAttention sweep, from
-data/results.csv, and the command list, from the command line's own help.
+"""The README's generated parts (never typed by hand): the stages at the teaching config, the
+last stage against PyTorch's FlashAttention-2 over the FlashAttention sweep and the backward
+passes beside SDPA's, from data/results.csv, and the command list, from the command line's own
+help.
 
     flashlab readme           rewrite the parts between the markers in README.md
     flashlab readme --check   exit 1 if README.md is out of date
@@ -10,12 +11,13 @@ import html
 from . import paths, tables
 from .baselines import COMPARED
 from .configs import SWEEP, teaching
-from .stages import stages
+from .stages import fastest_forward, stages
 from .tables import RESULTS, NotRecorded
 
 START, END = "<!-- stage-table:start -->", "<!-- stage-table:end -->"
 SWEEP_START, SWEEP_END = "<!-- sweep-table:start -->", "<!-- sweep-table:end -->"
 COMMANDS_START, COMMANDS_END = "<!-- commands:start -->", "<!-- commands:end -->"
+BACKWARD_START, BACKWARD_END = "<!-- backward-table:start -->", "<!-- backward-table:end -->"
 README = paths.ROOT / "README.md"
 BY = "flashlab readme"
 
@@ -127,7 +129,7 @@ def sweep_table(df=None, stage=None, baselines=COMPARED, by=BY) -> str:
     backends) in TFLOP/s over the FlashAttention sweep (fp16): per baseline, a row per head dim
     and mask, a column per N, as Markdown; says what to run where unrecorded."""
     df = RESULTS.load() if df is None else df
-    stage = stage or stages()[-1].slug  # the last stage
+    stage = stage or fastest_forward().slug  # the last stage timed over the sweep
     gpu = tables.gpu_shown(df=df)
     try:
         vs = tables.versus(df, stage, tuple(baselines), gpu)
@@ -161,13 +163,60 @@ def sweep_table(df=None, stage=None, baselines=COMPARED, by=BY) -> str:
     return "\n\n".join(parts) + f"\n\nGenerated from `data/results.csv` by `{by}`."
 
 
+def backward_table(df=None, baselines=COMPARED, by=BY) -> str:
+    """The stages with a backward pass at the teaching config (fp16, then bf16; causal and not):
+    the backward's time and TFLOP/s (FLOPs counted as FlashAttention counts the backward's, 2.5
+    times the forward's) beside SDPA's backwards timed in turn with it, and the forward's time
+    with and without the log-sum-exp, all of the GPU that recorded the stage; Markdown."""
+    df = RESULTS.load(every=True) if df is None else df
+    parts = []
+    for st in [s for s in stages() if s.has_backward]:
+        mine = df[df["stage"] == st.slug]
+        gpu = tables.gpu_shown(st, df=mine[mine["pass"] == "backward"]) if len(mine) else None
+        rows = tables.pass_rows([st.slug, *baselines], gpu, ("backward", "forward", "forward_lse"),
+                                df=df) if gpu else mine.iloc[:0]
+        if rows.empty or not (rows["pass"] == "backward").any():
+            parts.append(f"_{st.slug}'s backward has not been measured yet: "
+                         f"{tables.run_command(st.slug)}_")
+            continue
+        lines = ["| | dtype | mask | backward (ms) | backward TFLOP/s | forward (ms) | "
+                 "forward + lse (ms) |", "|---|---|---|---:|---:|---:|---:|"]
+        for dtype in ("fp16", "bf16"):
+            t = teaching(dtype)
+            for causal in (False, True):
+                here = rows[(rows["dtype"] == dtype) & (rows["causal"] == causal)
+                            & (rows["B"] == t.B) & (rows["H"] == t.H) & (rows["N"] == t.N)
+                            & (rows["D"] == t.D)]
+                for name in [st.slug, *baselines]:
+                    r = here[here["stage"] == name].set_index("pass")
+                    if "backward" not in r.index:
+                        continue
+                    get = lambda p, c: r.loc[p, c] if p in r.index else float("nan")  # noqa: E731
+                    label = f"**{name}**" if name == st.slug else f"`{name}`"
+                    lines.append(f"| {label} | {dtype} | {'causal' if causal else '–'} | "
+                                 f"{_fmt(get('backward', 'median_ms'), '.3f')} | "
+                                 f"{_fmt(get('backward', 'tflops'), '.1f')} | "
+                                 f"{_fmt(get('forward', 'median_ms'), '.3f')} | "
+                                 f"{_fmt(get('forward_lse', 'median_ms'), '.3f')} |")
+        commits = ", ".join(f"`{c}`" for c in sorted(set(rows["commit"].astype(str))))
+        t = teaching("fp16")
+        lines += ["", f"B={t.B}, H={t.H}, N={t.N}, D={t.D}. The backward alone (the forward run "
+                  f"once before it), timed in turn with SDPA's backwards; measured on **{gpu}** "
+                  f"(commit {commits}). Generated from `data/results.csv` by `{by}`."]
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
 def commands_block(commands) -> str:
     """The command list, as the command line's help gives it, in a text block."""
     return "```text\n" + commands.rstrip("\n") + "\n```"
 
 
 def _tables(text: str) -> str:
-    return render(render(text, stage_table()), sweep_table(), SWEEP_START, SWEEP_END)
+    text = render(render(text, stage_table()), sweep_table(), SWEEP_START, SWEEP_END)
+    if BACKWARD_START in text:
+        text = render(text, backward_table(), BACKWARD_START, BACKWARD_END)
+    return text
 
 
 def update_tables() -> bool:

@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 
 import pandas as pd
@@ -68,7 +68,8 @@ class Job:
     if the check fails; `untimed`, the configs the sweep job times, then get a "failed check"
     row too). "sweep": the checked stages and the baselines, timed in turn at each of `timed`.
     "baselines": the baselines at `timed`. "profile": stages[i] under Nsight Compute at
-    timed[i]."""
+    timed[i]. "backward": the stages' backward passes checked, then timed in turn with the
+    compared baselines' backwards at `timed` (exit 3 if a check fails)."""
     task: str
     name: str = ""
     stages: tuple = ()      # slugs
@@ -114,6 +115,14 @@ def plan(stages, with_baselines=True, with_sweep=True, with_profile=False, basel
                         untimed=tuple(elsewhere)))
     if interleave:
         jobs.append(sweep_job([s for s in stages if s.fast], compared))
+    trained = [s for s in stages if s.has_backward]
+    if trained:
+        timed = [c for s in trained for c in measure.backward_configs(s)
+                 if with_sweep or c == teaching(c.dtype) or c == _causal(teaching(c.dtype))]
+        # SDPA's backwards are timed in turn with the stages' even without the other baselines:
+        # a backward row means nothing without them (the forward's come from the sweep job)
+        jobs.append(Job("backward", stages=tuple(s.slug for s in trained), baselines=COMPARED,
+                        timed=tuple(dict.fromkeys(timed))))
     if with_profile:
         jobs.append(Job("profile", stages=tuple(s.slug for s in stages),
                         timed=tuple(teaching(s.dtypes[0]) for s in stages)))
@@ -125,6 +134,10 @@ def plan(stages, with_baselines=True, with_sweep=True, with_profile=False, basel
             jobs.append(Job("baselines", "baselines (sweep)", baselines=rest,
                             timed=tuple(c for c in measure.baseline_configs() if c not in teach)))
     return jobs
+
+
+def _causal(cfg):
+    return Config(cfg.B, cfg.H, cfg.N, cfg.D, True, cfg.dtype)
 
 
 def _job(job, log, out):
@@ -184,6 +197,11 @@ def run(stage_keys=None, with_baselines=True, with_sweep=True, progress=True, ou
                 job = sweep_job([get_stage(k) for k in job.stages if k in passed], job.baselines,
                                 job.rounds)
                 if not job.stages and not job.baselines:
+                    bar.update()
+                    continue
+            if job.task == "backward":  # a forward that failed its check is not trained through
+                job = replace(job, stages=tuple(k for k in job.stages if k in passed))
+                if not job.stages:
                     bar.update()
                     continue
             bar.set_postfix_str(job.name)

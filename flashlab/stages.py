@@ -377,6 +377,12 @@ def stages():
     return list(_STAGES)
 
 
+def fastest_forward() -> Stage:
+    """The last stage timed over the FlashAttention sweep (registry: fast): the forward pass the
+    README's sweep table and the figures set against SDPA's."""
+    return [st for st in _STAGES if st.fast][-1]
+
+
 def introduced_through(key) -> set:
     """The machine-code categories the workbook has met by stage `key`: those some stage up to it
     names as present in its kernels, and the shared ones every stage asserts (no spills, ...)."""

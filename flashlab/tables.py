@@ -38,6 +38,7 @@ from .env import environment, gpu_available
 from .profile_schema import COLUMNS as PROFILE_COLUMNS
 from .profile_schema import KEY as PROFILE_KEY
 from .stages import stage as _stage
+from .stages import fastest_forward as _fastest
 from .stages import stages as _stages
 
 SOFTWARE = ["compute_capability", "torch", "cuda", "commit", "time"]  # beside every recorded row
@@ -55,8 +56,11 @@ class Table:
     """One CSV file of data/: its key, its columns and their types, load and upsert."""
 
     def __init__(self, name, key, columns, ints=(), floats=(), bools=(), contract=(), sort=None,
-                 derive=None, defaults=None):
+                 derive=None, defaults=None, view=None):
         self.name, self.key, self.columns = name, list(key), list(columns)
+        # (column, value): the rows load() gives unless asked for all (results.csv: the forward
+        # pass, so that no view built for forward rows meets a backward one by accident)
+        self.view = view
         self.defaults = dict(defaults or {})  # {column: value} for rows recorded without it
         self.ints, self.floats, self.bools = list(ints), list(floats), list(bools)
         self.contract = list(contract)
@@ -90,12 +94,17 @@ class Table:
                 df[col] = df[col].astype(str)
         return df[self.columns + [c for c in df.columns if c not in self.columns]]
 
-    def load(self, p=None) -> pd.DataFrame:
-        """The table (empty, with its columns, where nothing is recorded yet)."""
+    def load(self, p=None, every=False) -> pd.DataFrame:
+        """The table (empty, with its columns, where nothing is recorded yet): the rows of its
+        view (results.csv: forward passes), or with every=True all of them."""
         p = Path(p) if p is not None else self.path()
         if not p.exists() or p.stat().st_size == 0:
             return self.normalise(pd.DataFrame(columns=self.columns))
-        return self.normalise(pd.read_csv(p, dtype={c: str for c in self.text}))
+        df = self.normalise(pd.read_csv(p, dtype={c: str for c in self.text}))
+        if self.view is not None and not every:
+            col, value = self.view
+            df = df[df[col] == value].reset_index(drop=True)
+        return df
 
     @contextmanager
     def locked(self, p=None):
@@ -113,7 +122,7 @@ class Table:
         linger)."""
         new = rows if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
         with self.locked(p) as p:
-            old = self.load(p)
+            old = self.load(p, every=True)
             if new.empty and not replace:
                 return old
             if replace and len(old):
@@ -167,8 +176,11 @@ def _with_percentages(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-# pass: "forward" or "backward" (configs.PASSES), what the row times; gpus: how many GPUs one
-# call ran on (1, or a ring's ranks). Rows recorded before these columns were forward, on one GPU.
+# pass: "forward", "forward_lse" (the forward returning the log-sum-exp too) or "backward"
+# (configs.PASSES), what the row times; gpus: how many GPUs one call ran on (1, or a ring's
+# ranks). Rows recorded before these columns were forward, on one GPU. RESULTS.load() gives the
+# forward rows (every view built before the backward reads those); load(every=True), all, and
+# pass_rows() one stage's rows of another pass.
 _CONTRACT = ["stage", "dtype", "B", "H", "N", "D", "causal", "median_ms", "tflops", "rel_err", "gpu",
              "pass", "gpus"]
 RESULTS = Table(
@@ -185,7 +197,7 @@ RESULTS = Table(
         "registers", "smem_static_bytes", "spill_bytes",   # ptxas: the kernel that runs there
         *SOFTWARE, "note"],
     ints=["B", "H", "N", "D", "gpus"], bools=["causal"], contract=_CONTRACT,
-    defaults={"pass": "forward", "gpus": 1},
+    defaults={"pass": "forward", "gpus": 1}, view=("pass", "forward"),
     floats=["median_ms", "tflops", "rel_err", "p20_ms", "p80_ms", "tflops_p20", "tflops_p80",
             "pct_sdpa_flash", "pct_sdpa_best", "runs", "warmup_runs", "retimes", "registers",
             "smem_static_bytes", "spill_bytes"],
@@ -333,7 +345,9 @@ def gpu_shown(stage=None, df=None):
 
     1. this GPU, when the view runs live (see live());
     2. else the GPU named by the environment variable FLASHLAB_GPU, when set;
-    3. else the GPU that recorded most recently (for one stage's view: that recorded the stage).
+    3. else the GPU that recorded most recently (for one stage's view: that recorded the stage;
+       for a view of them all: that recorded the last stage timed over the sweep, so that a
+       stage measured alone on another GPU does not move the whole ladder there).
 
     None while nothing is recorded. df: the results rows to choose from (default: results.csv)."""
     if live(stage):
@@ -341,9 +355,9 @@ def gpu_shown(stage=None, df=None):
     if os.environ.get("FLASHLAB_GPU"):
         return os.environ["FLASHLAB_GPU"]
     rows = ok(RESULTS.load() if df is None else df)
-    if stage is not None:
-        mine = rows[rows["stage"] == getattr(stage, "slug", stage)]
-        rows = mine if len(mine) else rows
+    key = getattr(stage, "slug", stage) if stage is not None else _fastest().slug
+    mine = rows[rows["stage"] == key]
+    rows = mine if len(mine) else rows
     return rows.sort_values("time")["gpu"].iloc[-1] if len(rows) else None
 
 
@@ -356,6 +370,14 @@ def recorded(name=None, gpu=None, table=RESULTS) -> pd.DataFrame:
     if gpu is not None:
         df = on_gpu(df, gpu)
     return df.reset_index(drop=True)
+
+
+def pass_rows(names, gpu, passes=("backward",), df=None) -> pd.DataFrame:
+    """The rows of stages or baselines `names` recorded on `gpu` for `passes` ("backward",
+    "forward_lse", "forward"), that ran (status ok)."""
+    df = RESULTS.load(every=True) if df is None else df
+    df = ok(on_gpu(df, gpu))
+    return df[df["stage"].isin(list(names)) & df["pass"].isin(list(passes))].reset_index(drop=True)
 
 
 def recorded_checks(name=None, gpu=None) -> pd.DataFrame:
@@ -409,7 +431,7 @@ def versus(df=None, stage=None, others=COMPARED, gpu=None,
     stage's ratio to each ("÷ other"), rows (D, causal, N); others not recorded are left out.
     NotRecorded if the stage has no sweep rows on the GPU shown."""
     df = RESULTS.load() if df is None else df
-    stage = getattr(stage, "slug", stage) or _stages()[-1].slug
+    stage = getattr(stage, "slug", stage) or _fastest().slug
     gpu = gpu or gpu_shown(df=df)
     wide = sweep_rows(df, gpu, dtype).pivot_table(index=["D", "causal", "N"], columns="stage",
                                                   values="tflops")

@@ -23,9 +23,11 @@ def run_job(job) -> int:
         from . import profile as prof
         for key, cfg in zip(job.stages, job.timed):
             st = stage(key)
-            df = prof.profile(st, cfg)
-            log(f"{st.slug} profiled at {cfg.label}: " + ", ".join(
-                f"{r.metric}={r.value:.4g}" for r in df.itertuples() if not r.metric.startswith("stall_")))
+            for pass_ in ("forward", "backward") if st.has_backward else ("forward",):
+                df = prof.profile(st, cfg, pass_=pass_)
+                log(f"{st.slug} {pass_ if st.has_backward else ''} profiled at {cfg.label}: " +
+                    ", ".join(f"{r.metric}={r.value:.4g}" for r in df.itertuples()
+                              if not r.metric.startswith("stall_")))
         return 0
     if job.task == "baselines":
         measure.measure_baselines(list(job.timed), job.baselines, log=log)
@@ -35,6 +37,10 @@ def run_job(job) -> int:
                                     baselines=job.baselines, log=log,
                                     **({"rounds": job.rounds} if job.rounds else {}))
         return 0
+    if job.task == "backward":
+        checks, _ = measure.measure_backward([stage(k) for k in job.stages], list(job.timed),
+                                             baselines=job.baselines, log=log)
+        return 0 if all(c.passed for c in checks) else 3
     if job.task == "stage":
         chk, _ = measure.measure_stage(stage(job.stages[0]), list(job.timed), log=log,
                                        untimed=list(job.untimed))

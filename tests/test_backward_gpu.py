@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import flashlab as fl
-from flashlab.check import check_backward, check_lse, check_training
-from flashlab.reference import reference, rel_err
+from flashlab.check import STRIDED_SHAPES, check_backward, check_lse, check_training
+from flashlab.reference import reference, reference_backward, rel_err
 
 pytestmark = pytest.mark.gpu
 BACKWARD = [st.slug for st in fl.stages() if st.has_backward]
@@ -39,7 +39,7 @@ def test_backward_matches_float64(built, slug, dtype):
     """N = 1, 17, 1000, 4096 at D = 64 and 128, causal and not, and on the strided views of one
     (B, N, 3, H, D) projection: dq, dk and dv poisoned with NaN before each call."""
     res = check_backward(attn_for(built, slug), dtype=dtype,
-                         strided_shapes=fl.check.STRIDED_SHAPES)
+                         strided_shapes=STRIDED_SHAPES)
     assert res.passed, str(res)
 
 
@@ -65,7 +65,7 @@ def test_more_heads_than_a_grid_dimension_holds(built, slug):
     o, lse = attn(q, k, v, return_lse=True)
     dq, dk, dv = attn.backward(q, k, v, o, lse, do)
     tail = slice(H - 64, H)
-    want = fl.reference.reference_backward(*(t[:, tail] for t in (q, k, v, do)))
+    want = reference_backward(*(t[:, tail] for t in (q, k, v, do)))
     for got, ref in zip((dq, dk, dv), want):
         assert torch.isfinite(got).all()
         assert rel_err(got[:, tail], ref) < 5e-3

@@ -158,9 +158,23 @@ def test_attention_validates_before_reaching_the_kernel(slug):
     assert slug in repr(attn)
 
 
-@pytest.mark.parametrize("slug", [st.slug for st in fl.stages()])
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.has_backward])
+def test_a_stage_with_a_backward_pass_takes_a_call_autograd_records(slug):
+    """Inputs that require grad go on to the checks of the recorded call (here to validate's
+    device rule: CPU tensors stand in); an `out` for it is refused, since autograd's output must
+    be a tensor of its own graph."""
+    attn = Attention(fl.stage(slug), _Untouchable())
+    dtype = dtype_of(fl.stage(slug).dtypes[0])
+    plain, wants = t(dtype=dtype), t(dtype=dtype).requires_grad_()
+    with pytest.raises(ValueError, match="CUDA"):
+        attn(wants, plain, plain)
+    with pytest.raises(ValueError, match="out= cannot be used while autograd records"):
+        attn(wants, plain, plain, out=t(dtype=dtype))
+
+
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if not st.has_backward])
 def test_a_call_autograd_would_record_is_refused_never_detached(slug):
-    """No stage has a backward pass: with grad mode on and any of q, k, v, out requiring grad,
+    """A stage without a backward pass: with grad mode on and any of q, k, v, out requiring grad,
     the call is a ValueError naming the stage and what to do, raised before the kernel; under
     torch.no_grad(), torch.inference_mode() or with inputs that need no grad it goes on as before
     (here to validate's device rule: CPU tensors stand in)."""

@@ -27,7 +27,8 @@ LAYERS = {
               "profile_target", "worker", "runner", "plots", "report", "readme", "cli",
               "autotune", "model", "cells", "scaffold"],
     "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning",
-                "hopper_common", "wgmma", "tma", "warpspec", "tma_store", "lazy_rescale"],
+                "hopper_common", "wgmma", "tma", "warpspec", "tma_store", "lazy_rescale",
+                "backward"],
     "course": ["course", "__main__"],
 }
 RANK = {name: i for i, name in enumerate(LAYERS)}

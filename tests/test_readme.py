@@ -59,8 +59,8 @@ def _sweep_rows(stage, tflops, commit):
 
 def test_sweep_table_on_synthetic_rows():
     import pandas as pd
-    from flashlab.stages import stages
-    last = stages()[-1].slug
+    from flashlab.stages import fastest_forward
+    last = fastest_forward().slug
     df = pd.concat([_sweep_rows(last, 330.0, "abc"), _sweep_rows("sdpa_flash", 300.0, "abc"),
                     _sweep_rows("sdpa_cudnn", 400.0, "abc")])
     table = readme.sweep_table(df)

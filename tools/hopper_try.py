@@ -7,7 +7,7 @@ At each config the variants, stage 08 and the baselines are timed together, run 
 (flashlab.bench.time_interleaved, one round). A variant is `;`-separated
 `D<d>[c]:<template args after T, D>` entries; `c` marks the causal shape (the non-causal one is
 used where no causal shape is given); an empty spec ("10|") runs the stage as it is. In place of a stage, a path to a .cu file ("scratch/11_x.cu|...") tries a kernel
-not yet in the registry, checked with the last stage's dtypes and head dims. A file named
+not yet in the registry, checked with the last Hopper stage's dtypes and head dims. A file named
 timing_only_*.cu is timed even when its check fails: a deliberately incomplete kernel (the
 products without the softmax, say) that bounds what the real one could reach. --quick times
 N in {1k, 4k, 16k} only; --n=... and --d=... keep only the sequence lengths and head dims listed.
@@ -31,8 +31,9 @@ from flashlab.variants import with_pick
 
 def unregistered_stage(path):
     """The registry entry a kernel not yet in the registry is built and checked with: the last
-    stage's (dtypes, head dims, target), under the file's own name."""
-    return dataclasses.replace(fl.stages()[-1], slug=Path(path).stem)
+    Hopper stage's (dtypes, head dims, target), under the file's own name."""
+    return dataclasses.replace([st for st in fl.stages() if st.arch_specific][-1],
+                               slug=Path(path).stem)
 
 
 def variant_source(st, spec, text=None):
@@ -51,7 +52,7 @@ def main():
     attns = {}
     for i, arg in enumerate(specs):
         key, spec = arg.split("|")
-        if key.endswith(".cu"):  # a kernel not yet in the registry, checked as the last stage is
+        if key.endswith(".cu"):  # a kernel not yet in the registry, checked as the last Hopper stage is
             text = Path(key).read_text()
             st = unregistered_stage(key)
         else:

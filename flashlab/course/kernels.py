@@ -207,12 +207,14 @@ def stage_report(root, slug, check=True) -> dict:
     """Build `slug` from root/kernels/, check it (check=False: a trusted solution, timed only)
     and, if right, time it at timed_configs: a dict that json can carry (what the child process
     prints). The check is fl.check's, plus keys that grow along the sequence (every rescale and
-    fallback path taken). Needs a GPU."""
+    fallback path taken); a stage with a backward pass also has its log-sum-exp and its
+    gradients checked (check_lse, check_backward), and its backward is what is timed. Needs a
+    GPU."""
     import torch
 
     from .. import build
-    from ..bench import time_fn
-    from ..check import GROWING_SHAPES
+    from ..bench import backward_fn, time_fn
+    from ..check import GROWING_SHAPES, STRIDED_SHAPES, check_backward, check_lse
     from ..check import check as run_check
     from ..runtime import Attention
     from ..stages import stage
@@ -236,6 +238,23 @@ def stage_report(root, slug, check=True) -> dict:
         if not result.passed:
             rep["failure"] = failure(result, attn.calls)
             return rep
+        if st.has_backward:  # its backward and the log-sum-exp it reads, in each dtype here
+            for dt in st.dtypes_on(cc):
+                for chk in (check_lse(attn.attn, dtype=dt),
+                            check_backward(attn.attn, dtype=dt, strided_shapes=STRIDED_SHAPES)):
+                    torch.cuda.synchronize()
+                    rep["cases"] += len(chk.cases)
+                    rep["max_rel_err"] = max(rep["max_rel_err"], chk.max_rel_err)
+                    if not chk.passed:
+                        c = chk.failures()[0]
+                        rep.update(passed=False, seed=chk.seed, failure={
+                            "case": f"{c.what} B={c.B} H={c.H} N={c.N} D={c.D} {c.dtype} "
+                                    f"causal={c.causal}" + (" (the model's strided layout)"
+                                                            if c.layout == "bnhd" else ""),
+                            "rel_err": c.rel_err, "tol": c.tol,
+                            "failed_cases": len(chk.failures()), "element": None,
+                            "worst": None})
+                        return rep
     else:
         rep["passed"] = True
     del attn.calls[:]
@@ -243,7 +262,10 @@ def stage_report(root, slug, check=True) -> dict:
     rep.update(times={}, dtype=dtype, timing_notes={})
     for cfg in timed_configs(st, dtype):
         q, k, v = cfg.inputs()
-        t = time_fn(lambda: attn.attn(q, k, v, causal=cfg.causal))
+        if st.has_backward:  # the pass its exercises are in: the backward alone
+            t = time_fn(backward_fn(attn.attn, q, k, v, cfg.causal))
+        else:
+            t = time_fn(lambda: attn.attn(q, k, v, causal=cfg.causal))
         rep["times"][cfg.label] = t.median_ms
         if t.note:
             rep["timing_notes"][cfg.label] = t.note
@@ -461,13 +483,16 @@ def grade_kernel(ex, root, solution=None) -> Result:
 
     this_gpu = torch.cuda.get_device_name()
     right = (f"right: {st.slug} passes all {rep['cases']} cases (max relative error "
-             f"{rep['max_rel_err']:.2g}); {rep['ms']:.4g} ms at {rep['config']}")
+             f"{rep['max_rel_err']:.2g}); {rep['ms']:.4g} ms at {rep['config']}"
+             f"{' (the backward)' if st.has_backward else ''}")
     speed, how = None, ""
     if solution is not None:
         sol = report(solution, st.slug, check=False)
         if sol.get("times"):
             speed, how = _speed_against_solution(rep, sol)
-    if speed is None:
+    # A stage with a backward pass is timed in its backward, which no earlier stage has and the
+    # recorded forward rows do not time: only the solution timed now can say how fast it is.
+    if speed is None and not st.has_backward:
         ref, ref_rep = _reference(root, st)
         if ref is not None:
             ratio, gpu = solution_speedup(st.slug, ref.slug, rep["dtype"], ref_rep["dtype"],
@@ -477,7 +502,7 @@ def grade_kernel(ex, root, solution=None) -> Result:
                 speed = mine_ratio / ratio
                 how = (f"; {mine_ratio:.3g}x the reference {ref.slug} ({ref_rep['ms']:.4g} ms "
                        f"now), the solution {ratio:.3g}x (recorded on {gpu})")
-    if speed is None:
+    if speed is None and not st.has_backward:
         sol_ms = _recorded_ms(st.slug, rep["dtype"], this_gpu)
         if sol_ms:
             speed = sol_ms / rep["ms"]

@@ -10,6 +10,7 @@ import pandas as pd
 
 from .. import measure, tables
 from ..configs import teaching
+from ..baselines import COMPARED
 from ..dtypes import HALF
 from ..stages import before
 from ..stages import stage as _stage
@@ -102,6 +103,85 @@ def evaluate(stage, configs=None) -> Evaluation:
     return Evaluation(st.slug, False, tables.recorded_checks(st, gpu), tables.recorded(st, gpu))
 
 
+@dataclass
+class BackwardEvaluation:
+    """What evaluate_backward() returns: the backward's checks (live) and its rows, beside SDPA's
+    backwards and the stage's forward with and without the log-sum-exp, live or recorded."""
+    stage: str
+    live: bool
+    checks: list          # CheckResults (live) or [] (replay: the rows say the check passed)
+    rows: pd.DataFrame    # pass "backward", "forward" and "forward_lse" rows, at the teaching configs
+
+    def _at(self, name, pass_, dtype, causal):
+        r = self.rows
+        hit = r[(r["stage"] == name) & (r["pass"] == pass_) & (r["dtype"] == dtype)
+                & (r["causal"] == bool(causal))]
+        if hit.empty:
+            raise not_recorded(name, f" ({pass_}, {dtype}{', causal' if causal else ''}) at the "
+                               "teaching config", "")
+        return hit.iloc[-1]
+
+    def ratio(self, other, dtype="fp16", causal=False) -> float:
+        """The stage's backward speed relative to `other`'s backward: other's ms / the stage's."""
+        return float(self._at(other, "backward", dtype, causal).median_ms
+                     / self._at(self.stage, "backward", dtype, causal).median_ms)
+
+    def lse_cost(self, dtype="fp16", causal=False) -> tuple:
+        """(the forward's ms, the forward's ms when it also returns the log-sum-exp), timed in
+        turn."""
+        return (float(self._at(self.stage, "forward", dtype, causal).median_ms),
+                float(self._at(self.stage, "forward_lse", dtype, causal).median_ms))
+
+    def __str__(self):
+        if self.rows.empty:
+            return str(not_recorded(self.stage, " backward"))
+        lines = []
+        for chk in self.checks:
+            lines.append(str(chk).splitlines()[0])
+        if not self.live:
+            lines.append(f"{self.stage} backward (recorded): checked against float64 before it "
+                         "was timed")
+        order = {"backward": 0, "forward": 1, "forward_lse": 2}
+        df = self.rows.assign(_o=self.rows["pass"].map(order)).sort_values(
+            ["dtype", "causal", "_o", "median_ms"], ascending=[False, True, True, True])
+        for _, r in df.iterrows():
+            what = {"backward": "backward", "forward": "forward", "forward_lse": "forward + lse"}
+            lines.append(f"  {r.stage:12} {what[r['pass']]:14} B={r.B} H={r.H} N={r.N} D={r.D} "
+                         f"{r['dtype']}{' causal' if r.causal else '       '}: {r.median_ms:8.3f} ms "
+                         f"{r.tflops:7.2f} TFLOP/s  on {r.gpu}")
+        return "\n".join(lines)
+
+    _repr_pretty_ = lambda self, p, cycle: p.text(str(self))  # noqa: E731
+
+
+def evaluate_backward(stage) -> BackwardEvaluation:
+    """Live: check the stage's backward (dq, dk, dv against float64, FlashAttention's rule) and
+    its log-sum-exp, then time its backward beside SDPA's flash and cuDNN backwards, and its
+    forward with and without the log-sum-exp, in turn, at the teaching configs (causal and
+    not), and record the rows (flashlab.measure.measure_backward). Replay: the same rows as
+    recorded on the notebook's GPU."""
+    st = _stage(stage)
+    names = [st.slug, *COMPARED]
+    passes = ("backward", "forward", "forward_lse")
+    if tables.live(st):
+        checks, rows = measure.measure_backward([st], log=lambda msg: None)
+        gpu = tables.gpu_shown(st)
+        return BackwardEvaluation(st.slug, True, checks, _teaching_only(
+            tables.pass_rows(names, gpu, passes)))
+    gpu = view.gpu()
+    return BackwardEvaluation(st.slug, False, [], _teaching_only(
+        tables.pass_rows(names, gpu, passes)))
+
+
+def _teaching_only(df):
+    keep = pd.Series(False, index=df.index)
+    for dt in HALF:
+        t = teaching(dt)
+        keep |= ((df["dtype"] == dt) & (df["B"] == t.B) & (df["H"] == t.H) & (df["N"] == t.N)
+                 & (df["D"] == t.D))
+    return df[keep].reset_index(drop=True)
+
+
 def compare(dtype="fp32", names=None) -> pd.DataFrame:
     """Every stage and baseline at the teaching config on the notebook's GPU, slowest first."""
     df = tables.ok(at_config(tables.recorded(gpu=view.gpu()), teaching(dtype)))
@@ -151,21 +231,28 @@ def speedup(slower, faster, dtype="fp32", faster_dtype=None, missing_ok=False) -
     return float(times[0] / times[1])
 
 
-def profile(stage, config=None, missing_ok=False) -> pd.DataFrame:
+def profile(stage, config=None, missing_ok=False, pass_="forward") -> pd.DataFrame:
     """Nsight Compute metrics of `stage` at the teaching config, beside its predecessor's:
     profiled now when the notebook runs live and ncu is here (and recorded), else as recorded
-    on the notebook's GPU."""
+    on the notebook's GPU. pass_="backward": the stage's backward kernel, beside its forward."""
     from .. import profile as prof
     st = _stage(stage)
     cfg = config or teaching(st.dtypes[0])
     ok, why = prof.available()
     if ok and view.live():
-        prof.profile(st, cfg)
+        prof.profile(st, cfg, pass_=pass_)
     else:
         print(f"(replay: {why or 'this stage does not run here'}; the metrics below were "
               f"recorded by `flashlab run --profile`)")
     recorded = tables.profile_rows(view.gpu())
     recorded = tables.PROFILE.load().iloc[:0] if recorded is None else recorded
+    if pass_ == "backward":
+        t = tables.profile_wide(recorded, cfg)
+        name = prof.backward_name(st)
+        if name not in t.index:
+            return _missing(not_recorded(st, f" backward profile at {cfg.label}", " --profile"),
+                            missing_ok, pd.DataFrame())
+        return t.loc[[n for n in (st.slug, name) if n in t.index]].T
     # Each stage at its own teaching config: fp32 stage 03 sits beside fp16 stage 04.
     found = {}
     for s in stages():

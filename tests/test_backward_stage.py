@@ -1,0 +1,176 @@
+"""A stage with a backward pass, without a GPU: the registry, the kernel file and the generated
+binding agree on which stages have one; the forward's log-sum-exp and autograd are refused with
+a clear ValueError where a stage has neither; the results table keeps backward rows apart from
+forward ones; `flashlab run` plans the backward's job; training through a stage's model of the
+algorithm (check_training on a PyTorch function) fails when a gradient is dropped."""
+import pandas as pd
+import pytest
+import torch
+
+import flashlab as fl
+from flashlab import build, measure, runner, tables
+from flashlab.check import check_training
+from flashlab.configs import flops, teaching
+from flashlab.reference import naive_attention
+from flashlab.runtime import Attention
+
+BACKWARD = [st for st in fl.stages() if st.has_backward]
+
+
+def test_some_stage_has_a_backward_pass():
+    assert BACKWARD, "no stage has a backward pass"
+
+
+@pytest.mark.parametrize("st", fl.stages(), ids=lambda st: st.slug)
+def test_the_registry_says_which_kernel_files_define_a_backward(st):
+    assert build.has_backward(st.source.read_text()) == st.has_backward, st.slug
+    if st.has_backward:  # a backward reads the log-sum-exp its forward writes
+        assert st.lse and st.backward in st.source.read_text()
+
+
+def test_the_binding_gains_the_backward_entry_only_where_a_stage_has_one():
+    assert "#define FLASHLAB_BACKWARD" in build.binding(True)
+    assert "FLASHLAB_BACKWARD 1" not in build.binding(False)
+    assert build.has_backward('extern "C" const char* flashlab_backward_launch(const P* p, void*)')
+    assert not build.has_backward("// flashlab_backward_launch is not defined here")
+
+
+def test_the_backward_flops_are_two_and_a_half_forwards_and_the_lse_is_free():
+    cfg = teaching("fp16")
+    fwd = flops(cfg.B, cfg.H, cfg.N, cfg.D)
+    assert flops(cfg.B, cfg.H, cfg.N, cfg.D, pass_="backward") == 2.5 * fwd
+    assert flops(cfg.B, cfg.H, cfg.N, cfg.D, True, "backward") == 1.25 * fwd
+    assert flops(cfg.B, cfg.H, cfg.N, cfg.D, pass_="forward_lse") == fwd
+    with pytest.raises(ValueError, match="unknown pass"):
+        flops(1, 1, 1, 1, pass_="sideways")
+
+
+def test_return_lse_on_a_stage_that_does_not_write_it_is_a_value_error():
+    st = next(s for s in fl.stages() if not s.lse and s.dtypes != ("fp32",))
+    attn = Attention(st, module=None)  # refused before anything is launched
+    q = torch.randn(1, 1, 4, 64, dtype=torch.float16)
+    with pytest.raises(ValueError, match=f"{st.slug}: return_lse=True.*log-sum-exp"):
+        attn(q, q, q, return_lse=True)
+
+
+def test_training_through_a_stage_without_a_backward_is_refused_on_any_device():
+    st = next(s for s in fl.stages() if not s.has_backward)
+    attn = Attention(st, module=None)
+    q = torch.randn(1, 1, 4, 64, requires_grad=True)
+    with pytest.raises(ValueError, match="no backward pass.*a stage with a backward pass"):
+        attn(q, q.detach(), q.detach())
+
+
+def test_a_backward_of_a_stage_without_one_is_refused():
+    st = next(s for s in fl.stages() if not s.has_backward)
+    q = torch.randn(1, 1, 4, 64)
+    with pytest.raises(ValueError, match="has no backward pass"):
+        Attention(st, module=None).backward(q, q, q, q, q[..., 0], q)
+
+
+@pytest.mark.parametrize("st", BACKWARD, ids=lambda st: st.slug)
+def test_each_kernel_of_a_backward_stage_is_held_to_its_own_evidence(st):
+    fwd = st.evidence_for(f"{st.kernel}<__half, 64>")
+    assert fwd == st.sass_evidence and fwd["HMMA"] is not None
+    bwd = st.evidence_for(f"void {st.backward}<__half, 64>(const __half*)")
+    assert bwd["RED"] is True and bwd["LDL"] is False and bwd["MUFU.EX2"] is True
+    assert st.evidence_for("bwd_dq_kernel<__half>") == {"LDL": False, "STL": False}
+    assert st.is_forward(f"void {st.kernel}<__half, 64, 128>(...)")
+    assert not st.is_forward(f"{st.backward}<__half, 64>")
+
+
+def test_results_keep_backward_rows_apart(empty_data_dir):
+    base = dict(dtype="fp16", B=4, H=16, N=1024, D=64, causal=False, gpu="G", kind="stage",
+                status="ok", median_ms=1.0, tflops=1.0, time="t")
+    rows = [dict(base, stage="14_x", **{"pass": p}) for p in ("forward", "forward_lse", "backward")]
+    rows.append(dict(base, stage="sdpa_flash", kind="baseline", **{"pass": "backward"}))
+    tables.RESULTS.upsert(rows)
+    assert set(tables.RESULTS.load()["pass"]) == {"forward"}  # what every forward view reads
+    assert len(tables.RESULTS.load(every=True)) == 4
+    back = tables.pass_rows(["14_x", "sdpa_flash"], "G")
+    assert sorted(back["stage"]) == ["14_x", "sdpa_flash"] and set(back["pass"]) == {"backward"}
+    assert len(tables.pass_rows(["14_x"], "G", ("forward", "forward_lse"))) == 2
+    tables.RESULTS.upsert([dict(base, stage="14_x", median_ms=2.0, **{"pass": "backward"})])
+    every = tables.RESULTS.load(every=True)  # an upsert keeps the rows of the other passes
+    assert len(every) == 4 and every.loc[every["pass"] == "backward", "median_ms"].max() == 2.0
+
+
+def test_a_run_plans_the_backward_after_the_forward_checks():
+    st = BACKWARD[0]
+    jobs = runner.plan([st], with_baselines=True, with_sweep=False)
+    back = [j for j in jobs if j.task == "backward"]
+    assert len(back) == 1 and back[0].stages == (st.slug,)
+    assert set(back[0].baselines) == {"sdpa_flash", "sdpa_cudnn"}
+    assert set(back[0].timed) == set(measure.backward_configs(st))
+    assert [j.task for j in jobs].index("backward") > [j.task for j in jobs].index("stage")
+    assert runner.Job.from_json(back[0].to_json()) == back[0]
+    assert not [j for j in runner.plan([fl.stage(8)]) if j.task == "backward"]
+    alone = [j for j in runner.plan([st], with_baselines=False) if j.task == "backward"]
+    assert set(alone[0].baselines) == {"sdpa_flash", "sdpa_cudnn"}
+
+
+class _Recorded(torch.autograd.Function):
+    """A CPU stand-in for a stage with a backward pass: naive attention whose backward can be
+    told to drop dK (a defect check_training must catch)."""
+    drop = False
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        ctx.save_for_backward(q, k, v)
+        ctx.causal = causal
+        return naive_attention(q, k, v, causal)
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+            dq, dk, dv = torch.autograd.grad(naive_attention(*leaves, ctx.causal), leaves, do)
+        return dq, torch.zeros_like(dk) if _Recorded.drop else dk, dv, None
+
+
+def _trained(q, k, v, causal=False):
+    return _Recorded.apply(q, k, v, causal)
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_check_training_passes_autograd_and_fails_a_dropped_gradient(drop, monkeypatch):
+    monkeypatch.setattr(_Recorded, "drop", drop)
+    res = check_training(_trained, dtype="fp32", head_dims=(16,), shapes=((1, 2, 9), (2, 1, 33)),
+                         strided_shapes=((2, 2, 9),), device="cpu", seed=3)
+    assert res.passed != drop, str(res)
+    if drop:
+        assert {c.what for c in res.failures()} == {"dk"}
+    assert {c.layout for c in res.cases} == {"contiguous", "bnhd"}
+    assert pd.Series([c.what for c in res.cases]).value_counts()["o"] == 6
+
+
+def test_a_stage_measured_alone_elsewhere_does_not_move_the_ladder(empty_data_dir):
+    """The views of every stage show the GPU that last recorded the last stage timed over the
+    sweep; a stage recorded later on another GPU shows there in its own view only."""
+    from flashlab.stages import fastest_forward
+    last, st = fastest_forward(), BACKWARD[0]
+    base = dict(dtype="fp16", B=4, H=16, N=1024, D=64, causal=False, kind="stage", status="ok",
+                median_ms=1.0, tflops=1.0)
+    tables.RESULTS.upsert([dict(base, stage=last.slug, gpu="A", time="2030-01-01T00:00:00Z"),
+                           dict(base, stage=st.slug, gpu="B", time="2030-02-01T00:00:00Z")])
+    assert tables.gpu_shown() == "A" and tables.gpu_shown(st) == "B"
+
+
+def test_the_readme_backward_table_on_synthetic_rows(empty_data_dir):
+    from flashlab import readme
+    st = BACKWARD[0]
+    assert "has not been measured yet" in readme.backward_table()
+    t = teaching("fp16")
+    base = dict(dtype="fp16", B=t.B, H=t.H, N=t.N, D=t.D, causal=False, gpu="G", status="ok",
+                commit="abc", time="2030-01-01T00:00:00Z")
+    rows = [dict(base, stage=st.slug, kind="stage", median_ms=ms, tflops=tf, **{"pass": p})
+            for p, ms, tf in (("backward", 20.0, 13.7), ("forward", 0.4, 300.0),
+                              ("forward_lse", 0.41, 293.0))]
+    rows += [dict(base, stage=b, kind="baseline", median_ms=ms, tflops=tf, **{"pass": "backward"})
+             for b, ms, tf in (("sdpa_flash", 1.5, 220.0), ("sdpa_cudnn", 0.9, 360.0))]
+    tables.RESULTS.upsert(rows)
+    table = readme.backward_table()
+    assert f"| **{st.slug}** | fp16 | – | 20.000 | 13.7 | 0.400 | 0.410 |" in table
+    assert "| `sdpa_flash` | fp16 | – | 1.500 | 220.0 | – | – |" in table
+    assert "measured on **G** (commit `abc`)" in table
