@@ -1,5 +1,7 @@
 """Build, check, time and record: what `flashlab run` does for each stage and for the baselines,
 and what each notebook calls for its own stage."""
+import warnings
+
 import pandas as pd
 import torch
 
@@ -267,6 +269,9 @@ def measure_backward(stages, configs=None, baselines=_baselines.COMPARED, rounds
     a "failed check" row at each config instead. configs: default backward_configs of each."""
     env = environment()
     stages = [st for st in stages if st.has_backward]
+    # autograd runs backwards on threads of its own, where cuBLAS (the float64 reference) finds
+    # no current context and warns while it sets the primary one: nothing is wrong
+    warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current")
     built, checks = [], []
     for st in stages:
         attn = st.build()

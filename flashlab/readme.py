@@ -175,6 +175,8 @@ def backward_table(df=None, baselines=COMPARED, by=BY) -> str:
         gpu = tables.gpu_shown(st, df=mine[mine["pass"] == "backward"]) if len(mine) else None
         rows = tables.pass_rows([st.slug, *baselines], gpu, ("backward", "forward", "forward_lse"),
                                 df=df) if gpu else mine.iloc[:0]
+        # the baselines' backwards only: their forward rows come from other runs
+        rows = rows[(rows["stage"] == st.slug) | (rows["pass"] == "backward")]
         if rows.empty or not (rows["pass"] == "backward").any():
             parts.append(f"_{st.slug}'s backward has not been measured yet: "
                          f"{tables.run_command(st.slug)}_")

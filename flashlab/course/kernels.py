@@ -253,7 +253,8 @@ def stage_report(root, slug, check=True) -> dict:
                                                             if c.layout == "bnhd" else ""),
                             "rel_err": c.rel_err, "tol": c.tol,
                             "failed_cases": len(chk.failures()), "element": None,
-                            "worst": None})
+                            "worst": None, "replay": f"fl.{'check_lse' if c.what == 'lse' else 'check_backward'}"
+                                                      f"(attn, dtype='{c.dtype}', seed={chk.seed})"})
                         return rep
     else:
         rep["passed"] = True
@@ -426,11 +427,15 @@ def _failure_message(ex, rep, root) -> str:
         msg = f"{ex.stage} failed to run: {rep['error']}"
     else:
         f = rep["failure"]
-        where = (f"first wrong element: {f['element']}" if f.get("element") else
-                 f"no single element is far off; the largest difference: {f['worst']}")
+        if f.get("replay"):  # a gradient or the log-sum-exp: judged as a whole tensor
+            where, replay = f"the whole {f['case'].split()[0]} is judged", f["replay"]
+        else:
+            where = (f"first wrong element: {f['element']}" if f.get("element") else
+                     f"no single element is far off; the largest difference: {f['worst']}")
+            replay = f"fl.check(..., seed={rep['seed']})"
         msg = (f"{ex.stage} fails its check: {f['failed_cases']} of {rep['cases']} cases wrong; the "
                f"first, {f['case']}: relative error {f['rel_err']:.3g} (tolerance {f['tol']:.1g}); "
-               f"{where}. Replay it with fl.check(..., seed={rep['seed']}).")
+               f"{where}. Replay it with {replay}.")
     others = _others_unwritten(root, ex)
     if others:
         msg += (f" Note: {', '.join(others)} in the same kernel still hold"
