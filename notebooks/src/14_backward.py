@@ -325,11 +325,11 @@ with nb.unless_missing():
 # that the unit that binds is the one the count named.
 #
 # **Against SDPA.** Stage 14's backward runs at 0.063 of FlashAttention-2's speed (0.085 causal)
-# and 0.039 of cuDNN's (0.055 causal), inside the predicted 0.04–0.11. SDPA's flash backward
-# reached 197 TFLOP/s, 0.78 of its forward's rate. The wide gap is expected: each multiply-add here costs a 4-byte
+# and 0.040 of cuDNN's (0.056 causal), inside the predicted 0.04–0.11. SDPA's flash backward
+# reached 196 TFLOP/s, 0.78 of its forward's rate. The wide gap is expected: each multiply-add here costs a 4-byte
 # load from shared memory, while one `mma.sync` does 16 × 8 × 16 multiply-adds from registers.
 #
-# **The log-sum-exp.** With it the forward took 0.0604 ms, without it 0.0606 ms (−0.3 %): within
+# **The log-sum-exp.** With it the forward took 0.0607 ms, without it 0.0608 ms (−0.1 %): within
 # the noise, as predicted.
 #
 # ## 10 · The profile
