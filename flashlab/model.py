@@ -8,7 +8,9 @@ flashlab kernel. transformers is an optional extra (`pip install -e ".[model]"`)
 
 What a flashlab kernel cannot compute is refused with a ValueError, never approximated: an
 attention mask other than "causal or none", dropout, a query length different from the key
-length (decoding with a KV cache), grouped heads. Models hand over (B, H, N, D) views of
+length (decoding with a KV cache), grouped heads. A stage with a backward pass trains: in
+training the model's q, k and v require grad and the stage's autograd function computes their
+gradients (train() fine-tunes a GPT-2 on it). Models hand over (B, H, N, D) views of
 (B, N, H, D) projections, rows strided. Stages whose registry entry has row_strides (05 on)
 read those views as they are and write the output straight into a (B, N, H, D) tensor, the
 layout the model continues with: no copy either way. Earlier stages read contiguous tensors
@@ -66,7 +68,8 @@ class SDPA:
         q, k, v = (self._readable(n, t) for n, t in zip("qkv", (query, key, value)))
         if scale is not None and math.isclose(scale, 1 / math.sqrt(q.shape[-1]), rel_tol=1e-6):
             scale = None  # the kernels' own default
-        if not self.row_strides:
+        recorded = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        if not self.row_strides or recorded:  # training: autograd's output is a tensor of its own
             return self.attention(q, k, v, causal=bool(is_causal), scale=scale)
         # (B, N, H, D) memory seen as (B, H, N, D): the model's next step reads it as it is
         B, H, N, D = q.shape
@@ -327,3 +330,119 @@ def attention_alone(impl, adapter, dt, batch, seq, cfg, env, log=print, calls=20
             f"({rows[-1]['tflops']:.0f} TFLOP/s), copies {by['other'] * 1e3:5.1f} µs, wall "
             f"{t.median_ms * 1e3:6.1f} µs, host {host * 1e3:5.1f} µs, input copies {copies}")
     return rows
+
+
+# --- training through a stage ---------------------------------------------------------------------
+
+def corpus(seq, count, seed=0, device="cpu") -> torch.Tensor:
+    """`count` windows of `seq` + 1 byte tokens (0..255) from text the project ships (README.md
+    and the notebooks' sources, nothing downloaded), at seeded random offsets: (count, seq + 1)."""
+    from . import paths
+    files = [paths.ROOT / "README.md", *sorted((paths.ROOT / "notebooks" / "src").glob("*.py"))]
+    data = torch.tensor(list(b"\n".join(f.read_bytes() for f in files if f.is_file())),
+                        dtype=torch.long)
+    gen = torch.Generator().manual_seed(seed)
+    starts = torch.randint(0, len(data) - seq - 1, (count,), generator=gen)
+    return torch.stack([data[s:s + seq + 1] for s in starts.tolist()]).to(device)
+
+
+TRAIN = dict(steps=300, batch=16, seq=256, n_layer=4, n_head=4, n_embd=256, lr=1e-3, seed=0)
+
+
+def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=TRAIN["batch"],
+          seq=TRAIN["seq"], n_layer=TRAIN["n_layer"], n_head=TRAIN["n_head"],
+          n_embd=TRAIN["n_embd"], lr=TRAIN["lr"], seed=TRAIN["seed"], dtype="bf16",
+          device="cuda", time_steps=True) -> dict:
+    """Fine-tune a byte-level GPT-2 built from its config (head dim n_embd / n_head: 64) on
+    corpus(): AdamW, fp32 weights, autocast to `dtype`, the same weights, batches and order for
+    every implementation with the same seed. attn_implementation: "sdpa" (backend, e.g.
+    "sdpa_flash" or "sdpa_cudnn", forces one of SDPA's kernels for forward and backward) or a
+    name from register(). Returns {"loss": [per step], "step_ms": median time of a step (CUDA
+    events, the steps after the first 10), "tokens_per_s"}."""
+    from .baselines import SDPA_BACKENDS
+    from .inputs import dtype_of
+    from torch.nn.attention import sdpa_kernel
+    import contextlib
+
+    model = gpt2(attn_implementation, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                 n_positions=seq, seed=seed, vocab_size=256).to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    data = corpus(seq, steps * batch, seed=seed, device=device)
+    cast = dtype_of(dtype)
+    chosen = sdpa_kernel(SDPA_BACKENDS[backend]) if backend else contextlib.nullcontext()
+    losses, times = [], []
+    timed = time_steps and torch.device(device).type == "cuda"
+    def autocast():  # fp32: none
+        return (torch.autocast(torch.device(device).type, dtype=cast) if cast != torch.float32
+                else contextlib.nullcontext())
+    with chosen:
+        for i in range(steps):
+            x = data[i * batch:(i + 1) * batch]
+            if timed:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            with autocast():
+                loss = model(x[:, :-1], labels=x[:, 1:], use_cache=False).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if timed:
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            losses.append(float(loss.detach()))
+    step_ms = float(torch.tensor(times[10:]).median()) if len(times) > 10 else float("nan")
+    return {"loss": losses, "step_ms": step_ms, "tokens_per_s": batch * seq / (step_ms * 1e-3)}
+
+
+def smoothed(losses, window=20) -> torch.Tensor:
+    """The loss curve averaged over `window` steps (a trailing mean): what two runs are compared on."""
+    x = torch.tensor(losses, dtype=torch.float64)
+    c = torch.cat([torch.zeros(1, dtype=torch.float64), x.cumsum(0)])
+    n = torch.arange(1, len(x) + 1)
+    lo = (n - window).clamp(min=0)
+    return (c[n] - c[lo]) / (n - lo)
+
+
+def training_comparison(stages=None, runs=2, log=print, record=True, **kw):
+    """Train the same GPT-2 (train()) with SDPA's flash backend `runs` times (its run-to-run
+    noise: its backward adds dQ with atomics, so two runs with one seed differ), SDPA's cuDNN
+    backend, and each stage with a backward pass that runs here, from one seed. Each curve is
+    compared with SDPA flash's first run: the largest difference of the smoothed losses (over 20
+    steps), beside the same between SDPA's own runs. Records data/training.csv (a row per
+    implementation, run and step); returns (rows, summary)."""
+    import pandas as pd
+
+    from .env import environment
+    from .tables import TRAINING
+
+    env = environment()
+    todo = [("sdpa_flash", r, "sdpa", "sdpa_flash") for r in range(runs)]
+    todo.append(("sdpa_cudnn", 0, "sdpa", "sdpa_cudnn"))
+    for st in (stages or [s for s in _all_stages() if s.has_backward]):
+        st = _stage(st)
+        why = st.unavailable()
+        if why:
+            log(f"{st.slug}: not trained here: {why}")
+            continue
+        todo.append((st.slug, 0, register(st.slug), None))
+    curves, rows, summary = {}, [], []
+    for impl, run, name, backend in todo:
+        out = train(name, backend=backend, **kw)
+        curves[(impl, run)] = out
+        log(f"{impl:12} run {run}: final loss {out['loss'][-1]:.4f}, step {out['step_ms']:.2f} ms")
+        cfg = {**TRAIN, **{k: v for k, v in kw.items() if k in TRAIN}}
+        rows += [dict(impl=impl, run=run, step=i, loss=l, step_ms=out["step_ms"],
+                      tokens_per_s=out["tokens_per_s"], dtype=kw.get("dtype", "bf16"), **cfg,
+                      **env) for i, l in enumerate(out["loss"])]
+    ref = smoothed(curves[("sdpa_flash", 0)]["loss"])
+    for (impl, run), out in curves.items():
+        if (impl, run) == ("sdpa_flash", 0):
+            continue
+        diff = float((smoothed(out["loss"]) - ref).abs().max())
+        summary.append(dict(impl=impl, run=run, max_smoothed_diff=diff,
+                            final_loss=out["loss"][-1], step_ms=out["step_ms"]))
+    df, summ = pd.DataFrame(rows), pd.DataFrame(summary)
+    if record and len(df):
+        TRAINING.upsert(df)
+    return df, summ

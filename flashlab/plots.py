@@ -732,3 +732,53 @@ def model_forward(rows=None, gpu=None):
                  fontsize=11)
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     return fig
+
+
+def training(rows=None, gpu=None, window=20):
+    """A byte-level GPT-2 trained through each attention (data/training.csv, one GPU): the loss
+    per step smoothed over `window` steps, each implementation and run a line (SDPA's flash
+    backend run twice: the spread between its own runs is the noise a match is judged within),
+    and beside it each one's median step time."""
+    from .model import smoothed
+    rows = tables.TRAINING.load() if rows is None else rows
+    gpu = gpu or (rows.sort_values("time")["gpu"].iloc[-1] if len(rows) else None)
+    rows = rows[rows["gpu"] == gpu]
+    if rows.empty:
+        raise tables.NotRecorded("no training recorded yet: run `python tools/train_compare.py` "
+                                 "on a GPU")
+    fig, (ax, bx) = _axes((11, 4), 1, 2, gridspec_kw={"width_ratios": [2.2, 1]})
+    runs = rows.groupby(["impl", "run"], sort=False)
+    for (impl, run), r in runs:
+        r = r.sort_values("step")
+        ours = impl in _stage_colors()
+        style = dict(color=_color_of(impl) if ours else {"sdpa_flash": "#555555",
+                                                         "sdpa_cudnn": "#bbbbbb"}.get(impl, "0.5"),
+                     lw=1.6 if ours else 1.0, ls="-" if run == 0 else "--")
+        ax.plot(r["step"], smoothed(r["loss"].tolist(), window), label=f"{impl} (run {run})",
+                **style)
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"loss (mean of {window} steps)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    first = rows.drop_duplicates(["impl", "run"]).set_index(["impl", "run"])
+    labels = [f"{i} (run {r})" for i, r in first.index]
+    bx.barh(labels, first["step_ms"], color="#9ecae1")
+    for y, ms in enumerate(first["step_ms"]):
+        bx.text(ms, y, f" {ms:.1f} ms", va="center", fontsize=8)
+    bx.set_xlabel("median step time (ms)")
+    bx.invert_yaxis()
+    r0 = rows.iloc[0]
+    fig.suptitle(f"A byte-level GPT-2 ({r0.n_layer} layers, d = {r0.n_embd}, {r0.n_head} heads, "
+                 f"seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) trained from one seed — {gpu}",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def save_training(rows=None, outdir=None):
+    """data/figures/training.png from data/training.csv; returns its path."""
+    outdir = paths.figures_dir() if outdir is None else Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    path = outdir / "training.png"
+    training(rows).savefig(path, dpi=110, metadata={"Software": None})
+    return path

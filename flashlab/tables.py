@@ -248,6 +248,15 @@ MODEL = Table(
             "tokens_per_s", "tflops", "input_copies", "attention_gpu_ms", "matmul_gpu_ms", "other_gpu_ms", "busy_gpu_ms",
             "runs", "retimes"],
     defaults={"layout": "model"})
+# A GPT-2 trained through an attention (flashlab.model.training_comparison): a row per
+# implementation, run and step, the losses in the order the steps ran, beside the step's time.
+TRAINING = Table(
+    "training.csv", key=["gpu", "impl", "run", "step", "dtype", "batch", "seq", "n_layer",
+                         "n_embd", "seed"],
+    columns=["impl", "run", "step", "loss", "step_ms", "tokens_per_s", "dtype", "steps", "batch",
+             "seq", "n_layer", "n_head", "n_embd", "lr", "seed", "gpu", *SOFTWARE],
+    ints=["run", "step", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "seed"],
+    floats=["loss", "step_ms", "tokens_per_s", "lr"])
 # A stage's variants (flashlab.variants), timed in turn with their stage config by config in one
 # run: variant is its slug ("12_tma_store+ping_pong"), ratio its TFLOP/s over the stage's.
 VARIANTS = Table(

@@ -158,3 +158,59 @@ def test_training_a_model_on_a_stage_is_refused_not_silently_detached():
         gpt(tokens, use_cache=False)
     with torch.no_grad(), pytest.raises(ValueError, match="CUDA"):
         gpt(tokens, use_cache=False)
+
+
+class DifferentiableStridedStandIn(StridedStandIn):
+    """A strided stage with a backward pass, on the CPU: autograd's own attention in float64.
+    With autograd recording it is called without `out` (its output is a tensor of the graph)."""
+
+    def __call__(self, q, k, v, causal=False, scale=None, out=None):
+        self.seen.append(out is None)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.double(), k.double(), v.double(), is_causal=causal, scale=scale).to(q.dtype)
+        if out is None:
+            return o
+        return out.copy_(o)
+
+
+def test_a_model_trains_through_a_stage_with_a_backward_pass():
+    """train() on the CPU: the same GPT-2, batches and order for every implementation; the
+    adapter calls the stage without `out` while training, and the losses follow SDPA's (fp32)."""
+    attn = DifferentiableStridedStandIn()
+    name = model.register(model.SDPA(attn), name="fl_cpu_trained")
+    kw = dict(steps=4, batch=2, seq=32, n_layer=1, n_head=1, n_embd=64, dtype="fp32",
+              device="cpu", time_steps=False)
+    mine, theirs = model.train(name, **kw), model.train("sdpa", **kw)
+    assert attn.seen and all(attn.seen)  # every call without out: autograd owns the output
+    assert len(mine["loss"]) == 4 and mine["loss"][-1] < mine["loss"][0]
+    assert max(abs(a - b) for a, b in zip(mine["loss"], theirs["loss"])) < 1e-4
+    with torch.no_grad():  # inference: the output is written into the model's layout
+        model.gpt2(name, n_layer=1, n_head=1, n_embd=64, vocab_size=256)(
+            torch.randint(0, 256, (1, 8)), use_cache=False)
+    assert attn.seen[-1] is False
+
+
+def test_the_training_corpus_is_shipped_text_in_seeded_windows():
+    a, b = model.corpus(64, 5, seed=1), model.corpus(64, 5, seed=1)
+    assert a.shape == (5, 65) and torch.equal(a, b) and int(a.max()) < 256
+    assert not torch.equal(a, model.corpus(64, 5, seed=2))
+    s = model.smoothed([1.0, 3.0, 5.0], window=2)
+    assert s.tolist() == [1.0, 2.0, 4.0]
+
+
+def test_the_training_figure_draws_recorded_curves(empty_data_dir, tmp_path):
+    import pandas as pd
+
+    from flashlab import plots, tables
+    with pytest.raises(tables.NotRecorded, match="train_compare"):
+        plots.training()
+    rows = [dict(impl=impl, run=run, step=i, loss=5.0 - 0.01 * i + 0.001 * run, step_ms=ms,
+                 tokens_per_s=1.0, dtype="bf16", steps=50, batch=16, seq=256, n_layer=4,
+                 n_head=4, n_embd=256, lr=1e-3, seed=0, gpu="G", time="t")
+            for impl, run, ms in (("sdpa_flash", 0, 10.0), ("sdpa_flash", 1, 10.1),
+                                  ("14_backward", 0, 30.0)) for i in range(50)]
+    tables.TRAINING.upsert(pd.DataFrame(rows))
+    fig = plots.training()
+    assert "G" in fig._suptitle.get_text()
+    assert len(fig.axes[0].lines) == 3
+    assert plots.save_training(outdir=tmp_path).exists()
