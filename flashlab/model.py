@@ -346,7 +346,7 @@ def corpus(seq, count, seed=0, device="cpu") -> torch.Tensor:
     return torch.stack([data[s:s + seq + 1] for s in starts.tolist()]).to(device)
 
 
-TRAIN = dict(steps=300, batch=16, seq=256, n_layer=4, n_head=4, n_embd=256, lr=1e-3, seed=0)
+TRAIN = dict(steps=300, batch=8, seq=512, n_layer=4, n_head=4, n_embd=256, lr=3e-4, seed=0)
 
 
 def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=TRAIN["batch"],
@@ -365,7 +365,8 @@ def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=
     import contextlib
 
     model = gpt2(attn_implementation, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                 n_positions=seq, seed=seed, vocab_size=256).to(device).train()
+                 n_positions=seq, seed=seed, vocab_size=256, bos_token_id=0,
+                 eos_token_id=0).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     data = corpus(seq, steps * batch, seed=seed, device=device)
     cast = dtype_of(dtype)
