@@ -63,8 +63,9 @@ def assert_labels_apart(fig):
 
 
 def recorded_stages() -> list:
-    """The stages data/ holds rows of, in order (a stage added since has none until it is run)."""
-    recorded = set(tables.RESULTS.load()["stage"])
+    """The stages data/ holds rows of on the GPU the figures show, in order (a stage added since
+    has none until it is run there; one measured alone on another GPU shows in its own view)."""
+    recorded = set(tables.on_gpu(tables.RESULTS.load(), tables.gpu_shown())["stage"])
     return [st.slug for st in stages() if st.slug in recorded]
 
 
