@@ -432,7 +432,10 @@ def student_md(a: Assignment, root=None) -> str:
         rows.append(f"| `{ex.id}` | {ex.kind} | {where} | {gpu} | {ex.points} | "
                     f"{tasks.get(ex.id, ex.title)} |")
     total = sum(ex.points for ex in exs)
-    notebooks = ", ".join(f"{st.number:02d}" for st in a.stages())
+    numbers = [f"{st.number:02d}" for st in a.stages()]
+    notebooks = (f"stage {numbers[0]}: read its notebook, answer its labs, and write its"
+                 if len(numbers) == 1 else f"stages {', '.join(numbers[:-1])} and {numbers[-1]}: "
+                 "read their notebooks, answer their labs, and write their")
     carried = ""
     if any(markers.regions(p.read_text(), p.name) and any(
             r.carried and r.id in {e.id for e in exs} for r in markers.regions(p.read_text()))
@@ -446,8 +449,8 @@ def student_md(a: Assignment, root=None) -> str:
     return f"""# flashlab, assignment {a.name}
 
 This folder is your copy of the workbook for this assignment: stages 01 to {a.last:02d}, their
-notebooks, and the recorded measurements the notebooks replay. You work on the stages
-{notebooks}: read their notebooks, answer their labs, and write their kernel exercises.
+notebooks, and the recorded measurements the notebooks replay. You work on
+{notebooks} kernel exercises.
 
 | exercise | kind | where | GPU (compute capability) | points | task |
 |---|---|---|---|---|---|
