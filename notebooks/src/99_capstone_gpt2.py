@@ -31,10 +31,10 @@ from IPython.display import display
 import flashlab as fl
 from flashlab import diagrams, model, plots
 from flashlab import notebook as nb
-# the last stage that reads a model's layout on any GPU from compute capability 8.0 (the Hopper
-# stages after it need one GPU family)
-LAST = [st for st in fl.stages() if st.row_strides and not st.arch_specific][-1].slug
-NEWEST = fl.stages()[-1].slug  # the last stage of all, where this GPU runs it
+# the last forward stage that reads a model's layout on any GPU from compute capability 8.0 (the
+# Hopper stages after it need one GPU family)
+LAST = [st for st in fl.stages() if st.row_strides and st.fast and not st.arch_specific][-1].slug
+NEWEST = [st for st in fl.stages() if st.fast][-1].slug  # the fastest forward, where this GPU runs it
 nb.banner(LAST)
 
 # %% [markdown]
