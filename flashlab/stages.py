@@ -369,6 +369,22 @@ _STAGES = (
           # through exp2, dQ added up across key blocks by fp32 reductions to global memory
           backward_sass={"HMMA": False, "RED": True, "LDG.E.128": True},
           builds_on=8),
+    Stage(15, "15_backward_mma", "Backward on tensor cores",
+          "the backward's five products on tensor cores: mma.sync with ldmatrix operands from "
+          "swizzled 16-bit tiles that cp.async double-buffers; P and dS go from accumulators to "
+          "A fragments in registers, and dS reaches dQ through shared memory",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          kernel="forward_kernel",
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"), picks=True,
+          idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
+          # the forward: stage 14's (stage 08's kernel with the log-sum-exp)
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
+          lse=True, backward="bwd_kernel",
+          # the backward's products on the tensor cores from ldmatrix operands, its tiles by
+          # cp.async, dQ still added up across key blocks by fp32 reductions to global memory
+          backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "RED": True,
+                         "LDG.E.128": False},
+          builds_on=14),
 )
 
 
