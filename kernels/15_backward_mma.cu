@@ -502,6 +502,16 @@ bwd_preprocess_kernel(const T* __restrict__ O, const T* __restrict__ dO, float* 
   if (lane == 0) delta[row] = sum;
 }
 
+// dst[0] += a and dst[1] += b, atomically (dst 8-byte aligned): one 64-bit reduction from sm_90 on.
+__device__ __forceinline__ void add_pair(float* dst, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
 // 2. One block per (key block j, batch, head). dK_j and dV_j stay in the warps' accumulators.
 template <typename T, int D, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32)
@@ -601,17 +611,16 @@ bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
       for (int e = 0; e < 4; e++) {
         const int qi = q + 8 * n + 2 * t + (e & 1), key = k0 + kw + g + 8 * (e / 2), row = q0 + qi;
         const bool seen = !edge || (row < N && key < N && !(causal && key > row));
-        // BEGIN EXERCISE 15.dscores_fragments: P^T and dS^T of accumulator element e, in place:
-        // st[n][e] = k_key . q_row (unscaled) becomes P = exp(scale s - L_row), 0 where the key
-        // is not seen (Lr[qi]: the row's log-sum-exp times log2 e), and dpt[n][e] = v_key . dO_row
-        // becomes dS = P (dP - Δ_row) (Δ in Dr[qi]).
+        // BEGIN CARRIED 14.dscores: stage 14's P and dS, on accumulator element e: st[n][e] =
+        // k_key . q_row becomes P, dpt[n][e] = v_key . dO_row becomes dS (log-sum-exp Lr[qi] in
+        // log2 units, Δ in Dr[qi])
         const float p = seen ? exp2_approx(fmaf(st[n][e], scale_log2, -Lr[qi])) : 0.f;
         st[n][e] = p;
         dpt[n][e] = p * (dpt[n][e] - Dr[qi]);
-        // STUB: // TODO: P and dS are left at zero: every gradient but a zero one is wrong.
+        // STUB: // TODO: P and dS are left at zero: every gradient but a zero one is wrong (14.dscores).
         // STUB: st[n][e] = dpt[n][e] = 0.f;
         // STUB: (void)seen; (void)scale_log2; (void)Lr; (void)Dr;
-        // END EXERCISE 15.dscores_fragments
+        // END CARRIED 14.dscores
       }
     }
 
@@ -653,10 +662,23 @@ bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
     // dQ_i += dS K_j: warp w takes query rows 16w.. against the block's BC keys. A = dS from the
     // dS^T tile by ldmatrix.trans; B = K_j rows by ldmatrix.trans. Half the head dim at a time.
     uint32_t da[KK][4];
+    int krow, kcol;  // the K_j row and column this lane addresses, within a 16 x 16 block
+    // BEGIN EXERCISE 15.dq_operands: the operands of dQ_i += dS K_j, read by ldmatrix.x4.trans.
+    // da[kk]: the A fragment of dS (query rows 16 warp.., keys 16 kk..) from the dS^T tile (rows
+    // keys, BR queries a row, element (key, query) at swz<BR>(key, query)): lanes 8i..8i+7 give
+    // the row addresses of 8x8 matrix i, and a .trans matrix reaches lane l as its column l / 4.
+    // krow, kcol: this lane's row and column in a 16 x 16 block of K_j, whose four matrices must
+    // come out as the B fragments (b0, b1) of n-tiles 2d and 2d + 1.
 #pragma unroll
     for (int kk = 0; kk < KK; kk++)
       ldmatrix_x4_trans(da[kk], dSs_u + 2 * swz<BR>(16 * kk + lane % 8 + 8 * (lane / 16),
                                                     16 * warp + 8 * ((lane / 8) % 2)));
+    krow = lane % 16;
+    kcol = 8 * (lane / 16);
+    // STUB: // TODO: every lane reads the same rows, so dQ is wrong (dK and dV are not).
+    // STUB: for (int kk = 0; kk < KK; kk++) ldmatrix_x4_trans(da[kk], dSs_u);
+    // STUB: krow = kcol = 0;
+    // END EXERCISE 15.dq_operands
     const int qrow = q0 + 16 * warp + g;
 #pragma unroll
     for (int half = 0; half < D / 64; half++) {
@@ -666,7 +688,7 @@ bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
 #pragma unroll
         for (int d = 0; d < 4; d++) {
           uint32_t kb[4];
-          ldmatrix_x4_trans(kb, Ks_u + 2 * swz<D>(16 * kk + lane % 16, 64 * half + 16 * d + 8 * (lane / 16)));
+          ldmatrix_x4_trans(kb, Ks_u + 2 * swz<D>(16 * kk + krow, 64 * half + 16 * d + kcol));
           mma_m16n8k16<T>(dq[2 * d], da[kk], kb[0], kb[1]);
           mma_m16n8k16<T>(dq[2 * d + 1], da[kk], kb[2], kb[3]);
         }
@@ -674,14 +696,8 @@ bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
 #pragma unroll
       for (int n = 0; n < 8; n++) {
         const int col = 64 * half + 8 * n + 2 * t;
-        if (qrow < N) {
-          atomicAdd(dq_acc + (size_t)qrow * D + col, dq[n][0]);
-          atomicAdd(dq_acc + (size_t)qrow * D + col + 1, dq[n][1]);
-        }
-        if (qrow + 8 < N) {
-          atomicAdd(dq_acc + (size_t)(qrow + 8) * D + col, dq[n][2]);
-          atomicAdd(dq_acc + (size_t)(qrow + 8) * D + col + 1, dq[n][3]);
-        }
+        if (qrow < N) add_pair(dq_acc + (size_t)qrow * D + col, dq[n][0], dq[n][1]);
+        if (qrow + 8 < N) add_pair(dq_acc + (size_t)(qrow + 8) * D + col, dq[n][2], dq[n][3]);
       }
     }
   }
