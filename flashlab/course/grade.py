@@ -198,8 +198,10 @@ def table(graded) -> str:
     if skipped:
         lines.append("")
         for why, ids in skipped.items():
-            lines += textwrap.wrap(f"skipped {len(ids)} ({', '.join(ids)}): {why}", 98,
+            # the reason on lines of its own, whole: a longer list never splits it
+            lines += textwrap.wrap(f"skipped {len(ids)} ({', '.join(ids)}):", 98,
                                    subsequent_indent="    ")
+            lines += textwrap.wrap(why, 98, initial_indent="    ", subsequent_indent="    ")
     t = totals(graded)
     lines += ["", f"total: {t['score']:g} / {t['points']} points over the {t['graded']} "
               f"exercise{'s' * (t['graded'] != 1)} graded here"
