@@ -129,6 +129,17 @@ def _started(name, seed, device):
     return gen, CheckResult(name, seed=seed)
 
 
+def _cases(dtypes, shapes, head_dims, causal, strided_shapes=(), growing_shapes=()):
+    """The cases of a check, in its order: for each torch dtype of `dtypes`, each shape of
+    `shapes` (layout "contiguous"), then of `strided_shapes` ("bnhd") and `growing_shapes`
+    ("growing"), at every head dim, each causal flag; as (dtype, B, H, N, D, causal, layout).
+    The shapes are read here, once; dtypes, head dims and causal flags as the cases are drawn."""
+    runs = ([(shape, "contiguous") for shape in shapes] + [(shape, "bnhd") for shape in strided_shapes]
+            + [(shape, "growing") for shape in growing_shapes])
+    return ((dt, B, H, N, D, c, layout) for dt in dtypes for (B, H, N), layout in runs
+            for D in head_dims for c in causal)
+
+
 def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True), seed=None,
           device="cuda", name=None, strided_shapes=None, growing_shapes=()) -> CheckResult:
     """Run `attn` on fresh random inputs over `shapes` x head dims x causal; see CheckResult.
@@ -150,23 +161,18 @@ def check(attn, dtype=None, head_dims=None, shapes=SHAPES, causal=(False, True),
     head_dims = head_dims or (st.head_dims if st else (64,))
     if strided_shapes is None:
         strided_shapes = STRIDED_SHAPES if getattr(st, "row_strides", False) else ()
-    runs = ([(shape, "contiguous") for shape in shapes] + [(shape, "bnhd") for shape in strided_shapes]
-            + [(shape, "growing") for shape in growing_shapes])
     if st is not None and not st.causal:
         causal = (False,)
+    cases = _cases(map(dtype_of, dtypes), shapes, head_dims, causal, strided_shapes, growing_shapes)
     gen, result = _started(name, seed, device)
-    for dt in dtypes:
-        dt = dtype_of(dt)
-        for (B, H, N), layout in runs:
-            for D in head_dims:
-                for c in causal:
-                    q, k, v, out = case_inputs(B, H, N, D, dt, layout, gen, device)
-                    got = attn(q, k, v, causal=c, out=out)
-                    if layout == "bnhd":
-                        got = out  # the output must land in the (B, N, H, D) tensor given
-                    ref = reference(q, k, v, causal=c)
-                    result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], rel_err(got, ref),
-                                             tolerance(q, k, v, c, ref), layout))
+    for dt, B, H, N, D, c, layout in cases:
+        q, k, v, out = case_inputs(B, H, N, D, dt, layout, gen, device)
+        got = attn(q, k, v, causal=c, out=out)
+        if layout == "bnhd":
+            got = out  # the output must land in the (B, N, H, D) tensor given
+        ref = reference(q, k, v, causal=c)
+        result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], rel_err(got, ref),
+                                 tolerance(q, k, v, c, ref), layout))
     return result
 
 
@@ -188,18 +194,15 @@ def check_backward(backward, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, c
         name = name or backward.stage.slug
         backward = backward.backward
     gen, result = _started(name or getattr(backward, "__name__", repr(backward)), seed, device)
-    dt = dtype_of(dtype)
-    runs = [(shape, "contiguous") for shape in shapes] + [(s, "bnhd") for s in strided_shapes]
-    for (B, H, N), layout in runs:
-        for D in head_dims:
-            for c in causal:
-                q, k, v, _ = case_inputs(B, H, N, D, dt, layout, gen, device)
-                do = torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
-                o = reference(q, k, v, causal=c).to(dt)
-                lse = reference_lse(q, k, causal=c).float()
-                grads = [torch.full(q.shape, math.nan, dtype=dt, device=device) for _ in range(3)]
-                backward(q, k, v, o, lse, do, c, *grads)
-                _judge_grads(result, q, k, v, do, c, grads, layout)
+    cases = _cases((dtype_of(dtype),), shapes, head_dims, causal, strided_shapes)
+    for dt, B, H, N, D, c, layout in cases:
+        q, k, v, _ = case_inputs(B, H, N, D, dt, layout, gen, device)
+        do = torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
+        o = reference(q, k, v, causal=c).to(dt)
+        lse = reference_lse(q, k, causal=c).float()
+        grads = [torch.full(q.shape, math.nan, dtype=dt, device=device) for _ in range(3)]
+        backward(q, k, v, o, lse, do, c, *grads)
+        _judge_grads(result, q, k, v, do, c, grads, layout)
     return result
 
 
@@ -224,32 +227,29 @@ def check_training(attn, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, causa
     views of one (B, N, 3, H, D) projection that requires grad (its .grad is checked)."""
     st = getattr(attn, "stage", None)
     gen, result = _started(name or (st.slug if st else repr(attn)), seed, device)
-    dt = dtype_of(dtype)
-    runs = [(shape, "contiguous") for shape in shapes] + [(s, "bnhd") for s in strided_shapes]
-    for (B, H, N), layout in runs:
-        for D in head_dims:
-            for c in causal:
-                q, k, v, _ = case_inputs(B, H, N, D, dt, layout, gen, device)
-                do = torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
-                if layout == "bnhd":  # the projection is the leaf, as in a model
-                    qkv = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2)
-                    qkv.requires_grad_(True)                      # (B, N, 3, H, D)
-                    leaves = [qkv[:, :, i].transpose(1, 2) for i in range(3)]
-                else:
-                    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-                with torch.enable_grad():
-                    o = attn(*leaves, causal=c)
-                    if not o.requires_grad:
-                        raise AssertionError(f"{result.name}: the output carries no gradient")
-                    o.backward(do)
-                ref = reference(q, k, v, causal=c)
-                result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], rel_err(o.detach(), ref),
-                                         tolerance(q, k, v, c, ref), layout))
-                if layout == "bnhd":
-                    grads = [qkv.grad[:, :, i].transpose(1, 2) for i in range(3)]
-                else:
-                    grads = [t.grad for t in leaves]
-                _judge_grads(result, q, k, v, do, c, grads, layout)
+    cases = _cases((dtype_of(dtype),), shapes, head_dims, causal, strided_shapes)
+    for dt, B, H, N, D, c, layout in cases:
+        q, k, v, _ = case_inputs(B, H, N, D, dt, layout, gen, device)
+        do = torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
+        if layout == "bnhd":  # the projection is the leaf, as in a model
+            qkv = torch.stack([t.transpose(1, 2) for t in (q, k, v)], dim=2)
+            qkv.requires_grad_(True)                      # (B, N, 3, H, D)
+            leaves = [qkv[:, :, i].transpose(1, 2) for i in range(3)]
+        else:
+            leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        with torch.enable_grad():
+            o = attn(*leaves, causal=c)
+            if not o.requires_grad:
+                raise AssertionError(f"{result.name}: the output carries no gradient")
+            o.backward(do)
+        ref = reference(q, k, v, causal=c)
+        result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], rel_err(o.detach(), ref),
+                                 tolerance(q, k, v, c, ref), layout))
+        if layout == "bnhd":
+            grads = [qkv.grad[:, :, i].transpose(1, 2) for i in range(3)]
+        else:
+            grads = [t.grad for t in leaves]
+        _judge_grads(result, q, k, v, do, c, grads, layout)
     return result
 
 
@@ -259,13 +259,10 @@ def check_lse(attn, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, causal=(Fa
     (o, lse)) against float64: relative error of lse within `tol` (it is a sum of exponentials
     taken in fp32 from the inputs as given), with the output poisoned as check() does."""
     gen, result = _started(name or getattr(attn, "__name__", repr(attn)), seed, device)
-    dt = dtype_of(dtype)
-    for B, H, N in shapes:
-        for D in head_dims:
-            for c in causal:
-                q, k, v, out = case_inputs(B, H, N, D, dt, "contiguous", gen, device)
-                _, lse = attn(q, k, v, causal=c, out=out, return_lse=True)
-                result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt],
-                                         rel_err(lse, reference_lse(q, k, causal=c)), tol,
-                                         what="lse"))
+    for dt, B, H, N, D, c, layout in _cases((dtype_of(dtype),), shapes, head_dims, causal):
+        q, k, v, out = case_inputs(B, H, N, D, dt, layout, gen, device)
+        _, lse = attn(q, k, v, causal=c, out=out, return_lse=True)
+        result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt],
+                                 rel_err(lse, reference_lse(q, k, causal=c)), tol, layout,
+                                 what="lse"))
     return result

@@ -269,67 +269,70 @@ def measure_backward(stages, configs=None, baselines=_baselines.COMPARED, rounds
     a "failed check" row at each config instead. configs: default backward_configs of each."""
     env = environment()
     stages = [st for st in stages if st.has_backward]
-    # autograd runs backwards on threads of its own, where cuBLAS (the float64 reference) finds
-    # no current context and warns while it sets the primary one: nothing is wrong
-    warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current")
-    built, checks = [], []
-    for st in stages:
-        attn = st.build()
-        dtypes = [d for d in st.dtypes if d not in st.unavailable_dtypes()]
-        passed = True
-        for dt in dtypes:
-            for chk in (check_backward(attn, dtype=dt), check_lse(attn, dtype=dt)):
-                log(str(chk).splitlines()[0])
-                checks.append(chk)
-                passed &= chk.passed
-        built.append((st, attn, passed, _ptxas_at(st, env, log)))
-    chosen = configs if configs is not None else [
-        c for st in stages for c in backward_configs(st)]
-    chosen = list(dict.fromkeys(chosen))  # in order, once each
-    frames = []
-    for cfg in chosen:
-        inputs = cfg.inputs()
-        q, k, v = inputs
-        fns, kinds, rows = {}, {}, []
-        for st, attn, passed, res_at in built:
-            if not st.takes(cfg) or cfg.dtype in st.unavailable_dtypes():
-                continue
-            if not passed:
-                rows.append(_row(st.slug, "stage", cfg, env, status="failed check",
-                                 note="not timed: its backward or lse check failed",
-                                 **{"pass": "backward"}))
-                continue
-            fn = backward_fn(attn, q, k, v, cfg.causal)
-            err = _backward_error(fn, cfg, inputs)
-            if not err <= timed_tolerance(cfg):
-                rows.append(_row(st.slug, "stage", cfg, env, status="failed check", rel_err=err,
-                                 note=f"not timed: gradient rel err {err:.2e} here",
-                                 **{"pass": "backward"}))
-                log(f"{st.slug:16} {cfg.label:42} backward FAILED: rel err {err:.2e}")
-                continue
-            fns[(st.slug, "backward")] = fn
-            kinds[(st.slug, "backward")] = ("stage", err, res_at(cfg))
-            fns[(st.slug, "forward")] = (
-                lambda a=attn, c=cfg.causal, q=q, k=k, v=v: a(q, k, v, causal=c))
-            fns[(st.slug, "forward_lse")] = (
-                lambda a=attn, c=cfg.causal, q=q, k=k, v=v: a(q, k, v, causal=c, return_lse=True))
-            for p in ("forward", "forward_lse"):
-                kinds[(st.slug, p)] = ("stage", float("nan"), res_at(cfg))
-        for name in baselines if cfg.dtype == "fp16" and fns else ():
-            try:
-                fn = backward_fn(_baselines.Baseline(name), q, k, v, cfg.causal)
+    with warnings.catch_warnings():
+        # autograd runs backwards on threads of its own, where cuBLAS (the float64 reference) finds
+        # no current context and warns while it sets the primary one: nothing is wrong
+        warnings.filterwarnings("ignore",
+                                message="Attempting to run cuBLAS, but there was no current")
+        built, checks = [], []
+        for st in stages:
+            attn = st.build()
+            dtypes = [d for d in st.dtypes if d not in st.unavailable_dtypes()]
+            passed = True
+            for dt in dtypes:
+                for chk in (check_backward(attn, dtype=dt), check_lse(attn, dtype=dt)):
+                    log(str(chk).splitlines()[0])
+                    checks.append(chk)
+                    passed &= chk.passed
+            built.append((st, attn, passed, _ptxas_at(st, env, log)))
+        chosen = configs if configs is not None else [
+            c for st in stages for c in backward_configs(st)]
+        chosen = list(dict.fromkeys(chosen))  # in order, once each
+        frames = []
+        for cfg in chosen:
+            inputs = cfg.inputs()
+            q, k, v = inputs
+            fns, kinds, rows = {}, {}, []
+            for st, attn, passed, res_at in built:
+                if not st.takes(cfg) or cfg.dtype in st.unavailable_dtypes():
+                    continue
+                if not passed:
+                    rows.append(_row(st.slug, "stage", cfg, env, status="failed check",
+                                     note="not timed: its backward or lse check failed",
+                                     **{"pass": "backward"}))
+                    continue
+                fn = backward_fn(attn, q, k, v, cfg.causal)
                 err = _backward_error(fn, cfg, inputs)
-            except RuntimeError as e:
-                _refused(name, cfg, e, log)
-                continue
-            fns[(name, "backward")] = fn
-            kinds[(name, "backward")] = ("baseline", err, {})
-        for (name, pass_), t in time_interleaved(fns, rounds).items():
-            kind, err, res = kinds[(name, pass_)]
-            m = dict(rel_err=err, **timing_row(cfg, t, pass_))
-            rows.append(_row(name, kind, cfg, env, status="ok", **m, **res, **{"pass": pass_}))
-            log(f"{pass_:11} " + _timed_line(name, cfg, m))
-        del fns, inputs, q, k, v
-        torch.cuda.empty_cache()
-        _keep(rows, record, frames)
+                if not err <= timed_tolerance(cfg):
+                    rows.append(_row(st.slug, "stage", cfg, env, status="failed check", rel_err=err,
+                                     note=f"not timed: gradient rel err {err:.2e} here",
+                                     **{"pass": "backward"}))
+                    log(f"{st.slug:16} {cfg.label:42} backward FAILED: rel err {err:.2e}")
+                    continue
+                fns[(st.slug, "backward")] = fn
+                kinds[(st.slug, "backward")] = ("stage", err, res_at(cfg))
+                fns[(st.slug, "forward")] = (
+                    lambda a=attn, c=cfg.causal, q=q, k=k, v=v: a(q, k, v, causal=c))
+                fns[(st.slug, "forward_lse")] = (
+                    lambda a=attn, c=cfg.causal, q=q, k=k, v=v:
+                    a(q, k, v, causal=c, return_lse=True))
+                for p in ("forward", "forward_lse"):
+                    kinds[(st.slug, p)] = ("stage", float("nan"), res_at(cfg))
+            for name in baselines if cfg.dtype == "fp16" and fns else ():
+                try:
+                    fn = backward_fn(_baselines.Baseline(name), q, k, v, cfg.causal)
+                    err = _backward_error(fn, cfg, inputs)
+                except RuntimeError as e:
+                    _refused(name, cfg, e, log)
+                    continue
+                fns[(name, "backward")] = fn
+                kinds[(name, "backward")] = ("baseline", err, {})
+            for (name, pass_), t in time_interleaved(fns, rounds).items():
+                kind, err, res = kinds[(name, pass_)]
+                m = dict(rel_err=err, **timing_row(cfg, t, pass_))
+                rows.append(_row(name, kind, cfg, env, status="ok", **m, **res, **{"pass": pass_}))
+                log(f"{pass_:11} " + _timed_line(name, cfg, m))
+            del fns, inputs, q, k, v
+            torch.cuda.empty_cache()
+            _keep(rows, record, frames)
     return checks, _joined(frames)

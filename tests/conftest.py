@@ -4,6 +4,7 @@ import shutil
 import pytest
 import torch
 
+import flashlab as fl
 from flashlab import paths, ptxas
 
 HAVE_CUDA = torch.cuda.is_available()
@@ -34,6 +35,19 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The stages a GPU test module has built, by slug (attn_for): each is built once a module."""
+    return {}
+
+
+def attn_for(built, slug):
+    """Stage `slug` built, from the module's `built` when it is there already."""
+    if slug not in built:
+        built[slug] = fl.stage(slug).build()
+    return built[slug]
 
 
 @pytest.fixture

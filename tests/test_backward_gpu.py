@@ -9,21 +9,12 @@ import flashlab as fl
 from flashlab.check import STRIDED_SHAPES, check_backward, check_lse, check_training
 from flashlab.reference import reference, reference_backward, rel_err
 
+from conftest import attn_for
+
 pytestmark = pytest.mark.gpu
 BACKWARD = [st.slug for st in fl.stages() if st.has_backward]
 LSE = [st.slug for st in fl.stages() if st.lse]
 DTYPES = ["fp16", "bf16"]
-
-
-@pytest.fixture(scope="module")
-def built():
-    return {}
-
-
-def attn_for(built, slug):
-    if slug not in built:
-        built[slug] = fl.stage(slug).build()
-    return built[slug]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,6 +13,8 @@ from flashlab import picks
 from flashlab.check import tolerance
 from flashlab.reference import reference, rel_err
 
+from conftest import attn_for
+
 pytestmark = pytest.mark.gpu
 STAGES = [st.slug for st in fl.stages()]
 
@@ -20,17 +22,6 @@ STAGES = [st.slug for st in fl.stages()]
 def dtype_of(slug):
     """The first dtype the stage takes (float32 for the scalar stages, fp16 for tensor cores)."""
     return fl.inputs.dtype_of(fl.stage(slug).dtypes[0])
-
-
-@pytest.fixture(scope="module")
-def built():
-    return {}
-
-
-def attn_for(built, slug):
-    if slug not in built:
-        built[slug] = fl.stage(slug).build()
-    return built[slug]
 
 
 @pytest.mark.parametrize("slug", STAGES)

@@ -13,7 +13,6 @@ products without the softmax, say) that bounds what the real one could reach. --
 N in {1k, 4k, 16k} only; --n=... and --d=... keep only the sequence lengths and head dims listed.
 """
 import dataclasses
-import math
 import sys
 import tempfile
 import time
@@ -89,7 +88,7 @@ def main():
         q, k, v = cfg.inputs()
         # every variant and baseline in one queued stream, run by run in turn: the GPU's clock
         # moves by a few per cent from second to second at long N, and moves them all alike
-        tms = time_interleaved({name: (lambda fn=fn: fn(q, k, v, causal=cfg.causal))
+        tms = time_interleaved({name: (lambda fn=fn, q=q, k=k, v=v: fn(q, k, v, causal=cfg.causal))
                                 for name, fn in {**attns, **others}.items()}, rounds=1)
         row = {name: tflops(cfg, tm.median_ms) for name, tm in tms.items()}
         rows.append((cfg, row))
