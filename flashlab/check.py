@@ -206,6 +206,48 @@ def check_backward(backward, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, c
     return result
 
 
+# (B, H, N) of check_repeatable: 64 key blocks of 64 adding into each row of dQ, and more blocks
+# than an H100 holds at once, so that blocks of one head meet at the same sums.
+REPEAT_SHAPES = ((2, 3, 4096),)
+
+
+def check_repeatable(backward, dtype="fp16", head_dims=(64, 128), shapes=REPEAT_SHAPES,
+                     causal=(False, True), runs=3, seed=None, device="cuda",
+                     name=None) -> CheckResult:
+    """Check that a backward gives the same bits every time: on fresh random inputs it runs
+    `runs` times (the gradients poisoned with NaN before each), and every later run's dq, dk and
+    dv must equal the first's bit for bit. A case's rel_err is the largest difference from the
+    first run relative to the first run's largest magnitude (NaN where a run left NaN), its
+    tolerance 0; its layout is "repeat". Takes a backward as check_backward does."""
+    if getattr(getattr(backward, "stage", None), "has_backward", False):
+        name = name or backward.stage.slug
+        backward = backward.backward
+    gen, result = _started(name or getattr(backward, "__name__", repr(backward)), seed, device)
+    for dt, B, H, N, D, c, _ in _cases((dtype_of(dtype),), shapes, head_dims, causal):
+        q, k, v, _ = case_inputs(B, H, N, D, dt, "contiguous", gen, device)
+        do = torch.randn(B, H, N, D, generator=gen, device=device, dtype=dt)
+        o = reference(q, k, v, causal=c).to(dt)
+        lse = reference_lse(q, k, causal=c).float()
+        first = None
+        worst = {"dq": 0.0, "dk": 0.0, "dv": 0.0}
+        for _ in range(runs):
+            grads = [torch.full(q.shape, math.nan, dtype=dt, device=device) for _ in range(3)]
+            backward(q, k, v, o, lse, do, c, *grads)
+            if first is None:
+                first = grads
+                continue
+            for what, got, ref in zip(("dq", "dk", "dv"), grads, first):
+                same = torch.equal(got.view(torch.int16), ref.view(torch.int16))
+                if not same:
+                    scale = ref.float().abs().max().item() or 1.0
+                    diff = (got.float() - ref.float()).abs().max().item() / scale
+                    worst[what] = max(worst[what], diff) if not math.isnan(diff) else math.nan
+                    worst[what] = worst[what] or math.ulp(1.0)  # differing bits, never 0
+        for what, err in worst.items():
+            result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt], err, 0.0, "repeat", what=what))
+    return result
+
+
 def _judge_grads(result, q, k, v, do, causal, grads, layout="contiguous"):
     """Add the cases of dq, dk and dv (`grads`) against float64 to `result`."""
     B, H, N, D = q.shape

@@ -74,6 +74,8 @@ class Stage:
     #                        .cu file then defines flashlab_backward_launch (kernels/flashlab.h)
     backward_sass: dict = field(default_factory=dict, compare=False)  # machine-code evidence of
     #                        the backward kernel beyond COMMON_SASS (`sass` is the forward's)
+    deterministic: bool = False  # its backward gives the same bits on every run (the checks
+    #                        run it again and compare)
 
     @property
     def name(self) -> str:
@@ -385,6 +387,21 @@ _STAGES = (
           backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "RED": True,
                          "LDG.E.128": False},
           builds_on=14),
+    Stage(16, "16_deterministic", "Deterministic backward",
+          "dQ added in a fixed order: at each query block, the key blocks of a head take turns "
+          "at its fp32 sum, each waiting on a counter for the one before it, so that the "
+          "gradients are the same bits on every run",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          kernel="forward_kernel",
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"), picks=True,
+          idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
+          # the forward: stage 14's (stage 08's kernel with the log-sum-exp)
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
+          lse=True, backward="bwd_kernel", deterministic=True,
+          # stage 15's backward; the turns add no instruction of their own kind
+          backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "RED": True,
+                         "LDG.E.128": False},
+          builds_on=15),
 )
 
 

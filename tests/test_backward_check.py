@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from flashlab.check import check_backward, check_lse
+from flashlab.check import check_backward, check_lse, check_repeatable
 from flashlab.reference import (blocked_backward, naive_attention, reference, reference_backward,
                                 reference_lse)
 
@@ -87,3 +87,27 @@ def test_check_lse_passes_the_truth_and_fails_a_shifted_lse():
     wrong = lambda *a, **kw: attn(*a, shift=math.log(2), **kw)  # noqa: E731  (log2 for ln)
     assert not check_lse(wrong, dtype="fp32", head_dims=(32,), shapes=SHAPES,
                                device="cpu").passed
+
+
+def test_a_backward_that_gives_the_same_bits_passes_the_repeat_check():
+    res = check_repeatable(_algorithm2, dtype="fp32", head_dims=(32,), shapes=((1, 2, 130),),
+                           device="cpu", name="algorithm 2")
+    assert res.passed, str(res)
+    assert {c.what for c in res.cases} == {"dq", "dk", "dv"} and {c.layout for c in res.cases} == {"repeat"}
+
+
+def test_the_repeat_check_fails_a_backward_whose_last_bits_vary():
+    """Sums taken in a different order each run (as atomics land): right within any tolerance,
+    and not the same bits."""
+    calls = []
+
+    def shuffled(q, k, v, o, lse, do, causal, dq, dk, dv):
+        _algorithm2(q, k, v, o, lse, do, causal, dq, dk, dv)
+        calls.append(1)
+        dq.add_(torch.finfo(dq.dtype).eps * dq.abs().max() * (len(calls) % 2))  # the last bits move
+
+    res = check_repeatable(shuffled, dtype="fp32", head_dims=(32,), shapes=((1, 2, 130),),
+                           causal=(False,), device="cpu")
+    assert not res.passed
+    (bad,) = res.failures()
+    assert bad.what == "dq" and 0 < bad.rel_err < 1e-5

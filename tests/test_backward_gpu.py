@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import flashlab as fl
-from flashlab.check import STRIDED_SHAPES, check_backward, check_lse, check_training
+from flashlab.check import STRIDED_SHAPES, check_backward, check_lse, check_repeatable, check_training
 from flashlab.reference import reference, reference_backward, rel_err
 
 from conftest import attn_for
@@ -14,6 +14,10 @@ from conftest import attn_for
 pytestmark = pytest.mark.gpu
 BACKWARD = [st.slug for st in fl.stages() if st.has_backward]
 LSE = [st.slug for st in fl.stages() if st.lse]
+DETERMINISTIC = [st.slug for st in fl.stages() if st.deterministic]
+# a tensor-core backward that adds dQ with atomics in any order (the repeat check must catch it)
+ATOMIC = [st.slug for st in fl.stages() if st.has_backward and not st.deterministic
+          and st.backward_sass.get("HMMA")]
 DTYPES = ["fp16", "bf16"]
 
 
@@ -94,3 +98,21 @@ def test_bad_backward_input_is_a_value_error(built, slug):
     with pytest.raises(ValueError, match="compiled for head dims"):
         q2 = torch.randn(1, 2, 33, 96, device="cuda", dtype=torch.float16)
         attn.backward(q2, q2, q2, q2, lse, q2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("slug", DETERMINISTIC)
+def test_a_deterministic_backward_gives_the_same_bits_on_every_run(built, slug, dtype):
+    """Five runs on the same inputs (N = 4096: 64 key blocks add into every row of dQ), D = 64
+    and 128, causal and not: dq, dk and dv bit for bit the first run's."""
+    res = check_repeatable(attn_for(built, slug), dtype=dtype, runs=5)
+    assert res.passed, str(res)
+
+
+@pytest.mark.parametrize("slug", ATOMIC)
+def test_the_repeat_check_catches_atomics_in_any_order(built, slug):
+    """The check the deterministic stage passes fails the backward before it, whose dQ atomics
+    land in any order: a check that cannot fail would prove nothing."""
+    res = check_repeatable(attn_for(built, slug), dtype="fp16", head_dims=(64,), causal=(False,),
+                           runs=5)
+    assert not res.passed and {c.what for c in res.failures()} == {"dq"}, str(res)

@@ -214,7 +214,7 @@ def stage_report(root, slug, check=True) -> dict:
 
     from .. import build
     from ..bench import backward_fn, time_fn
-    from ..check import GROWING_SHAPES, STRIDED_SHAPES, check_backward, check_lse
+    from ..check import GROWING_SHAPES, STRIDED_SHAPES, check_backward, check_lse, check_repeatable
     from ..check import check as run_check
     from ..runtime import Attention
     from ..stages import stage
@@ -240,8 +240,12 @@ def stage_report(root, slug, check=True) -> dict:
             return rep
         if st.has_backward:  # its backward and the log-sum-exp it reads, in each dtype here
             for dt in st.dtypes_on(cc):
-                for chk in (check_lse(attn.attn, dtype=dt),
-                            check_backward(attn.attn, dtype=dt, strided_shapes=STRIDED_SHAPES)):
+                checks = [lambda: check_lse(attn.attn, dtype=dt),
+                          lambda: check_backward(attn.attn, dtype=dt, strided_shapes=STRIDED_SHAPES)]
+                if st.deterministic:  # and the same bits on every run
+                    checks.append(lambda: check_repeatable(attn.attn, dtype=dt))
+                for run_check in checks:
+                    chk = run_check()
                     torch.cuda.synchronize()
                     rep["cases"] += len(chk.cases)
                     rep["max_rel_err"] = max(rep["max_rel_err"], chk.max_rel_err)
@@ -249,11 +253,13 @@ def stage_report(root, slug, check=True) -> dict:
                         c = chk.failures()[0]
                         rep.update(passed=False, seed=chk.seed, failure={
                             "case": f"{c.what} B={c.B} H={c.H} N={c.N} D={c.D} {c.dtype} "
-                                    f"causal={c.causal}" + (" (the model's strided layout)"
-                                                            if c.layout == "bnhd" else ""),
+                                    f"causal={c.causal}" + {
+                                        "bnhd": " (the model's strided layout)",
+                                        "repeat": " (a second run on the same inputs, against "
+                                                  "the first: every bit must match)"}.get(c.layout, ""),
                             "rel_err": c.rel_err, "tol": c.tol,
                             "failed_cases": len(chk.failures()), "element": None,
-                            "worst": None, "replay": f"fl.{'check_lse' if c.what == 'lse' else 'check_backward'}"
+                            "worst": None, "replay": f"fl.{'check_lse' if c.what == 'lse' else 'check_repeatable' if c.layout == 'repeat' else 'check_backward'}"
                                                       f"(attn, dtype='{c.dtype}', seed={chk.seed})"})
                         return rep
     else:

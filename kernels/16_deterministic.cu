@@ -1,0 +1,801 @@
+// Stage 16 — the deterministic backward: stage 15 with dQ added up in a fixed order.
+//
+// Stage 15 adds each key block's share of dQ_i into an fp32 sum with atomics, in whatever order
+// the blocks get there. Floating-point addition is not associative, so the last bits of dQ
+// change from run to run: two runs of one training step give different gradients. Here the key
+// blocks of a head take turns at each query block i: a counter per (batch, head, query block),
+// zeroed before the launch, says whose turn it is. A key block waits until it reads its turn, adds
+// its share (the same atomics, now never at the same time as another block's), and passes the
+// turn on. Every element of dQ is then the same sum in the same order on every run. The order is
+// chosen so that a block only waits for blocks launched before it (running or done: the waits
+// end) and, under the causal mask, so that blocks arrive in the order of their turns. Everything
+// else is stage 15.
+#include <cmath>
+#include "common.cuh"
+#include "ptx.cuh"
+
+enum Opts { FOLD_SCALE = 1, SKIP_RESCALE = 2, WARP_SKIP = 4, LANE_OFFSETS = 8, ONE_KSTEP = 16,
+            ALL_OPTS = 31 };
+
+template <int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS>
+struct Tiles {
+  static constexpr int BR = 16 * WM * WARPS;  // query rows per block
+  static constexpr int THREADS = WARPS * 32;
+  // Q + STAGES x (K, V), then BR floats: the rows' log-sum-exps on their way out
+  static constexpr int SMEM_BYTES = (BR + 2 * BC * STAGES) * D * 2 + BR * 4;
+};
+
+// Element (row, col) of a swizzled tile with D columns (stage 06); col a multiple of 8.
+// BEGIN CARRIED 06.swizzle: stage 06's swizzle, unchanged
+template <int D>
+__device__ __forceinline__ int swz(int row, int col) {
+  return row * D + (((col >> 3) ^ (row & 7)) << 3);
+}
+// END CARRIED 06.swizzle
+
+// Start copying rows [first, first + ROWS) into a swizzled tile; rows past N become zeros (stage 07).
+// Thread t copies chunk t % (D/8) of rows t / (D/8) + i * STEP. STEP is a multiple of 8, so the
+// swizzle (row % 8) is the same for all of a thread's rows: one shared-memory offset, then
+// constant strides.
+template <int ROWS, int D, int THREADS, bool LANE, typename T>
+__device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int ld, int first,
+                                                int N) {
+  constexpr int CHUNKS = D / 8, STEP = THREADS / CHUNKS;
+  static_assert(ROWS * CHUNKS % THREADS == 0 && STEP % 8 == 0, "tile does not split evenly");
+  const int r = threadIdx.x / CHUNKS, c = threadIdx.x % CHUNKS;
+  const uint32_t s0 = dst + 2 * swz<D>(r, 8 * c);
+#pragma unroll
+  for (int i = 0; i < ROWS / STEP; i++) {
+    if constexpr (LANE) {  // one swizzle per thread, then constant strides in shared memory
+      const int row = first + r + i * STEP;  // rows past N: 0 bytes of the clamped last row
+      cp_async_16(s0 + 2 * i * STEP * D, src + min(row, N - 1) * ld + 8 * c,
+                  row < N ? 16 : 0);
+    } else {  // stage 07's: the whole formula for every chunk
+      const int e = threadIdx.x + i * THREADS, rr = e / CHUNKS, cc = (e % CHUNKS) * 8;
+      const bool in = first + rr < N;
+      cp_async_16(dst + 2 * swz<D>(rr, cc), src + (in ? first + rr : 0) * ld + cc,
+                  in ? 16 : 0);
+    }
+  }
+}
+
+// Byte offsets of one lane's ldmatrix rows in a swizzled tile (LANE_OFFSETS). The 16-byte
+// chunk a lane asks for is (2m + h) ^ (row % 8), m a compile-time step, h and row % 8 the lane's:
+// it equals (2m & ~7) + (2(m & 3) ^ y) with y = h ^ (row % 8), so four bases per lane cover every
+// step. A (Q) and .trans B (V) reads: rows lane % 16, h = lane / 16. K reads: rows lane % 8,
+// chunk 2kk + lane / 8 with kk even: two bases.
+template <int D>
+struct LaneOffsets {
+  uint32_t av[4], k[2], kb[4];  // the compiler drops the set a kernel does not use
+  __device__ __forceinline__ LaneOffsets(int lane) {
+    // BEGIN CARRIED 08.lane_offsets: the LANE_OFFSETS switch: this lane's byte offsets, once,
+    // so that each ldmatrix address below is a base plus a compile-time constant. av[i]: row
+    // lane % 16, chunk (2i) ^ (lane / 16) ^ (row % 8); kb[i]: row lane % 8 + 8 (lane / 16),
+    // chunk (2i) ^ ((lane / 8) & 1) ^ (row % 8); k[i]: row lane % 8, chunk (4i) ^ (lane / 8) ^
+    // (row % 8). Rows are 2D bytes apart and chunks 16 bytes (the swizzle of swz above).
+    const int rl = lane % 8, y = (lane / 16) ^ rl, x = (lane / 8) ^ rl, yk = ((lane / 8) & 1) ^ rl;
+#pragma unroll
+    for (int i = 0; i < 4; i++) av[i] = 2 * (lane % 16) * D + 16 * ((2 * i) ^ y);
+#pragma unroll
+    for (int i = 0; i < 4; i++) kb[i] = 2 * (rl + 8 * (lane / 16)) * D + 16 * ((2 * i) ^ yk);
+#pragma unroll
+    for (int i = 0; i < 2; i++) k[i] = 2 * rl * D + 16 * ((4 * i) ^ x);
+    // STUB: // TODO: every offset is 0, so every lane reads the same row. Compute them.
+    // STUB: for (int i = 0; i < 4; i++) av[i] = kb[i] = 0;
+    // STUB: for (int i = 0; i < 2; i++) k[i] = 0;
+    // STUB: (void)lane;
+    // END CARRIED 08.lane_offsets
+  }
+  // Q or V rows [row0, row0 + 16) (row0 a multiple of 8), 8-column chunks 2m, 2m + 1.
+  __device__ __forceinline__ uint32_t av_at(int row0, int m) const {
+    return 2 * row0 * D + 16 * ((2 * m) & ~7) + av[m & 3];
+  }
+  // K rows [row0, row0 + 16), chunks 2kk, 2kk + 1 (ONE_KSTEP): lanes 8i..8i+7 address matrix i =
+  // (rows 8(i / 2).., chunk 2kk + i % 2), so each mma's B pair comes out in adjacent registers.
+  __device__ __forceinline__ uint32_t kb_at(int row0, int kk) const {
+    return 2 * row0 * D + 16 * ((2 * kk) & ~7) + kb[kk & 3];
+  }
+  // K rows [row0, row0 + 8), chunks 2kk .. 2kk + 3 (kk even).
+  __device__ __forceinline__ uint32_t k_at(int row0, int kk) const {
+    return 2 * row0 * D + 16 * ((2 * kk) & ~7) + k[(kk >> 1) & 1];
+  }
+};
+
+template <typename T, int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS, int OPTS>
+__global__ void __launch_bounds__(WARPS * 32)
+forward_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+             T* __restrict__ O, float* __restrict__ LSE, const FlashlabLayout L, int N,
+             float scale_log2, int causal) {
+  using Cfg = Tiles<D, BC, WARPS, WM, STAGES, Q_REGS>;
+  constexpr int BR = Cfg::BR, THREADS = Cfg::THREADS;
+  constexpr int KD = D / 16, NS = BC / 8, KS = BC / 16, NO = D / 8;
+  constexpr bool kFold = OPTS & FOLD_SCALE, kSkipRescale = OPTS & SKIP_RESCALE,
+                 kWarpSkip = OPTS & WARP_SKIP, kLane = OPTS & LANE_OFFSETS, kOneK = OPTS & ONE_KSTEP;
+  static_assert(KD % 2 == 0 && NO % 2 == 0, "ldmatrix.x4 feeds two mma k-steps / n-tiles");
+  extern __shared__ uint4 smem_raw[];
+  T* Qs = reinterpret_cast<T*>(smem_raw);
+  const uint32_t Qs_u = smem_u32(Qs);                 // .shared addresses of the tiles
+  const uint32_t Ks_u = Qs_u + 2 * BR * D;            // STAGES K tiles
+  const uint32_t Vs_u = Ks_u + 2 * STAGES * BC * D;   // STAGES V tiles
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  // Block b: query tile b % tiles of (batch, head) b / tiles; 1-D since gridDim.y <= 65535.
+  const int tiles = (N + BR - 1) / BR, bh = blockIdx.x / tiles, qt = blockIdx.x % tiles;
+  const int tile = causal ? tiles - 1 - qt : qt;
+  const int q0 = tile * BR;
+  // This block's (batch, head) in each tensor; rows are L.q.n, L.k.n, ... elements apart (D when
+  // contiguous, H * D in transformers' views). O is offset at the store: one pointer fewer held.
+  const int b = bh / L.H, h = bh % L.H;
+  Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
+
+  const int last_key = causal ? min(N, q0 + BR) : N;
+  const int n_tiles = (last_key + BC - 1) / BC;
+  load_tile_async<BR, D, THREADS, kLane>(Qs_u, Q, L.q.n, q0, N);
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; st++) {
+    if (st < n_tiles) {
+      load_tile_async<BC, D, THREADS, kLane>(Ks_u + 2 * st * BC * D, K, L.k.n, st * BC, N);
+      load_tile_async<BC, D, THREADS, kLane>(Vs_u + 2 * st * BC * D, V, L.v.n, st * BC, N);
+    }
+    cp_async_commit();
+  }
+  cp_async_wait<STAGES - 2>();
+  __syncthreads();
+
+  T* Qw = Qs + warp * WM * 16 * D;  // this warp's WM x 16 rows
+  const LaneOffsets<D> lo(lane);
+  // The .shared address of the A fragment (Q rows 16 w of the warp, k-step kk) or of the K/V
+  // fragments: the lane's base plus constants, or the swizzle formula in full.
+  auto q_addr = [&](int w, int kk) -> uint32_t {
+    const int row0 = warp * WM * 16 + 16 * w;
+    if constexpr (kLane) return Qs_u + lo.av_at(row0, kk);
+    return Qs_u + 2 * swz<D>(row0 + lane % 16, kk * 16 + (lane / 16) * 8);
+  };
+  auto k_addr = [&](uint32_t Kt, int n, int kk) -> uint32_t {
+    if constexpr (kLane) return Kt + lo.k_at(n * 8, kk);
+    return Kt + 2 * swz<D>(n * 8 + lane % 8, kk * 16 + (lane / 8) * 8);
+  };
+  auto v_addr = [&](uint32_t Vt, int ks, int d) -> uint32_t {
+    if constexpr (kLane) return Vt + lo.av_at(ks * 16, d / 2);
+    return Vt + 2 * swz<D>(ks * 16 + lane % 16, d * 8 + (lane / 16) * 8);
+  };
+  // Q's A fragment for row tile w, k-step kk: from registers, or re-read from shared memory.
+  uint32_t qf[Q_REGS ? WM : 1][Q_REGS ? KD : 1][4];
+  if constexpr (Q_REGS) {
+#pragma unroll
+    for (int w = 0; w < WM; w++)
+#pragma unroll
+      for (int kk = 0; kk < KD; kk++) ldmatrix_x4(qf[w][kk], q_addr(w, kk));
+  }
+
+  const int r0 = q0 + warp * WM * 16 + g;  // rows r0 + 16 w (index 2w) and r0 + 16 w + 8 (2w + 1)
+  float o[WM][NO][4] = {};
+  float m[2 * WM], l[2 * WM];
+#pragma unroll
+  for (int h = 0; h < 2 * WM; h++) m[h] = -INFINITY, l[h] = 0.f;
+
+  for (int j = 0; j < n_tiles; j++) {
+    const int k0 = j * BC;
+    // BEGIN CARRIED 07.pipeline: stage 07's pipeline step, on this stage's byte addresses
+    if (j > 0) {
+      cp_async_wait<STAGES - 2>();
+      __syncthreads();
+    }
+    const int next = j + STAGES - 1;
+    if (next < n_tiles) {
+      load_tile_async<BC, D, THREADS, kLane>(Ks_u + 2 * (next % STAGES) * BC * D, K, L.k.n,
+                                             next * BC, N);
+      load_tile_async<BC, D, THREADS, kLane>(Vs_u + 2 * (next % STAGES) * BC * D, V, L.v.n,
+                                             next * BC, N);
+    }
+    cp_async_commit();
+    // STUB: // TODO: nothing waits and nothing loads after the prologue (stage 07's pipeline step,
+    // STUB: // with this stage's load_tile_async<BC, D, THREADS, kLane> into Ks_u / Vs_u).
+    // END CARRIED 07.pipeline
+    const uint32_t Kt = Ks_u + 2 * (j % STAGES) * BC * D;
+    const uint32_t Vt = Vs_u + 2 * (j % STAGES) * BC * D;
+    // Causal: a tile that starts past this warp's last row is masked for all of its rows. The
+    // block's later warps need it; this one only helps load it and meets the barrier.
+    if (kWarpSkip && causal && k0 > q0 + (warp + 1) * WM * 16 - 1) continue;
+
+    // S = Q K^T: each K fragment feeds WM row tiles.
+    float s[WM][NS][4] = {};
+    if constexpr (kOneK) {  // one k-step at a time: each x4 = 16 keys x 16 dims
+#pragma unroll
+      for (int kk = 0; kk < KD; kk++) {
+        uint32_t qa[WM][4];
+#pragma unroll
+        for (int w = 0; w < WM; w++) {
+          if constexpr (Q_REGS) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) qa[w][r] = qf[w][kk][r];
+          } else {
+            ldmatrix_x4(qa[w], q_addr(w, kk));
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < NS; n += 2) {
+          uint32_t b[4];  // (keys n, k lo), (keys n, k hi), (keys n + 1, k lo), (keys n + 1, k hi)
+          if constexpr (kLane) ldmatrix_x4(b, Kt + lo.kb_at(n * 8, kk));
+          else ldmatrix_x4(b, Kt + 2 * swz<D>(n * 8 + lane % 8 + 8 * (lane / 16),
+                                                kk * 16 + (lane / 8 % 2) * 8));
+#pragma unroll
+          for (int w = 0; w < WM; w++) {
+            mma_m16n8k16<T>(s[w][n], qa[w], b[0], b[1]);
+            mma_m16n8k16<T>(s[w][n + 1], qa[w], b[2], b[3]);
+          }
+        }
+      }
+    } else {  // stage 07's: two k-steps per K fragment
+#pragma unroll
+      for (int kk = 0; kk < KD; kk += 2) {
+        uint32_t qa[WM][2][4];
+#pragma unroll
+        for (int w = 0; w < WM; w++)
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            if constexpr (Q_REGS) {
+#pragma unroll
+              for (int r = 0; r < 4; r++) qa[w][e][r] = qf[w][kk + e][r];
+            } else {
+              ldmatrix_x4(qa[w][e], q_addr(w, kk + e));
+            }
+          }
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_addr(Kt, n, kk));
+#pragma unroll
+          for (int w = 0; w < WM; w++) {
+            mma_m16n8k16<T>(s[w][n], qa[w][0], b[0], b[1]);
+            mma_m16n8k16<T>(s[w][n], qa[w][1], b[2], b[3]);
+          }
+        }
+      }
+    }
+
+    if constexpr (!kFold) {
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) s[w][n][i] *= scale_log2;
+    }
+    if (k0 + BC > N || (causal && k0 + BC - 1 > q0)) {
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            const int key = k0 + n * 8 + 2 * t + (i & 1), row = r0 + 16 * w + (i >= 2 ? 8 : 0);
+            if (key >= N || (causal && key > row)) s[w][n][i] = -INFINITY;
+          }
+    }
+
+    // Online softmax on the raw scores: the max commutes with the (positive) scale, so the scale
+    // goes into the exponent's FFMA, exp2(s * scale log2 e - m), instead of a multiply per score.
+    float alpha[2 * WM];
+#pragma unroll
+    for (int w = 0; w < WM; w++)
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const int h = 2 * w + hh;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NS; n++) mx = fmaxf(mx, fmaxf(s[w][n][2 * hh], s[w][n][2 * hh + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        // BEGIN CARRIED 05.online_softmax: stage 05's online softmax, with the scale folded into the exponent (kFold)
+        const float m_new = fmaxf(m[h], kFold ? mx * scale_log2 : mx);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;
+        alpha[h] = exp2_approx(m[h] - m_use);
+        m[h] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            float& x = s[w][n][2 * hh + e];
+            x = exp2_approx(kFold ? fmaf(x, scale_log2, -m_use) : x - m_use);
+          }
+          sum += s[w][n][2 * hh] + s[w][n][2 * hh + 1];
+        }
+        l[h] = fmaf(l[h], alpha[h], sum);
+        // STUB: // TODO: P is left as the raw scores and l as it was: stage 05's online softmax update,
+        // STUB: // for row tile w's row half hh (alpha[h] is read below; kFold folds the scale in).
+        // STUB: alpha[h] = 1.f;
+        // STUB: (void)mx;
+        // END CARRIED 05.online_softmax
+      }
+    // Once a row's max has settled (most tiles, for long sequences) alpha is exactly 1: skip the
+    // rescale of O, D/2 multiplies per row and lane, unless some lane of the warp needs it.
+    bool moved = false;
+#pragma unroll
+    for (int h = 0; h < 2 * WM; h++) moved |= alpha[h] != 1.f;
+    if (!kSkipRescale || __any_sync(0xffffffffu, moved)) {
+#pragma unroll
+      for (int w = 0; w < WM; w++)
+#pragma unroll
+        for (int d = 0; d < NO; d++) {
+          o[w][d][0] *= alpha[2 * w];
+          o[w][d][1] *= alpha[2 * w];
+          o[w][d][2] *= alpha[2 * w + 1];
+          o[w][d][3] *= alpha[2 * w + 1];
+        }
+    }
+
+    // O += P V: each V fragment feeds WM row tiles.
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t a[WM][4];
+#pragma unroll
+      for (int w = 0; w < WM; w++) {
+        a[w][0] = pack2<T>(s[w][2 * ks][0], s[w][2 * ks][1]);
+        a[w][1] = pack2<T>(s[w][2 * ks][2], s[w][2 * ks][3]);
+        a[w][2] = pack2<T>(s[w][2 * ks + 1][0], s[w][2 * ks + 1][1]);
+        a[w][3] = pack2<T>(s[w][2 * ks + 1][2], s[w][2 * ks + 1][3]);
+      }
+#pragma unroll
+      for (int d = 0; d < NO; d += 2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, v_addr(Vt, ks, d));
+#pragma unroll
+        for (int w = 0; w < WM; w++) {
+          mma_m16n8k16<T>(o[w][d], a[w], b[0], b[1]);
+          mma_m16n8k16<T>(o[w][d + 1], a[w], b[2], b[3]);
+        }
+      }
+    }
+  }
+
+  // The log-sum-exp of each row, natural log, is (m + log2 l) ln 2, m the max of the scores times
+  // scale log2 e and l the sum of 2^(score scale log2 e - m). m goes to shared memory now (one
+  // lane per quad), log2 l is added once l is summed across the quad, and the warp stores its
+  // rows after O: kept in registers, m would push the D = 128 kernels past 255 and spill.
+  float* Ls = reinterpret_cast<float*>(Qs + (BR + 2 * BC * STAGES) * D) + warp * WM * 16;
+  if (LSE != nullptr && t == 0) {
+#pragma unroll
+    for (int h = 0; h < 2 * WM; h++) Ls[8 * h + g] = m[h];
+  }
+  // Normalise and write through the warp's own rows of Qs (no other warp reads them), once every
+  // lane is done reading Q there (with a single K/V tile no barrier has passed since).
+  __syncwarp();
+#pragma unroll
+  for (int w = 0; w < WM; w++) {
+    float inv[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      float sum = l[2 * w + hh];
+      // BEGIN CARRIED 05.quad_sum: stage 05's sum across the quad
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      // STUB: // TODO: sum is this lane's part of the row sum only: add up the quad's parts (05.quad_sum).
+      // END CARRIED 05.quad_sum
+      inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
+      if (LSE != nullptr && t == 0) Ls[16 * w + 8 * hh + g] += __log2f(sum);  // m + log2 l
+    }
+#pragma unroll
+    for (int d = 0; d < NO; d++) {
+      *reinterpret_cast<uint32_t*>(Qw + swz<D>(16 * w + g, d * 8) + 2 * t) =
+          pack2<T>(o[w][d][0] * inv[0], o[w][d][1] * inv[0]);
+      *reinterpret_cast<uint32_t*>(Qw + swz<D>(16 * w + g + 8, d * 8) + 2 * t) =
+          pack2<T>(o[w][d][2] * inv[1], o[w][d][3] * inv[1]);
+    }
+  }
+  __syncwarp();
+  constexpr int CHUNKS = D / 8;
+#pragma unroll
+  for (int i = 0; i < WM * 16 * CHUNKS / 32; i++) {
+    const int e = lane + 32 * i, r = e / CHUNKS, c = (e % CHUNKS) * 8;
+    const int row = q0 + warp * WM * 16 + r;
+    if (row < N)
+      *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
+          *reinterpret_cast<const uint4*>(Qw + swz<D>(r, c));
+  }
+  if (LSE != nullptr) {
+#pragma unroll
+    for (int r = lane; r < WM * 16; r += 32) {
+      const int row = q0 + warp * WM * 16 + r;
+      if (row < N) LSE[(b * L.H + h) * N + row] = Ls[r] * 0.6931471805599453f;
+    }
+  }
+}
+
+template <typename T, int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS, int OPTS>
+static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
+  using Cfg = Tiles<D, BC, WARPS, WM, STAGES, Q_REGS>;
+  auto kernel = forward_kernel<T, D, BC, WARPS, WM, STAGES, Q_REGS, OPTS>;
+  FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
+  // 1-D grid, tiles * B * H < 2^31 blocks: flashlab rejects inputs of 2^31 elements or more.
+  dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
+  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
+      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->lse, p->layout, p->N,
+      p->scale * 1.4426950408889634f, p->causal);
+  FLASHLAB_TRY(cudaGetLastError());
+  return nullptr;
+}
+
+// TUNED: the shapes tools/tune08.py chose (data/tune08.csv).
+template <typename T>
+static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
+  if (p->D == 64) {
+    if (p->causal) {
+      if (p->N < 1024) return launch<T, 64, 64, 4, 1, 2, true, 27>(p, s);
+      return launch<T, 64, 128, 4, 2, 2, false, 29>(p, s);
+    }
+    return launch<T, 64, 128, 4, 2, 2, false, 29>(p, s);
+  }
+  if (p->D == 128) {
+    if (p->causal) return launch<T, 128, 64, 4, 2, 2, false, 31>(p, s);
+    return launch<T, 128, 64, 8, 2, 2, false, 31>(p, s);
+  }
+  return "no tuned shape for this head dim";
+}
+
+extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
+  if (p->dtype != FLASHLAB_F16 && p->dtype != FLASHLAB_BF16)
+    return "stage 16 runs in fp16 or bf16 only, not float32";
+  if (p->D != 64 && p->D != 128)
+    return flashlab_say("stage 16 is compiled for head dims 64 and 128, not %d", p->D);
+  return nullptr;
+}
+
+extern "C" size_t flashlab_workspace_bytes(const FlashlabProblem*) { return 0; }
+
+extern "C" const char* flashlab_launch(const FlashlabProblem* p, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  if (p->dtype == FLASHLAB_BF16) return pick<__nv_bfloat16>(p, s);
+  return pick<__half>(p, s);
+}
+
+// --- the backward pass -----------------------------------------------------------------------------
+
+// fp16 / bf16 <-> fp32 (torch builds with the implicit conversions switched off)
+__device__ __forceinline__ float f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// The backward block: WARPS warps, each owning 16 of the block's BC keys; query blocks of BR =
+// BC rows (so a causal key block's first query block is its diagonal one). Shared memory, in
+// 16-bit elements: K_j, V_j, two buffers of (Q_i, dO_i), dS^T (BC x BR); then in floats two
+// buffers of the query rows' log-sum-exps (log2 units) and Δs.
+template <int D, int WARPS>
+struct BwdTiles {
+  static constexpr int BC = 16 * WARPS, BR = BC, THREADS = 32 * WARPS, STAGES = 2;
+  // S^T and dP^T are taken SUB queries at a time: 2 SUB / 2 accumulator floats a lane, which
+  // with dK and dV (D floats) must stay under 255 registers.
+  static constexpr int SUB = D > 64 ? 32 : 64;
+  static constexpr int K = 0, V = K + BC * D, Q = V + BC * D, DO = Q + STAGES * BR * D;
+  static constexpr int DS = DO + STAGES * BR * D, END = DS + BC * BR;
+  static constexpr int BYTES = END * 2 + 2 * STAGES * BR * 4;
+};
+
+// 1. Δ_i = rowsum(dO_i ∘ O_i) in fp32, one warp per row of every (batch, head); the row's fp32 dQ
+//    accumulator is zeroed on the way. dO, O and the scratch are contiguous. (Stage 14's.)
+template <typename T, int D>
+__global__ void __launch_bounds__(256)
+bwd_preprocess_kernel(const T* __restrict__ O, const T* __restrict__ dO, float* __restrict__ delta,
+                      float* __restrict__ dq_acc, int rows) {
+  const int row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  float sum = 0.f;
+#pragma unroll
+  for (int d = lane; d < D; d += 32) {
+    sum += f32(O[(size_t)row * D + d]) * f32(dO[(size_t)row * D + d]);
+    dq_acc[(size_t)row * D + d] = 0.f;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (lane == 0) delta[row] = sum;
+}
+
+// dst[0] += a and dst[1] += b, atomically (dst 8-byte aligned): one 64-bit reduction from sm_90 on.
+__device__ __forceinline__ void add_pair(float* dst, float a, float b) {
+#if __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), make_float2(a, b));
+#else
+  atomicAdd(dst, a);
+  atomicAdd(dst + 1, b);
+#endif
+}
+
+// The turns at a query block's dQ sum: the block whose turn is `mine` waits until the counter
+// reads it, adds its share, then passes the turn on to mine + 1.
+// BEGIN EXERCISE 16.turns: wait_turn: one thread spins until *turn == mine (read through
+// volatile, so that each read goes to memory), and what the previous block added must be
+// visible before this block adds; then the whole block may go on. pass_turn: once every thread's
+// adds are visible to the GPU, one thread sets *turn to mine + 1.
+__device__ __forceinline__ void wait_turn(const int* turn, int mine) {
+  if (threadIdx.x == 0) {
+    while (*reinterpret_cast<const volatile int*>(turn) != mine) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ void pass_turn(int* turn, int mine) {
+  __threadfence();  // this thread's adds are done, GPU-wide, before the turn moves on
+  __syncthreads();
+  if (threadIdx.x == 0) atomicExch(turn, mine + 1);
+}
+// STUB: // TODO: no turns are taken, so the adds land in any order and dQ's last bits vary.
+// STUB: __device__ __forceinline__ void wait_turn(const int*, int) {}
+// STUB: __device__ __forceinline__ void pass_turn(int*, int) {}
+// END EXERCISE 16.turns
+
+// 2. One block per (key block j, batch, head). dK_j and dV_j stay in the warps' accumulators.
+template <typename T, int D, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
+bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
+           const T* __restrict__ dO, const float* __restrict__ LSE, const float* __restrict__ delta,
+           float* __restrict__ dq_acc, int* __restrict__ turns, T* __restrict__ dK,
+           T* __restrict__ dV, const FlashlabLayout L, int N, float scale, int causal) {
+  using C = BwdTiles<D, WARPS>;
+  constexpr int BC = C::BC, BR = C::BR, THREADS = C::THREADS;
+  constexpr int KD = D / 16, NQ = C::SUB / 8, ND = D / 8, KQ = C::SUB / 16, KK = BC / 16;
+  extern __shared__ uint4 smem_raw[];
+  T* sm = reinterpret_cast<T*>(smem_raw);
+  T* dSs = sm + C::DS;
+  float* Ls = reinterpret_cast<float*>(sm + C::END);  // [STAGES][BR], then Δ: [STAGES][BR]
+  float* Ds = Ls + C::STAGES * BR;
+  const uint32_t base_u = smem_u32(sm);
+  const uint32_t Ks_u = base_u + 2 * C::K, Vs_u = base_u + 2 * C::V, dSs_u = base_u + 2 * C::DS;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int key_tiles = (N + BC - 1) / BC;
+  // Causal: the key blocks of a head are launched last first (see `turn` below).
+  const int bh = blockIdx.x / key_tiles, jb = causal ? key_tiles - 1 - blockIdx.x % key_tiles
+                                                     : blockIdx.x % key_tiles;
+  const int k0 = jb * BC;
+  const int b = bh / L.H, h = bh % L.H;
+  Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
+  const size_t base = (size_t)bh * N;  // this (batch, head)'s first row in the contiguous tensors
+  dO += base * D; LSE += base; delta += base; dq_acc += base * D;
+  turns += (size_t)bh * ((N + BR - 1) / BR);  // this head's counters, one per query block
+  // This block's turn at query block qb. A block only ever waits for blocks launched before it,
+  // which are running or done. Without a mask every key block walks from query block 0 and they
+  // take turns in launch order, j = 0, 1, ...: block j's first add waits for block j - 1's.
+  // Causal: key block j walks from query block j, so at query block qb the blocks that arrive
+  // first are those that start there; launched last first, they take their turns in the order
+  // they arrive: qb, qb - 1, ..., 0, and no block waits once the walks are under way.
+  auto turn = [&](int qb) { return causal ? qb - jb : jb; };
+  const float scale_log2 = scale * 1.4426950408889634f;
+
+  // K_j and V_j once; then query blocks from the first that sees a key of this block.
+  load_tile_async<BC, D, THREADS, true>(Ks_u, K, L.k.n, k0, N);
+  load_tile_async<BC, D, THREADS, true>(Vs_u, V, L.v.n, k0, N);
+  const int first = causal ? k0 : 0, blocks = (N - first + BR - 1) / BR;
+  auto issue = [&](int i) {  // start copying query block i (counted from `first`) into buffer i % 2
+    const int q0 = first + i * BR, s = i % C::STAGES;
+    load_tile_async<BR, D, THREADS, true>(base_u + 2 * (C::Q + s * BR * D), Q, L.q.n, q0, N);
+    load_tile_async<BR, D, THREADS, true>(base_u + 2 * (C::DO + s * BR * D), dO, D, q0, N);
+    cp_async_commit();
+  };
+  issue(0);
+  for (int r = threadIdx.x; r < BR; r += THREADS) {
+    const int row = first + r;
+    Ls[r] = row < N ? LSE[row] * 1.4426950408889634f : 0.f;  // in log2 units
+    Ds[r] = row < N ? delta[row] : 0.f;
+  }
+
+  float dv[ND][4] = {}, dk[ND][4] = {};
+  const int kw = 16 * warp;  // this warp's first key in the block
+  for (int i = 0; i < blocks; i++) {
+    const int q0 = first + i * BR, s = i % C::STAGES;
+    const uint32_t Qs_u = base_u + 2 * (C::Q + s * BR * D), dOs_u = base_u + 2 * (C::DO + s * BR * D);
+    // The next block's tiles go into the other buffer, last read before the previous barrier;
+    // its log-sum-exps and Δs wait in registers until this block's are read.
+    float l_next = 0.f, d_next = 0.f;
+    const int r_next = threadIdx.x, row_next = q0 + BR + r_next;
+    if (i + 1 < blocks) {
+      issue(i + 1);
+      if (r_next < BR && row_next < N) {
+        l_next = LSE[row_next] * 1.4426950408889634f;
+        d_next = delta[row_next];
+      }
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // block i's tiles are in; every warp is done with the last dS^T
+
+    const float* Lr = Ls + s * BR;
+    const float* Dr = Ds + s * BR;
+    const bool edge = (causal && q0 == k0) || q0 + BR > N || k0 + BC > N;
+#pragma unroll 1
+    for (int q = 0; q < BR; q += C::SUB) {  // queries q.. of the block
+    // S^T = K_w Q_i^T and dP^T = V_w dO_i^T: 16 keys x SUB queries, fp32 accumulators.
+    float st[NQ][4] = {}, dpt[NQ][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      uint32_t ka[4], va[4];
+      const int off = 2 * swz<D>(kw + lane % 16, 16 * kk + 8 * (lane / 16));
+      ldmatrix_x4(ka, Ks_u + off);
+      ldmatrix_x4(va, Vs_u + off);
+#pragma unroll
+      for (int n = 0; n < NQ / 2; n++) {  // queries 16n.., two n-tiles per ldmatrix.x4
+        uint32_t qb[4], ob[4];
+        const int boff = 2 * swz<D>(q + 16 * n + lane % 8 + 8 * (lane / 16), 16 * kk + 8 * ((lane / 8) % 2));
+        ldmatrix_x4(qb, Qs_u + boff);
+        ldmatrix_x4(ob, dOs_u + boff);
+        mma_m16n8k16<T>(st[2 * n], ka, qb[0], qb[1]);
+        mma_m16n8k16<T>(st[2 * n + 1], ka, qb[2], qb[3]);
+        mma_m16n8k16<T>(dpt[2 * n], va, ob[0], ob[1]);
+        mma_m16n8k16<T>(dpt[2 * n + 1], va, ob[2], ob[3]);
+      }
+    }
+
+    // P^T and dS^T in place: accumulator element e of n-tile n is key kw + g (+ 8 for e >= 2),
+    // query 8n + 2t (+ 1 for odd e). Masks only where the block crosses N or the diagonal.
+#pragma unroll
+    for (int n = 0; n < NQ; n++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int qi = q + 8 * n + 2 * t + (e & 1), key = k0 + kw + g + 8 * (e / 2), row = q0 + qi;
+        const bool seen = !edge || (row < N && key < N && !(causal && key > row));
+        // BEGIN CARRIED 14.dscores: stage 14's P and dS, on accumulator element e: st[n][e] =
+        // k_key . q_row becomes P, dpt[n][e] = v_key . dO_row becomes dS (log-sum-exp Lr[qi] in
+        // log2 units, Δ in Dr[qi])
+        const float p = seen ? exp2_approx(fmaf(st[n][e], scale_log2, -Lr[qi])) : 0.f;
+        st[n][e] = p;
+        dpt[n][e] = p * (dpt[n][e] - Dr[qi]);
+        // STUB: // TODO: P and dS are left at zero: every gradient but a zero one is wrong (14.dscores).
+        // STUB: st[n][e] = dpt[n][e] = 0.f;
+        // STUB: (void)seen; (void)scale_log2; (void)Lr; (void)Dr;
+        // END CARRIED 14.dscores
+      }
+    }
+
+    // dV_w += P^T dO_i and dK_w += dS^T Q_i. The accumulators of n-tiles 2j and 2j + 1 are the
+    // A fragment of k-step j (queries 16j..), packed to 16 bits; dO_i and Q_i by ldmatrix.trans.
+#pragma unroll
+    for (int j = 0; j < KQ; j++) {
+      const uint32_t pa[4] = {pack2<T>(st[2 * j][0], st[2 * j][1]), pack2<T>(st[2 * j][2], st[2 * j][3]),
+                              pack2<T>(st[2 * j + 1][0], st[2 * j + 1][1]),
+                              pack2<T>(st[2 * j + 1][2], st[2 * j + 1][3])};
+      const uint32_t sa[4] = {pack2<T>(dpt[2 * j][0], dpt[2 * j][1]), pack2<T>(dpt[2 * j][2], dpt[2 * j][3]),
+                              pack2<T>(dpt[2 * j + 1][0], dpt[2 * j + 1][1]),
+                              pack2<T>(dpt[2 * j + 1][2], dpt[2 * j + 1][3])};
+#pragma unroll
+      for (int d = 0; d < ND / 2; d++) {  // head-dim columns 16d.., two n-tiles per ldmatrix.x4
+        uint32_t ob[4], qb[4];
+        const int off = 2 * swz<D>(q + 16 * j + lane % 16, 16 * d + 8 * (lane / 16));
+        ldmatrix_x4_trans(ob, dOs_u + off);
+        ldmatrix_x4_trans(qb, Qs_u + off);
+        mma_m16n8k16<T>(dv[2 * d], pa, ob[0], ob[1]);
+        mma_m16n8k16<T>(dv[2 * d + 1], pa, ob[2], ob[3]);
+        mma_m16n8k16<T>(dk[2 * d], sa, qb[0], qb[1]);
+        mma_m16n8k16<T>(dk[2 * d + 1], sa, qb[2], qb[3]);
+      }
+      // dS^T to shared memory for dQ: rows are keys, BR queries a row, swizzled like the tiles.
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int n = 2 * j + e / 2, key = kw + g + 8 * (e % 2);
+        *reinterpret_cast<uint32_t*>(dSs + swz<BR>(key, q + 8 * n) + 2 * t) = sa[e];
+      }
+    }
+    }
+    if (i + 1 < blocks && r_next < BR) {  // the next block's rows, into the buffer read last time
+      Ls[(1 - s) * BR + r_next] = l_next;
+      Ds[(1 - s) * BR + r_next] = d_next;
+    }
+    __syncthreads();  // dS^T complete
+
+    // dQ_i += dS K_j: warp w takes query rows 16w.. against the block's BC keys. A = dS from the
+    // dS^T tile by ldmatrix.trans; B = K_j rows by ldmatrix.trans. Half the head dim at a time.
+    uint32_t da[KK][4];
+    int krow, kcol;  // the K_j row and column this lane addresses, within a 16 x 16 block
+    // BEGIN CARRIED 15.dq_operands: the operands of dQ_i += dS K_j, read by ldmatrix.x4.trans.
+    // da[kk]: the A fragment of dS (query rows 16 warp.., keys 16 kk..) from the dS^T tile (rows
+    // keys, BR queries a row, element (key, query) at swz<BR>(key, query)): lanes 8i..8i+7 give
+    // the row addresses of 8x8 matrix i, and a .trans matrix reaches lane l as its column l / 4.
+    // krow, kcol: this lane's row and column in a 16 x 16 block of K_j, whose four matrices must
+    // come out as the B fragments (b0, b1) of n-tiles 2d and 2d + 1.
+#pragma unroll
+    for (int kk = 0; kk < KK; kk++)
+      ldmatrix_x4_trans(da[kk], dSs_u + 2 * swz<BR>(16 * kk + lane % 8 + 8 * (lane / 16),
+                                                    16 * warp + 8 * ((lane / 8) % 2)));
+    krow = lane % 16;
+    kcol = 8 * (lane / 16);
+    // STUB: // TODO: every lane reads the same rows, so dQ is wrong (dK and dV are not).
+    // STUB: for (int kk = 0; kk < KK; kk++) ldmatrix_x4_trans(da[kk], dSs_u);
+    // STUB: krow = kcol = 0;
+    // END CARRIED 15.dq_operands
+    const int qrow = q0 + 16 * warp + g;
+#pragma unroll
+    for (int half = 0; half < D / 64; half++) {
+      float dq[8][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < KK; kk++) {
+#pragma unroll
+        for (int d = 0; d < 4; d++) {
+          uint32_t kb[4];
+          ldmatrix_x4_trans(kb, Ks_u + 2 * swz<D>(16 * kk + krow, 64 * half + 16 * d + kcol));
+          mma_m16n8k16<T>(dq[2 * d], da[kk], kb[0], kb[1]);
+          mma_m16n8k16<T>(dq[2 * d + 1], da[kk], kb[2], kb[3]);
+        }
+      }
+      if (half == 0) wait_turn(turns + q0 / BR, turn(q0 / BR));  // the key blocks before this one are done
+#pragma unroll
+      for (int n = 0; n < 8; n++) {
+        const int col = 64 * half + 8 * n + 2 * t;
+        if (qrow < N) add_pair(dq_acc + (size_t)qrow * D + col, dq[n][0], dq[n][1]);
+        if (qrow + 8 < N) add_pair(dq_acc + (size_t)(qrow + 8) * D + col, dq[n][2], dq[n][3]);
+      }
+    }
+    pass_turn(turns + q0 / BR, turn(q0 / BR));
+  }
+
+  // dK carries the scale of S = scale Q K^T (dQ gets it in bwd_dq_kernel).
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int key = k0 + kw + g + 8 * hh;
+    if (key >= N) continue;
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+      const size_t at = (base + key) * D + 8 * n + 2 * t;
+      *reinterpret_cast<uint32_t*>(dK + at) = pack2<T>(dk[n][2 * hh] * scale, dk[n][2 * hh + 1] * scale);
+      *reinterpret_cast<uint32_t*>(dV + at) = pack2<T>(dv[n][2 * hh], dv[n][2 * hh + 1]);
+    }
+  }
+}
+
+// 3. dQ = scale · (the fp32 sum), in the inputs' dtype. (Stage 14's.)
+template <typename T>
+__global__ void __launch_bounds__(256)
+bwd_dq_kernel(const float* __restrict__ dq_acc, T* __restrict__ dQ, float scale, int elements) {
+  for (int i = blockIdx.x * 256 + threadIdx.x; i < elements; i += gridDim.x * 256)
+    dQ[i] = from_f32<T>(dq_acc[i] * scale);
+}
+
+// The turn counters: one int per (batch, head, query block of 64 rows).
+static size_t turn_bytes(const FlashlabProblem* p) {
+  return (size_t)p->B * p->H * flashlab_cdiv(p->N, BwdTiles<64, 4>::BR) * sizeof(int);  // BR: 64 at 4 warps
+}
+
+template <typename T, int D, int WARPS>
+static const char* launch_backward(const FlashlabProblem* p, cudaStream_t stream) {
+  using C = BwdTiles<D, WARPS>;
+  const int rows = p->B * p->H * p->N;
+  float* dq_acc = static_cast<float*>(p->workspace);
+  float* delta = dq_acc + (size_t)rows * D;
+  int* turns = reinterpret_cast<int*>(delta + rows);
+  FLASHLAB_TRY(cudaMemsetAsync(turns, 0, turn_bytes(p), stream));
+  bwd_preprocess_kernel<T, D><<<flashlab_cdiv(rows, 8), 256, 0, stream>>>(
+      (const T*)p->o, (const T*)p->dout, delta, dq_acc, rows);
+  FLASHLAB_TRY(cudaGetLastError());
+  auto kernel = bwd_kernel<T, D, WARPS>;
+  FLASHLAB_TRY(flashlab_allow_smem(kernel, C::BYTES));
+  dim3 grid(flashlab_cdiv(p->N, C::BC) * p->B * p->H);
+  kernel<<<grid, C::THREADS, C::BYTES, stream>>>(
+      (const T*)p->q, (const T*)p->k, (const T*)p->v, (const T*)p->dout, p->lse, delta, dq_acc,
+      turns, (T*)p->dk, (T*)p->dv, p->layout, p->N, p->scale, p->causal);
+  FLASHLAB_TRY(cudaGetLastError());
+  const int elements = rows * D;
+  bwd_dq_kernel<T><<<min(flashlab_cdiv(elements, 256), 65535), 256, 0, stream>>>(
+      dq_acc, (T*)p->dq, p->scale, elements);
+  FLASHLAB_TRY(cudaGetLastError());
+  return nullptr;
+}
+
+// Scratch: the fp32 dQ sum (B H N D floats), then Δ (B H N floats), then the turn counters.
+extern "C" size_t flashlab_backward_workspace_bytes(const FlashlabProblem* p) {
+  return (size_t)p->B * p->H * p->N * (p->D + 1) * sizeof(float) + turn_bytes(p);
+}
+
+extern "C" const char* flashlab_backward_launch(const FlashlabProblem* p, void* stream) {
+  cudaStream_t s = (cudaStream_t)stream;
+  const bool bf16 = p->dtype == FLASHLAB_BF16;
+  if (p->D == 64)
+    return bf16 ? launch_backward<__nv_bfloat16, 64, 4>(p, s) : launch_backward<__half, 64, 4>(p, s);
+  if (p->D == 128)
+    return bf16 ? launch_backward<__nv_bfloat16, 128, 4>(p, s) : launch_backward<__half, 128, 4>(p, s);
+  return "stage 16's backward is compiled for head dims 64 and 128";
+}
