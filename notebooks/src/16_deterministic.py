@@ -162,7 +162,7 @@ with nb.unless_missing():
 #
 # Set beside stage 15's profile (notebook 15, section 7: tensor pipe 31 %), the tensor pipe is busy
 # 17 % of the time for the same work, and the warps wait where section 5 put them: at `barrier`
-# (32 %: the block held while one thread spins on the counter, or while every warp's adds are
+# (31 %: the block held while one thread spins on the counter, or while every warp's adds are
 # fenced before the turn passes) and at `membar` (11 %: a warp at the fence, waiting for its
 # reductions to be acknowledged). At this small size (16 key blocks per head) the cost is near
 # its largest: 0.56 of stage 15 without the mask.
