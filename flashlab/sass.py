@@ -44,6 +44,8 @@ CATEGORIES = {
     "LDG": "narrower global loads (4 or 8 bytes)",
     "STG": "global stores, any width",
     "RED": "reductions to global memory (an atomicAdd whose old value is not used)",
+    "ATOM": "atomics on global memory that return the old value (atomicExch, atomicAdd used)",
+    "MEMBAR": "memory fences (__threadfence): earlier writes visible GPU-wide before later ones",
     "LDS.128": "16-byte shared-memory loads (float4)",
     "LDS": "narrower shared-memory loads",
     "STS": "shared-memory stores, any width",
@@ -70,6 +72,8 @@ def category(opcode: str):
         return opcode if opcode == "MUFU.EX2" else None
     if base == "REDG":  # sm_90's name for RED (sm_80) on global memory
         return "RED"
+    if base == "ATOMG":  # and for ATOM
+        return "ATOM"
     return base if base in CATEGORIES else None
 
 

@@ -398,9 +398,10 @@ _STAGES = (
           # the forward: stage 14's (stage 08's kernel with the log-sum-exp)
           sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
           lse=True, backward="bwd_kernel", deterministic=True,
-          # stage 15's backward; the turns add no instruction of their own kind
-          backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "RED": True,
-                         "LDG.E.128": False},
+          # stage 15's backward, and the turns: fences (MEMBAR) and the counter's atomic
+          # exchange (ATOM); on sm_90 the fenced dQ adds become ATOMs too (no RED left there)
+          backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "MEMBAR": True,
+                         "ATOM": True, "LDG.E.128": False},
           builds_on=15),
 )
 

@@ -373,12 +373,9 @@ with nb.unless_missing():
     display(plots.training())
 
 # %% [markdown]
-# The curves lie on one another. In the recorded run (300 steps, bf16, on the H200) the largest gap
-# between this stage's smoothed loss and SDPA flash's is 8.5 × 10⁻⁴; SDPA flash run again from the
-# same seed differs from itself by 2.4 × 10⁻⁴, and SDPA's cuDNN backend from its flash backend by
-# 8.0 × 10⁻⁴: this stage is as close to SDPA's flash backend as SDPA's other backend is. (Stages 15
-# and 16, the next two, are drawn too.) At this size the step time is the model's, not
-# attention's: every run takes 12–13 ms a step.
+# The curves lie on one another: this stage's smoothed loss is at most 8.5 × 10⁻⁴ from SDPA
+# flash's, as close as SDPA's cuDNN backend (8.0 × 10⁻⁴); SDPA flash differs from itself by
+# 2.4 × 10⁻⁴. At this size the step time is the model's, not attention's.
 #
 # ## 12 · What is next
 #
