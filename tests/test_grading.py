@@ -55,9 +55,29 @@ def test_an_answer_left_from_an_earlier_cell_is_not_read_past_a_blank_one(tmp_pa
 
 
 def test_a_loop_that_never_ends_times_out(tmp_path):
+    """And its kernel is stopped: no process is left spinning in the notebook's folder."""
     nb = notebook(tmp_path / "a.ipynb", "while True:\n    pass", "answer = 32")
     got = labrun.answers(nb, [LAB], cell_timeout=3)[LAB]
     assert got.status == "timeout" and "more than 3 s" in got.why, got
+    assert not _processes_in(tmp_path)
+
+
+def _processes_in(folder, wait_s=10.0):
+    """The processes whose working directory is `folder` (Linux /proc), after up to wait_s."""
+    import os
+    import time
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == str(folder):
+                    found.append(int(pid))
+            except OSError:
+                continue
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
 
 
 def test_a_notebook_cannot_grade_itself(tmp_path):

@@ -156,9 +156,23 @@ def answers(notebook: Path, labs, cell_timeout=CELL_TIMEOUT_S, data_dir=None,
         stopped = f"the notebook's Python died: {err}"
     except Exception as err:  # noqa: BLE001 -- the student's notebook may fail in any way
         stopped = f"the notebook could not be run: {type(err).__name__}: {err}"
+    finally:
+        _stop(km)
     for lab, (ans_i, read_i) in reads.items():
         out[lab] = _read(nb.cells, ans_i, read_i, mark, stopped, lab)
     return out
+
+
+def _stop(km):
+    """Shut the notebook's kernel down. nbclient stops only kernels whose manager it made, and
+    this one is ours: a cell stopped at its timeout would otherwise go on running, a process
+    spinning for every hand-in whose loop never ends."""
+    from nbclient.util import run_sync
+    try:
+        if run_sync(km.is_alive)():
+            run_sync(km.shutdown_kernel)(now=True)
+    except Exception:  # noqa: BLE001 -- a kernel that never started, or is gone already
+        pass
 
 
 def _read(cells, ans_i, read_i, mark, stopped, lab) -> Answer:
