@@ -133,6 +133,35 @@ def scaling(df=None, gpu=None, dtype="fp16", last=None):
     last: the last stage to show (None: all)."""
     df, gpu, _ = _shown(df, gpu)
     ok = _up_to(tables.sweep_rows(df, gpu, dtype), last)
+    return _scaling_panels(ok, f"TFLOP/s ({dtype})", f"Scaling with sequence length — {gpu}")
+
+
+def backward_scaling(df=None, gpu=None, dtype="fp16"):
+    """The backward passes over the FlashAttention sweep (pass "backward" rows: the stages' and
+    SDPA's flash and cuDNN backwards, timed in turn), TFLOP/s as FlashAttention counts the
+    backward's FLOPs (2.5 times the forward's), one panel per head dim and mask; of the GPU that
+    last recorded a backward over the sweep."""
+    df = RESULTS.load(every=True) if df is None else df
+    gpu = gpu or tables.sweep_gpu(df, "backward")
+    if gpu is None:
+        raise tables.NotRecorded("no backward timed over the sweep yet: "
+                                 "flashlab.measure.measure_backward(stages, configs=sweep())")
+    ok = tables.sweep_rows(df, gpu, dtype, "backward")
+    return _scaling_panels(ok, f"backward TFLOP/s ({dtype})",
+                           f"The backward pass over the sweep (its FLOPs: 2.5 × the forward's) — {gpu}")
+
+
+def save_backward_scaling(df=None, outdir=None):
+    """data/figures/backward_scaling.png; returns its path."""
+    outdir = paths.figures_dir() if outdir is None else Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    path = outdir / "backward_scaling.png"
+    backward_scaling(df).savefig(path, dpi=110, metadata={"Software": None})
+    return path
+
+
+def _scaling_panels(ok, ylabel, title):
+    """scaling()'s four panels (D = 64, 128; causal or not) of `ok`'s sweep rows, a line each."""
     fig, axes = _axes((10, 7), 2, 2, sharex=True)
     for ax, (d, causal) in zip(axes.flat, [(64, False), (64, True), (128, False), (128, True)]):
         panel = ok[(ok["D"] == d) & (ok["causal"] == causal)]
@@ -152,11 +181,11 @@ def scaling(df=None, gpu=None, dtype="fp16", last=None):
     for ax in axes[1]:
         ax.set_xlabel(f"sequence length N (B·N = {SWEEP.tokens // 1024}k tokens, H·D = {SWEEP.width})")
     for ax in axes[:, 0]:
-        ax.set_ylabel(f"TFLOP/s ({dtype})")
+        ax.set_ylabel(ylabel)
     handles, labels = axes.flat[0].get_legend_handles_labels()
     ncol = min(6, max(1, len(labels)))
     fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=9)
-    fig.suptitle(f"Scaling with sequence length — {gpu}", fontsize=11)
+    fig.suptitle(title, fontsize=11)
     rows = -(-len(labels) // ncol)  # the legend's rows, kept clear of the axes' labels
     fig.tight_layout(rect=(0, 0.01 + 0.035 * rows, 1, 1))
     return fig

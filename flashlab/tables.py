@@ -425,6 +425,14 @@ def sweep_rows(df, gpu, dtype="fp16", pass_="forward") -> pd.DataFrame:
     return df[hit]
 
 
+def sweep_gpu(df=None, pass_="backward"):
+    """The GPU that last recorded rows of `pass_` over the sweep (None: none has)."""
+    df = RESULTS.load(every=True) if df is None else df
+    rows = ok(df)
+    rows = rows[is_sweep(rows) & (rows["pass"] == pass_)]
+    return rows.sort_values("time")["gpu"].iloc[-1] if len(rows) else None
+
+
 def sweep_at(N, D, causal, dtype="fp16", gpu=None, df=None) -> pd.Series:
     """TFLOP/s of every stage and baseline recorded at one point of the sweep, by name."""
     df = RESULTS.load() if df is None else df

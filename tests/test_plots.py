@@ -292,3 +292,23 @@ def test_every_stage_has_its_own_colour_and_the_sweep_stages_their_own_markers()
     assert not set(colours.values()) & {c for c, _ in plots.BASELINE_STYLE.values()}
     fast = [st.slug for st in stages() if st.fast]
     assert len({plots._marker_of(s) for s in fast}) == len(fast)
+
+
+def test_the_backward_over_the_sweep_shows_backward_rows_only(data_dir):
+    """From the recorded data: the stages with a backward pass and SDPA's backwards, on the GPU
+    that timed them over the sweep; no forward row reaches it."""
+    fig = plots.backward_scaling()
+    labels = {t.get_text() for t in fig.legends[0].texts}
+    assert {"sdpa_flash", "sdpa_cudnn"} <= labels
+    assert labels - {"sdpa_flash", "sdpa_cudnn"} <= {st.slug for st in stages() if st.has_backward}
+    assert tables.sweep_gpu(pass_="backward") in fig._suptitle.get_text()
+    drawn(fig)
+    path = plots.save_backward_scaling()
+    assert path.exists()
+
+
+def test_without_a_backward_sweep_the_figure_says_what_to_run():
+    empty = pd.DataFrame([result("15_backward_mma", "fp16", 100.0)]).assign(**{"pass": "backward",
+                                                                               "gpus": 1})
+    with pytest.raises(tables.NotRecorded, match="measure_backward"):
+        plots.backward_scaling(df=empty)
