@@ -508,10 +508,11 @@ __device__ __forceinline__ void add_pair(float* dst, float a, float b) {
 
 // The turns at a query block's dQ sum: the block whose turn is `mine` waits until the counter
 // reads it, adds its share, then passes the turn on to mine + 1.
-// BEGIN EXERCISE 16.turns: wait_turn: one thread spins until *turn == mine (read through
-// volatile, so that each read goes to memory), and what the previous block added must be
-// visible before this block adds; then the whole block may go on. pass_turn: once every thread's
-// adds are visible to the GPU, one thread sets *turn to mine + 1.
+// BEGIN EXERCISE 16.turns: taking turns at a dQ sum. wait_turn(turn, mine): one thread spins
+// until *turn == mine (read through volatile, so that each read goes to memory), and what the
+// previous block added must be visible before this block adds; then the whole block may go on.
+// pass_turn(turn, mine): once every thread's adds are visible to the GPU, one thread sets *turn
+// to mine + 1.
 __device__ __forceinline__ void wait_turn(const int* turn, int mine) {
   if (threadIdx.x == 0) {
     while (*reinterpret_cast<const volatile int*>(turn) != mine) {

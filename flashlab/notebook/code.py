@@ -58,7 +58,9 @@ def excerpt(text: str, start: str, stop=None) -> str:
     if first is None:
         raise ValueError(f"no line matches {start!r}")
     last = first if stop is None else next(
-        (i for i in range(first, len(lines)) if re.search(stop, lines[i])), len(lines) - 1)
+        (i for i in range(first, len(lines)) if re.search(stop, lines[i])), None)
+    if last is None:  # a pattern that never matches would show the rest of the file
+        raise ValueError(f"no line after {start!r} matches {stop!r} (one line at a time)")
     return "\n".join(f"{i + 1:4}  {lines[i]}" for i in range(first, last + 1))
 
 

@@ -95,7 +95,7 @@ nb.show_lines("15_backward_mma", r"// S\^T = K_w Q_i\^T and dP\^T", r"^    \}$")
 # A fragment, and dO_i and Q_i arrive by `ldmatrix.trans`:
 
 # %%
-nb.show_lines("15_backward_mma", r"// dV_w \+= P\^T dO_i and dK_w", r"^    \}\n    \}$")
+nb.show_lines("15_backward_mma", r"// dV_w \+= P\^T dO_i and dK_w", r"// dS\^T complete")
 
 # %% [markdown]
 # ## 4 · dQ, and its atomics
@@ -109,7 +109,7 @@ nb.show_source("15_backward_mma", "add_pair")
 
 # %% [markdown]
 # On the H100 and H200 (`sm_90`), a 64-bit atomic adds two adjacent floats in one `RED`
-# instruction; on the A100 the adds stay 32-bit. The machine code of the D = 64 kernel:
+# instruction; on the A100 the adds stay 32-bit. The machine code of the backward's kernels:
 
 # %%
 with nb.unless_missing():
@@ -173,19 +173,21 @@ with nb.unless_missing():
 # ### Discussion
 #
 # On the H200 the backward ran at 169 TFLOP/s at this config (fp16, B = 4, H = 16, N = 1024,
-# D = 64), 124 causal: inside the predicted range at the low end, and about 13 times stage 14. At
-# this size a launch has 1 024 blocks for 264 places (132 SMs × 2), four waves with a ragged last
-# one. Timed beside SDPA over larger problems (N = 1k to 16k, both head dims, fp16), it reached
-# 190–228 TFLOP/s, 0.72–1.03 times SDPA's flash backward: level with it on the short causal case,
-# 25–30 % behind on the long ones, and half of cuDNN's.
+# D = 64), 12–14 times stage 14: inside the predicted range at its low end. The causal case, at
+# 124, fell below it: a causal key block walks fewer query blocks, so its fixed costs (loading
+# K_j and V_j, writing dK and dV) weigh more, and the diagonal blocks do masked work that is not
+# counted. At this size a launch has 1 024 blocks for 264 places (132 SMs × 2), four waves with
+# a ragged last one. Timed beside SDPA over larger problems (N = 1k to 16k, both head dims,
+# fp16), it reached 190–228 TFLOP/s without the mask and 159–227 with it: 0.72–1.03 times SDPA's
+# flash backward, level with it only on the short causal problems and 21–28 % behind at 16k, and
+# 0.37–0.72 times cuDNN's.
 #
-# The first version of this kernel added dQ with one 32-bit atomic per float, and ran at 134–156
-# TFLOP/s on those same problems. The two-floats-at-once reduction of section 4 took it to
-# 190–228: the atomics, not the products, were the largest cost after the tensor cores came in. A
-# 128-bit reduction (lanes trade halves with a shuffle first, so that each holds four adjacent
-# floats) measured 3–7 % slower than the 64-bit one: the shuffles cost more than the fewer
-# reductions saved. Fewer atomics need larger key blocks (each dQ element is added once per key
-# block), which need more registers or more warps per block.
+# With one 32-bit atomic per float instead of section 4's pairs, the same kernel ran at 118–156
+# TFLOP/s on those problems: the atomics, not the products, were the largest cost once the
+# tensor cores came in. A 128-bit reduction (lanes trade halves with a shuffle first, so that
+# each holds four adjacent floats) measured 3–7 % slower than the 64-bit one: the shuffles cost
+# more than the fewer reductions saved. Fewer atomics need larger key blocks (each dQ element is
+# added once per key block), which need more registers or more warps per block.
 
 # %% [markdown]
 # ## 7 · The profile

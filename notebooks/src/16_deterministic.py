@@ -17,7 +17,7 @@
 #
 # **Prerequisites:** notebook 15 (the tensor-core backward and its dQ atomics); 14 (Algorithm 2).
 #
-# **Time:** about 15 min to read, 30 min to work through.
+# **Time:** about 16 min to read, 30 min to work through.
 
 # %%
 # %matplotlib inline
@@ -55,14 +55,21 @@ deterministic.orders_demo()
 #
 # Give every (batch, head, query block) a counter in global memory, zeroed before the launch. Key
 # block j, when it has its share of dQ_i ready, waits until the counter reads its turn, adds its
-# share (the same atomics as stage 15, but never at the same time as another block's), waits until
+# share (the same adds as stage 15, but never at the same time as another block's), waits until
 # its adds have landed, and sets the counter to its turn plus one. Each element of dQ is then the
 # same additions in the same order on every run.
 #
+# Each step needs its fence. The spin reads the counter through a `volatile` pointer, so that the
+# compiler reads memory every time instead of once. After the spin, a fence keeps this block's
+# adds from being performed before the counter was seen to change. Before the turn passes, every
+# thread fences, so that its adds are performed in L2 before any other block can see the new
+# counter; a barrier then lets one thread pass it on.
+#
 # Two rules decide the order. **It must not deadlock:** a block spinning on a counter holds its
 # place on an SM; if the block it waits for has not been launched, and every place is taken by
-# waiting blocks, nothing moves. A GPU launches a grid's blocks in order of their index, so a
-# block may only wait for blocks of lower index. **It should not make blocks wait:** without a
+# waiting blocks, nothing moves. GPUs place a grid's blocks in order of their index; CUDA does not
+# promise it, but FlashAttention's deterministic backward relies on it too. So a block may only
+# wait for blocks of lower index. **It should not make blocks wait:** without a
 # mask every key block walks the query blocks from 0, so taking turns in launch order (0, 1, ...)
 # costs one add's time per block at the start, and nothing after. Under the causal mask, key block
 # j starts at query block j. In launch order, block j would wait at its very first query block
@@ -91,7 +98,7 @@ nb.show_lines("16_deterministic", r"// This block's turn at query block qb", r"a
 #
 # Model one head: every key block computes a query block in one unit of time, then holds the turn
 # while its adds land, `hold` units. The fence that makes them land waits for the atomics to be
-# performed in L2, a round trip of about a microsecond under load, against about 3 µs of work per
+# performed in L2, a round trip of about a microsecond under load, against about 4 µs of work per
 # query block in stage 15 (169 TFLOP/s over 132 SMs, two blocks each): `hold` ≈ 0.25. When every
 # place on the SMs is taken, as at large N, waiting is as costly as working:
 
@@ -100,8 +107,8 @@ for causal in (False, True):
     display(deterministic.idle(nq=64, causal=causal, hold=0.25))
 
 # %% [markdown]
-# **Prediction.** The deterministic backward keeps about 0.8 of stage 15's speed without a mask
-# (0.73) and with it (0.80). Taking the causal turns in launch order instead would keep 0.37.
+# **Prediction.** The deterministic backward keeps 0.73 of stage 15's speed without a mask and
+# 0.80 with it. Taking the causal turns in launch order instead would keep 0.37.
 
 # %% [markdown]
 # ## 5 · Measure
@@ -134,17 +141,20 @@ with nb.unless_missing():
 #
 # On the H200, timed in turn with stage 15 and SDPA's flash backward over N = 1k, 4k and 16k (fp16,
 # D = 64 and 128), the deterministic backward kept 0.57–0.72 of stage 15's speed without a mask
-# and 0.67–0.71 with it; the same kernel with causal turns in launch order kept 0.32–0.44. Every
+# and 0.66–0.72 with it; the same kernel with causal turns in launch order kept 0.32–0.44. Every
 # run of stage 16 gave the same bits (five runs, fp16 and bf16, both masks, D = 64 and 128); stage
 # 15 failed the same check on dQ in every case.
 #
 # The order of the turns came out as the model said: arrival order under the mask is worth 1.6 to
-# 2 times launch order. But the turns cost more than predicted in both orders. With `hold` ≈ 0.5
-# instead of 0.25 the model gives 0.57 and 0.67, the measured ends: the fence after the atomics
-# waits for all of a block's 1 024 or 2 048 reductions to be acknowledged by L2, and four warps
-# stand still meanwhile. That is the cost to attack: a block could pass the turn later, after its
-# next query block's products, by when its adds have long landed, so that the fence finds nothing
-# to wait for.
+# 2 times launch order. But in arrival order the turns cost more than predicted. With `hold` ≈ 0.5
+# instead of 0.25 the model gives 0.57 and 0.67, the measured ends: the fence after the adds waits
+# for all of a block's 2 048 (D = 64) or 4 096 (D = 128) adds to be performed in L2, and four
+# warps stand still meanwhile. The fence even changes the adds themselves: stage 15's
+# fire-and-forget reductions (RED in the machine code) become atomics that return (ATOM). For
+# launch order the model with `hold` = 0.5 says 0.29, below the 0.32–0.44 measured: it charges
+# every waiting block a whole place on an SM, while the other block on the same SM runs on. The
+# cost to attack is the fence: a block could pass the turn later, after its next query block's
+# products, by when its adds have long landed, so that the fence finds nothing to wait for.
 
 # %% [markdown]
 # ## 6 · The profile
@@ -163,9 +173,9 @@ with nb.unless_missing():
 # Set beside stage 15's profile (notebook 15, section 7: tensor pipe 31 %), the tensor pipe is busy
 # 17 % of the time for the same work, and the warps wait where section 5 put them: at `barrier`
 # (31 %: the block held while one thread spins on the counter, or while every warp's adds are
-# fenced before the turn passes) and at `membar` (11 %: a warp at the fence, waiting for its
+# fenced before the turn passes) and at `membar` (12 %: a warp at the fence, waiting for its
 # reductions to be acknowledged). At this small size (16 key blocks per head) the cost is near
-# its largest: 0.56 of stage 15 without the mask.
+# its largest: 0.57 of stage 15 without the mask.
 
 # %% [markdown]
 # ## Exercises
@@ -204,8 +214,8 @@ with nb.unless_missing():
 #    causal mask, and without it?
 
 # %% [markdown]
-# **Instructor's answer.** *1.* Blocks are placed on SMs in index order as places free up, and a
-# waiting block keeps its place. Take one head at N = 32k: 512 key blocks, and 264 places on an
+# **Instructor's answer.** *1.* Blocks are placed on SMs in index order as places free up (what
+# GPUs do, not what CUDA promises), and a waiting block keeps its place. Take one head at N = 32k: 512 key blocks, and 264 places on an
 # H100 at two blocks per SM. If blocks 0–263 all waited for blocks of higher index, none would
 # finish, and block 264 would never be placed. Waiting only for lower indices means the block waited
 # for is running or done, and the lowest-index block waiting always can go on.
