@@ -183,6 +183,7 @@ def backward_table(df=None, baselines=COMPARED, by=BY) -> str:
             continue
         lines = ["| | dtype | mask | backward (ms) | backward TFLOP/s | forward (ms) | "
                  "forward + lse (ms) |", "|---|---|---|---:|---:|---:|---:|"]
+        shown = set()  # the commits of the rows the table shows (not of the stage's other rows)
         for dtype in ("fp16", "bf16"):
             t = teaching(dtype)
             for causal in (False, True):
@@ -194,13 +195,14 @@ def backward_table(df=None, baselines=COMPARED, by=BY) -> str:
                     if "backward" not in r.index:
                         continue
                     get = lambda p, c: r.loc[p, c] if p in r.index else float("nan")  # noqa: E731
+                    shown |= set(r["commit"].astype(str))
                     label = f"**{name}**" if name == st.slug else f"`{name}`"
                     lines.append(f"| {label} | {dtype} | {'causal' if causal else '–'} | "
                                  f"{_fmt(get('backward', 'median_ms'), '.3f')} | "
                                  f"{_fmt(get('backward', 'tflops'), '.1f')} | "
                                  f"{_fmt(get('forward', 'median_ms'), '.3f')} | "
                                  f"{_fmt(get('forward_lse', 'median_ms'), '.3f')} |")
-        commits = ", ".join(f"`{c}`" for c in sorted(set(rows["commit"].astype(str))))
+        commits = ", ".join(f"`{c}`" for c in sorted(shown))
         t = teaching("fp16")
         lines += ["", f"B={t.B}, H={t.H}, N={t.N}, D={t.D}. The backward alone (the forward run "
                   f"once before it), timed in turn with SDPA's backwards; measured on **{gpu}** "
