@@ -19,8 +19,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from .backward import CLOCK_GHZ  # stage 14's lesson owns the clock the bounds are taken at
+
 WARPS, BC, BR = 4, 64, 64           # BwdTiles<D, 4>: warps, keys and queries of a block
-CLOCK_GHZ = 1.98                    # boost clock of an H100 or H200 SXM, as the other lessons take it
 MMA_FLOPS = 2 * 16 * 8 * 16         # one mma.sync.m16n8k16
 TITLE, LABEL, TEXT = 15, 12, 11     # font sizes, as the other lessons' figures
 
