@@ -295,15 +295,31 @@ def check_training(attn, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, causa
     return result
 
 
+def _poison_next(shape, device):
+    """The lse a forward returns is a tensor it allocates, so the check cannot fill it first. On a
+    GPU, PyTorch's caching allocator gives the next allocation of a size the block of that size
+    freed last: a block of `shape` fp32 is filled with NaN and freed here, so that a row the kernel
+    never writes reads NaN rather than what an earlier call left. Its address (None off a GPU)."""
+    if torch.device(device).type != "cuda":
+        return None
+    block = torch.full(shape, math.nan, dtype=torch.float32, device=device)
+    return block.data_ptr()  # freed on return: back in the allocator's cache, still NaN
+
+
 def check_lse(attn, dtype="fp16", head_dims=(64, 128), shapes=SHAPES, causal=(False, True),
               seed=None, device="cuda", name=None, tol=1e-4) -> CheckResult:
     """Check the row log-sum-exp a forward returns (attn(q, k, v, causal=c, return_lse=True) ->
     (o, lse)) against float64: relative error of lse within `tol` (it is a sum of exponentials
-    taken in fp32 from the inputs as given), with the output poisoned as check() does."""
+    taken in fp32 from the inputs as given), with the output poisoned as check() does, and the
+    lse too, where it is a new tensor on a GPU (_poison_next)."""
     gen, result = _started(name or getattr(attn, "__name__", repr(attn)), seed, device)
     for dt, B, H, N, D, c, layout in _cases((dtype_of(dtype),), shapes, head_dims, causal):
         q, k, v, out = case_inputs(B, H, N, D, dt, layout, gen, device)
+        poisoned = _poison_next((B, H, N), device)
         _, lse = attn(q, k, v, causal=c, out=out, return_lse=True)
+        if poisoned is not None and lse.data_ptr() != poisoned:
+            raise RuntimeError(f"check_lse: the lse of {(B, H, N, D)} was not allocated where "
+                               "the poisoned block was; a row left unwritten might not show")
         result.cases.append(Case(B, H, N, D, c, DTYPE_NAMES[dt],
                                  rel_err(lse, reference_lse(q, k, causal=c)), tol, layout,
                                  what="lse"))

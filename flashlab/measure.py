@@ -40,11 +40,12 @@ def timed_tolerance(cfg) -> float:
 
 
 def _ptxas_at(st, env, log):
-    """A function of a config: the ptxas report's registers and spills of the kernel timed there."""
-    def at(cfg):
+    """A function of a config (and lse: the forward asked for the log-sum-exp): the ptxas report's
+    registers and spills of the kernel timed there."""
+    def at(cfg, lse=False):
         try:
             cc = tuple(int(x) for x in env["compute_capability"].split("."))
-            return ptxas.summary(st, st.arch(cc), cfg)
+            return ptxas.summary(st, st.arch(cc), cfg, lse=lse)
         except (OSError, RuntimeError, LookupError) as err:
             log(f"{st.slug}: no ptxas report ({err})")
             return {}
@@ -147,14 +148,16 @@ def by_shape(configs):
 
 
 def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rounds=ROUNDS,
-                        record=True, log=print):
+                        record=True, log=print, lse=False):
     """Time the (already checked) stages and the baselines shape by shape, in turn, `rounds`
     times over (bench.time_interleaved), on one set of inputs and one float64 reference per
     config, so that their ratios hold within one run. The dtypes of one shape (fp16 and bf16) are
     timed together too, so a stage's bf16 against its fp16 is a ratio of the same run. A stage is
     timed at the configs it takes, a baseline at the fp16 ones (fp16 against fp16); each shape's
     rows are recorded as soon as it is done. configs: default interleaved_configs(stages,
-    bool(baselines)): the stages' sweeps and the fp16 sweep."""
+    bool(baselines)): the stages' sweeps and the fp16 sweep. lse: each stage that can return the
+    log-sum-exp is also timed asked for it, in the same turn (rows of pass "forward_lse", the
+    kernel that writes it: what asking costs)."""
     env = environment()
     built = [(st, st.build(), _ptxas_at(st, env, log)) for st in stages]
     frames = []
@@ -179,6 +182,11 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
                     log(f"{st.slug:16} {cfg.label:42} FAILED: rel err {err:.2e}")
                     continue
                 here.append((st.slug, attn, ("stage", err, res_at(cfg))))
+                if lse and st.lse:
+                    fns[(st.slug, cfg, "forward_lse")] = (
+                        lambda a=attn, q=inputs[0], k=inputs[1], v=inputs[2], c=cfg.causal:
+                        a(q, k, v, causal=c, return_lse=True))
+                    kinds[(st.slug, cfg, "forward_lse")] = ("stage", err, res_at(cfg, lse=True))
             for name in baselines if cfg.dtype == "fp16" else ():  # fp16 against fp16
                 if not _times_at(name, cfg):
                     continue
@@ -191,14 +199,15 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
                 here.append((name, b, ("baseline", err, {})))
             q, k, v = inputs
             for name, f, kind in here:
-                fns[(name, cfg)] = lambda f=f, q=q, k=k, v=v, c=cfg.causal: f(q, k, v, causal=c)
-                kinds[(name, cfg)] = kind
+                fns[(name, cfg, "forward")] = lambda f=f, q=q, k=k, v=v, c=cfg.causal: f(q, k, v,
+                                                                                      causal=c)
+                kinds[(name, cfg, "forward")] = kind
         timings = time_interleaved(fns, rounds)
-        for (name, cfg), t in timings.items():
-            kind, err, res = kinds[(name, cfg)]
-            m = dict(rel_err=err, **timing_row(cfg, t))
-            rows.append(_row(name, kind, cfg, env, status="ok", **m, **res))
-            log(_timed_line(name, cfg, m))
+        for (name, cfg, pass_), t in timings.items():
+            kind, err, res = kinds[(name, cfg, pass_)]
+            m = dict(rel_err=err, **timing_row(cfg, t, pass_))
+            rows.append(_row(name, kind, cfg, env, status="ok", **m, **res, **{"pass": pass_}))
+            log((f"{pass_:11} " if lse else "") + _timed_line(name, cfg, m))
         del fns, inputs, ref, q, k, v
         torch.cuda.empty_cache()
         _keep(rows, record, frames)
@@ -317,7 +326,7 @@ def measure_backward(stages, configs=None, baselines=_baselines.COMPARED, rounds
                     lambda a=attn, c=cfg.causal, q=q, k=k, v=v:
                     a(q, k, v, causal=c, return_lse=True))
                 for p in ("forward", "forward_lse"):
-                    kinds[(st.slug, p)] = ("stage", float("nan"), res_at(cfg))
+                    kinds[(st.slug, p)] = ("stage", float("nan"), res_at(cfg, p == "forward_lse"))
             for name in baselines if cfg.dtype == "fp16" and fns else ():
                 try:
                     fn = backward_fn(_baselines.Baseline(name), q, k, v, cfg.causal)

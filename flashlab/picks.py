@@ -227,10 +227,11 @@ def boundary_probes(text) -> list:
 
 
 def kernel_name(D, c, dtype="__half") -> str:
-    """The kernel candidate c compiles to at head dim D, as sass and ptxas name it."""
+    """The kernel candidate c compiles to at head dim D, as sass and ptxas name it (the
+    instantiation without the log-sum-exp's stores: WITH_LSE false)."""
     bc, warps, wm, stages, q_regs, opts = c
     return (f"tuned_kernel<{dtype}, {D}, {bc}, {warps}, {wm}, {stages}, "
-            f"{'true' if q_regs else 'false'}, {opts}>")
+            f"{'true' if q_regs else 'false'}, {opts}, false>")
 
 
 def variant_source(D, c, folder=None) -> Path:

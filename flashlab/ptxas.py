@@ -20,6 +20,7 @@ from . import build, paths
 from .build import NVCC_FLAGS
 from .paths import KERNELS
 from .dtypes import CTYPES
+from .stages import template_args  # noqa: F401 (ptxas.template_args, as before)
 
 CACHE = Path(os.environ.get("FLASHLAB_CACHE", Path.home() / ".cache" / "flashlab")) / "ptxas"
 
@@ -155,18 +156,13 @@ def resources(source, arch="sm_90"):
     return found
 
 
-def template_args(kernel: str) -> list:
-    """'tuned_kernel<__half, 64, 128, 4, 2, 2, false, 29>(...)' -> ['__half', '64', '128', ...];
-    [] for a kernel that is not a template."""
-    m = re.match(r"(?:void\s+)?\w+<([^()]*)>", kernel.strip())
-    return [a.strip() for a in m.group(1).split(",")] if m else []
-
-
-def kernel_at(stage, kernels, cfg):
+def kernel_at(stage, kernels, cfg, lse=False):
     """Of `kernels` (KernelResources of the stage's .cu), the one that runs at config `cfg`: the
     template arguments its registry entry names (T, D, and for a stage with a pick() table the
-    candidate pick() launches at cfg's D, mask and N) must match. LookupError if none does."""
-    want = {"T": CTYPES[cfg.dtype], "D": str(cfg.D)}
+    candidate pick() launches at cfg's D, mask and N) must match. LookupError if none does. lse:
+    the forward asked for the log-sum-exp (a stage whose template has WITH_LSE runs another
+    instantiation then)."""
+    want = {"T": CTYPES[cfg.dtype], "D": str(cfg.D), "WITH_LSE": "true" if lse else "false"}
     named = _picks().launched_by_name(stage.source.read_text(), stage.template, cfg.D,
                                       cfg.causal, cfg.N)
     want.update(named or {})  # what pick() launches at D, mask and N, defaults included
@@ -187,9 +183,9 @@ def _picks():
     return picks
 
 
-def summary(stage, arch, cfg) -> dict:
+def summary(stage, arch, cfg, lse=False) -> dict:
     """What the results table records beside a timing: ptxas's registers, static shared memory
-    and spills of the kernel that runs at `cfg` (kernel_at)."""
-    r = kernel_at(stage, resources(stage.source, arch), cfg)
+    and spills of the kernel that runs at `cfg` (kernel_at; lse: with the log-sum-exp)."""
+    r = kernel_at(stage, resources(stage.source, arch), cfg, lse=lse)
     return {"registers": r.registers, "smem_static_bytes": r.smem_static_bytes,
             "spill_bytes": r.spill_bytes}

@@ -2,6 +2,7 @@
 
 No torch here: what needs the GPU or the compiler (building a stage, asking what this machine
 has) is in flashlab.runtime, which a Stage's build() and unavailable() reach when called."""
+import re
 from dataclasses import dataclass, field
 
 from .paths import KERNELS
@@ -9,6 +10,15 @@ from .paths import KERNELS
 # Machine-code facts every stage shares (flashlab.sass categories: True = present in every kernel
 # of the stage, False = absent from all): exp through MUFU.EX2, fp32 FMAs, nothing spilled.
 COMMON_SASS = {"MUFU.EX2": True, "FFMA": True, "LDL": False, "STL": False}
+# Beyond its stage's evidence, a forward kernel compiled to write the log-sum-exp (WITH_LSE) stores it.
+LSE_SASS = {"STG": True}
+
+
+def template_args(kernel: str) -> list:
+    """'tuned_kernel<__half, 64, 128, 4, 2, 2, false, 29>(...)' -> ['__half', '64', '128', ...];
+    [] for a kernel that is not a template."""
+    m = re.match(r"(?:void\s+)?\w+<([^()]*)>", kernel.strip())
+    return [a.strip() for a in m.group(1).split(",")] if m else []
 
 
 def _nvcc_missing() -> bool:
@@ -51,7 +61,9 @@ class Stage:
     any_head_dim: bool     # True: every D that fits in shared memory also works
     kernel: str            # its __global__ function (profilers and the SASS lookups select it)
     template: tuple = ()   # the kernel's template parameters in order: "T" (element type), "D"
-    #                        (head dim), tile sizes...: how a kernel name says which one runs
+    #                        (head dim), tile sizes...: how a kernel name says which one runs;
+    #                        "WITH_LSE" last where the log-sum-exp's stores are compiled in only
+    #                        for a forward asked for it (the kernel without them is unchanged)
     picks: bool = False    # True: a pick() table in the .cu chooses the other template arguments
     #                        per head dim, mask and N (stage 08's autotune writes it)
     causal: bool = True    # supports causal masking
@@ -106,11 +118,20 @@ class Stage:
         backward_sass; for the backward's small passes around it (Δ, the dQ conversion) only
         that nothing spills."""
         name = kernel.split("<")[0].split("(")[0].strip().removeprefix("void ").strip()
+        if self.writes_lse(kernel):
+            return {**self.sass_evidence, **LSE_SASS}
         if name == self.kernel or not self.backward:
             return self.sass_evidence
         if name == self.backward:
             return {**COMMON_SASS, **self.backward_sass}
         return {"LDL": False, "STL": False}
+
+    def writes_lse(self, kernel: str) -> bool:
+        """Whether `kernel` (a name as ptxas or cuobjdump print it) is the forward compiled to
+        write the log-sum-exp too (template argument WITH_LSE true), which runs only when the
+        log-sum-exp is asked for; the lessons read the kernel without it."""
+        return ("WITH_LSE" in self.template and self.is_forward(kernel)
+                and dict(zip(self.template, template_args(kernel))).get("WITH_LSE") == "true")
 
     def is_forward(self, kernel: str) -> bool:
         """Whether `kernel` (a name as ptxas or cuobjdump print it) is the stage's forward kernel."""
@@ -248,8 +269,8 @@ _STAGES = (
           "PTX mma.sync with published fragment layouts: Q, S, P and O live in registers, "
           "softmax by quad shuffles, ldmatrix(.trans) for K and V",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="mma_kernel",
-          template=("T", "D", "BR", "BC"),
+          kernel="mma_kernel", lse=True,
+          template=("T", "D", "BR", "BC", "WITH_LSE"),
           # S and P stay in registers: shared-memory traffic falls, the tensor pipe gets busier
           idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
           sass={"HMMA": True, "LDSM": True, "LDG.E.128": True, "SHFL": True}),
@@ -257,8 +278,8 @@ _STAGES = (
           "dense tiles with the 16-byte chunks of row r XOR-permuted by r % 8: conflict-free "
           "ldmatrix without padding",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="swizzle_kernel",
-          template=("T", "D", "BR", "BC"),
+          kernel="swizzle_kernel", lse=True,
+          template=("T", "D", "BR", "BC", "WITH_LSE"),
           # same instructions, permuted addresses: no conflicts, and no padding
           idea_metrics=("smem_load_bank_conflicts", "smem_store_bank_conflicts"),
           sass={"HMMA": True, "LDSM": True, "LDG.E.128": True, "SHFL": True}),
@@ -266,8 +287,8 @@ _STAGES = (
           "K/V tiles copied global -> shared with cp.async into 2 buffers: the next tile loads "
           "while this one is computed",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="cp_async_kernel",
-          template=("T", "D", "BR", "BC", "STAGES"),
+          kernel="cp_async_kernel", lse=True,
+          template=("T", "D", "BR", "BC", "STAGES", "WITH_LSE"),
           # loads in flight during the math: warps stop waiting on memory and on each other
           idea_metrics=("stall_long_scoreboard", "stall_barrier", "stall_mio_throttle"),
           # global -> shared without registers (LDGSTS): no 16-byte loads into registers
@@ -276,8 +297,9 @@ _STAGES = (
           "tile shape, warps, rows per warp, pipeline depth and five small changes picked per head "
           "dim, mask and range of N by an autotune on the GPU",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="tuned_kernel",
-          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"), picks=True,
+          kernel="tuned_kernel", lse=True,
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
+          picks=True,
           # two row tiles per warp halve the shared-memory traffic per FLOP; the tensor pipe fills
           idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
           sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False}),
@@ -286,7 +308,8 @@ _STAGES = (
           "from shared memory through matrix descriptors, O += PV with P from registers, tiles in "
           "the 128-byte swizzle the descriptors name",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="wgmma_kernel", template=("T", "D", "BC", "WGS", "STAGES", "BLOCKS", "RETIRE"),
+          kernel="wgmma_kernel", lse=True,
+          template=("T", "D", "BC", "WGS", "STAGES", "BLOCKS", "RETIRE", "WITH_LSE"),
           min_cc=(9, 0), arch_specific=True,
           # bigger asynchronous tensor-core instructions: the tensor pipe busier, far fewer
           # instructions issued per FLOP
@@ -298,7 +321,8 @@ _STAGES = (
           "one elected thread issuing, completion counted on an mbarrier ring; no block barrier "
           "in the loop",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="tma_kernel", template=("T", "D", "BC", "WGS", "STAGES", "BLOCKS", "RETIRE"),
+          kernel="tma_kernel", lse=True,
+          template=("T", "D", "BC", "WGS", "STAGES", "BLOCKS", "RETIRE", "WITH_LSE"),
           min_cc=(9, 0), arch_specific=True,
           # one instruction per box instead of 16-byte copies from every thread, and warpgroups
           # that wait on mbarriers instead of meeting at __syncthreads
@@ -309,7 +333,8 @@ _STAGES = (
           "registers moved between them with setmaxnreg; a persistent grid claims work items "
           "from a counter",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="warpspec_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS"),
+          kernel="warpspec_kernel", lse=True,
+          template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS", "WITH_LSE"),
           min_cc=(9, 0), arch_specific=True,
           # the copies no longer stop a computing warp, and the consumers hold more registers:
           # less waiting on barriers, the tensor pipe busier
@@ -321,7 +346,8 @@ _STAGES = (
           "layout the TMA wrote Q in, and one thread copies it to global memory with a TMA store "
           "while the consumers go on to the next work item",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="tma_store_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS"),
+          kernel="tma_store_kernel", lse=True,
+          template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS", "WITH_LSE"),
           min_cc=(9, 0), arch_specific=True,
           # no more 4-byte stores from every thread (8 half-filled sectors each): the tensor pipe
           # waits less at the end of each work item
@@ -349,7 +375,8 @@ _STAGES = (
           "maximum as it stands, without waiting for the tile's own; O is rescaled only when a "
           "row's maximum grows by more than 2^8, and that tile is then taken the classic way",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="lazy_rescale_kernel", template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS"),
+          kernel="lazy_rescale_kernel", lse=True,
+          template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS", "WITH_LSE"),
           min_cc=(9, 0), arch_specific=True,
           # the exponentials no longer wait behind the shuffles of the row maximum, and a tile
           # has no rescale of O: less waiting on the short scoreboard, the tensor pipe busier

@@ -332,7 +332,7 @@ def resources(jobs, arch="sm_90") -> pd.DataFrame:
     def one(job):  # `folder` is the temporary one below
         D, c = job
         found = [r for r in ptxas.resources(picks.variant_source(D, c, folder), arch)
-                 if "__half" in r.kernel]
+                 if r.kernel.split("(")[0].removeprefix("void ") == picks.kernel_name(D, c)]
         r = found[0]
         return dict(D=D, shape=shape(c), OPTS=options(c[-1]), registers=r.registers,
                     spill_bytes=r.spill_bytes, stack_bytes=r.stack_bytes)

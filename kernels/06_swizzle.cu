@@ -58,11 +58,11 @@ __device__ __forceinline__ void load_tile(T* dst, const T* src, int ld, int firs
   }
 }
 
-template <typename T, int D, int BR, int BC>
+template <typename T, int D, int BR, int BC, bool WITH_LSE>
 __global__ void __launch_bounds__(Tiles<D, BR, BC>::THREADS, Tiles<D, BR, BC>::MIN_BLOCKS)
 swizzle_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
-               T* __restrict__ O, const FlashlabLayout L, int N, float scale_log2,
-               int causal) {
+               T* __restrict__ O, float* __restrict__ LSE, const FlashlabLayout L, int N,
+               float scale_log2, int causal) {
   using Cfg = Tiles<D, BR, BC>;
   constexpr int THREADS = Cfg::THREADS;
   constexpr int KD = D / 16;   // k-steps of Q K^T (over the head dim)
@@ -197,6 +197,14 @@ swizzle_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
     inv[h] = sum > 0.f ? 1.f / sum : 0.f;
     // END CARRIED 05.quad_sum
   }
+  // The row's log-sum-exp, natural log, where it is asked for (a backward recomputes P from it):
+  // m is the row's max in log2 units and 1 / inv its sum of 2^(s - m), so L = (m + log2 sum) ln 2.
+  if (WITH_LSE && t == 0) {
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      if (r0 + 8 * i < N)
+        LSE[bh * N + r0 + 8 * i] = (m[i] - __log2f(inv[i])) * 0.6931471805599453f;
+  }
 #pragma unroll
   for (int d = 0; d < NO; d++) {
     *reinterpret_cast<uint32_t*>(Qw + swz<D>(g, d * 8) + 2 * t) =
@@ -219,12 +227,14 @@ swizzle_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
 template <typename T, int D, int BR, int BC>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BR, BC>;
-  auto kernel = swizzle_kernel<T, D, BR, BC>;
+  // the log-sum-exp's stores only where it is asked for: without them, the kernel as it was
+  auto kernel = p->lse ? swizzle_kernel<T, D, BR, BC, true>
+                       : swizzle_kernel<T, D, BR, BC, false>;
   FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
   // 1-D grid, tiles * B * H < 2^31 blocks: flashlab rejects inputs of 2^31 elements or more.
   dim3 grid(flashlab_cdiv(p->N, BR) * p->B * p->H);
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
-      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->layout, p->N,
+      (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->lse, p->layout, p->N,
       p->scale * 1.4426950408889634f, p->causal);
   FLASHLAB_TRY(cudaGetLastError());
   return nullptr;

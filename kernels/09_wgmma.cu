@@ -54,10 +54,11 @@ __device__ __forceinline__ void load_tile_async(uint32_t dst, const T* src, int 
   }
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS, int RETIRE>
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS, int RETIRE, bool WITH_LSE>
 __global__ void __launch_bounds__(128 * WGS, BLOCKS)
 wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
-             T* __restrict__ O, const FlashlabLayout L, int N, float scale_log2, int causal) {
+             T* __restrict__ O, const FlashlabLayout L, int N, float scale_log2, int causal,
+             float* __restrict__ LSE) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
   constexpr int BR = Cfg::BR, THREADS = Cfg::THREADS;
   constexpr int KD = D / 16;   // k-steps of S = Q K^T
@@ -240,6 +241,14 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
     // END CARRIED 05.quad_sum
     inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
   }
+  // The rows' log-sum-exps, natural log, where asked for (a backward recomputes P from them):
+  // m is a row's max in log2 units and 1 / inv its sum of 2^(s - m): L = (m + log2 sum) ln 2.
+  if (WITH_LSE && t == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+      if (r0 + 8 * hh < N)
+        LSE[bh * N + r0 + 8 * hh] = (m[hh] - __log2f(inv[hh])) * 0.6931471805599453f;
+  }
   uint8_t* Qp = smem_raw + (Qs - smem_u32(smem_raw));
   const int row_w = wg * 64 + warp * 16;  // the warp's first row in the tile
 #pragma unroll
@@ -264,13 +273,15 @@ wgmma_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restri
 template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1, int RETIRE = 0>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
-  auto kernel = wgmma_kernel<T, D, BC, WGS, STAGES, BLOCKS, RETIRE>;
+  // the log-sum-exp's stores only where it is asked for: without them, the kernel as it was
+  auto kernel = p->lse ? wgmma_kernel<T, D, BC, WGS, STAGES, BLOCKS, RETIRE, true>
+                       : wgmma_kernel<T, D, BC, WGS, STAGES, BLOCKS, RETIRE, false>;
   static_assert(smem_fits(Cfg::SMEM_BYTES, BLOCKS), "BLOCKS blocks of this shape do not fit an SM");
   FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
   dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
       (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->layout, p->N,
-      p->scale * 1.4426950408889634f, p->causal);
+      p->scale * 1.4426950408889634f, p->causal, p->lse);
   FLASHLAB_TRY(cudaGetLastError());
   return nullptr;
 }

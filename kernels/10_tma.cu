@@ -60,10 +60,11 @@ __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap& map, u
   // END EXERCISE 10.tma_tile
 }
 
-template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS, int RETIRE>
+template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS, int RETIRE, bool WITH_LSE>
 __global__ void __launch_bounds__(128 * WGS, BLOCKS)
 tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabLayout L,
-           int N, float scale_log2, int causal, const int3 order_q, const int3 order_kv) {
+           int N, float scale_log2, int causal, const int3 order_q, const int3 order_kv,
+           float* __restrict__ LSE) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
   constexpr int BR = Cfg::BR;
   constexpr int KD = D / 16;   // k-steps of S = Q K^T
@@ -252,6 +253,14 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
     // END CARRIED 05.quad_sum
     inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
   }
+  // The rows' log-sum-exps, natural log, where asked for (a backward recomputes P from them):
+  // m is a row's max in log2 units and 1 / inv its sum of 2^(s - m): L = (m + log2 sum) ln 2.
+  if (WITH_LSE && t == 0) {
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+      if (r0 + 8 * hh < N)
+        LSE[bh * N + r0 + 8 * hh] = (m[hh] - __log2f(inv[hh])) * 0.6931471805599453f;
+  }
   uint8_t* Qp = smem_raw + (Qs - base);
   const int row_w = wg * 64 + warp * 16;  // the warp's first row in the tile
 #pragma unroll
@@ -276,7 +285,9 @@ tma_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabL
 template <typename T, int D, int BC, int WGS, int STAGES, int BLOCKS = 1, int RETIRE = 0>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BC, WGS, STAGES>;
-  auto kernel = tma_kernel<T, D, BC, WGS, STAGES, BLOCKS, RETIRE>;
+  // the log-sum-exp's stores only where it is asked for: without them, the kernel as it was
+  auto kernel = p->lse ? tma_kernel<T, D, BC, WGS, STAGES, BLOCKS, RETIRE, true>
+                       : tma_kernel<T, D, BC, WGS, STAGES, BLOCKS, RETIRE, false>;
   Maps maps;
   int3 oq, ok, ov;
   const char* err;
@@ -289,7 +300,7 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
   dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
-      maps, (T*)p->o, p->layout, p->N, p->scale * 1.4426950408889634f, p->causal, oq, ok);
+      maps, (T*)p->o, p->layout, p->N, p->scale * 1.4426950408889634f, p->causal, oq, ok, p->lse);
   FLASHLAB_TRY(cudaGetLastError());
   return nullptr;
 }

@@ -87,11 +87,11 @@ __device__ __forceinline__ void work_tile(int item, int tiles, int causal, int B
   // END EXERCISE 11.work_tile
 }
 
-template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS>
+template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS, bool WITH_LSE>
 __global__ void __launch_bounds__(Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>::THREADS, BLOCKS)
 warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const FlashlabLayout L,
                 int N, int BH, float scale_log2, int causal, const int3 order_q,
-                const int3 order_kv, int* __restrict__ next_item) {
+                const int3 order_kv, int* __restrict__ next_item, float* __restrict__ LSE) {
   using Cfg = Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>;
   constexpr int BR = Cfg::BR;
   constexpr int KD = D / 16;   // k-steps of S = Q K^T
@@ -278,6 +278,14 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
       // END CARRIED 05.quad_sum
       inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
     }
+    // The rows' log-sum-exps, natural log, where asked for (a backward recomputes P from them):
+    // m is a row's max in log2 units and 1 / inv its sum of 2^(s - m): L = (m + log2 sum) ln 2.
+    if (WITH_LSE && t == 0) {
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++)
+        if (r + 8 * hh < N)
+          LSE[bh_done * N + r + 8 * hh] = (m[hh] - __log2f(inv[hh])) * 0.6931471805599453f;
+    }
     T* Ob = O + (bh_done / L.H) * L.o.b + (bh_done % L.H) * L.o.h;
 #pragma unroll
     for (int d = 0; d < NO; d++) {
@@ -350,7 +358,9 @@ warpspec_kernel(const __grid_constant__ Maps maps, T* __restrict__ O, const Flas
 template <typename T, int D, int BC, int STAGES, int CONSUMERS, int BLOCKS = 1>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BC, STAGES, CONSUMERS, BLOCKS>;
-  auto kernel = warpspec_kernel<T, D, BC, STAGES, CONSUMERS, BLOCKS>;
+  // the log-sum-exp's stores only where it is asked for: without them, the kernel as it was
+  auto kernel = p->lse ? warpspec_kernel<T, D, BC, STAGES, CONSUMERS, BLOCKS, true>
+                       : warpspec_kernel<T, D, BC, STAGES, CONSUMERS, BLOCKS, false>;
   Maps maps;
   int3 oq, ok, ov;
   const char* err;
@@ -366,7 +376,7 @@ static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   dim3 grid((unsigned)std::min<long long>(items, (long long)BLOCKS * sm_count()));
   kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
       maps, (T*)p->o, p->layout, p->N, p->B * p->H, p->scale * 1.4426950408889634f, p->causal,
-      oq, ok, (int*)p->workspace);
+      oq, ok, (int*)p->workspace, p->lse);
   FLASHLAB_TRY(cudaGetLastError());
   return nullptr;
 }

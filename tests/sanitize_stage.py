@@ -16,6 +16,8 @@ for N, D in ((17, 64), (70, 128), (1, 64), (300, 64), (300, 128)):
     for causal in (False, True):
         q, k, v = (torch.randn(1, 2, N, D, device="cuda", dtype=dtype) for _ in range(3))
         attn(q, k, v, causal=causal)
+        if st.lse:  # and the kernel that also writes the log-sum-exp
+            attn(q, k, v, causal=causal, return_lse=True)
 # every other shape pick() launches, at a ragged length past each boundary (one head: the tools
 # slow each access down)
 for D, causal, N in picks.boundary_probes(st.source.read_text())[1::2]:

@@ -1,7 +1,7 @@
-"""GPU tests of the stages with a backward pass: the log-sum-exp their forward returns, their
-backward on its own, and training through them with autograd, against float64 (FlashAttention's
-rule: twice PyTorch's own same-dtype error), on ragged lengths, strided views and more (batch,
-head) pairs than a grid's y dimension holds."""
+"""GPU tests of the log-sum-exp a forward returns (every stage from 05 on), and of the stages with
+a backward pass: their backward on its own, and training through them with autograd, against
+float64 (FlashAttention's rule: twice PyTorch's own same-dtype error), on ragged lengths, strided
+views and more (batch, head) pairs than a grid's y dimension holds."""
 import pytest
 import torch
 
@@ -26,6 +26,20 @@ DTYPES = ["fp16", "bf16"]
 def test_the_log_sum_exp_matches_float64(built, slug, dtype):
     res = check_lse(attn_for(built, slug), dtype=dtype)
     assert res.passed, str(res)
+
+
+@pytest.mark.parametrize("slug", LSE)
+def test_asking_for_the_log_sum_exp_leaves_the_output_as_it_was(built, slug):
+    """The forward asked for the log-sum-exp (another instantiation of the kernel, for the stages
+    from 05 to 13) writes the same output, bit for bit, as without it."""
+    attn = attn_for(built, slug)
+    for N, D, causal in ((1000, 64, False), (1000, 128, True), (17, 64, True)):
+        q, k, v = (torch.randn(2, 3, N, D, device="cuda", dtype=torch.float16) for _ in range(3))
+        with torch.no_grad():
+            plain = attn(q, k, v, causal=causal)
+            o, lse = attn(q, k, v, causal=causal, return_lse=True)
+        assert torch.equal(o, plain), (N, D, causal)
+        assert lse.shape == (2, 3, N) and torch.isfinite(lse).all()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -222,7 +222,7 @@ def test_measuring_stage_04_on_a_t4_leaves_bf16_out(a_t4, monkeypatch):
 
     monkeypatch.setattr(measure, "check", lambda attn: Passed())
     monkeypatch.setattr(measure, "bench", bench)
-    monkeypatch.setattr(measure.ptxas, "summary", lambda *args: {})
+    monkeypatch.setattr(measure.ptxas, "summary", lambda *args, **kwargs: {})
     st = fl.stage("04_wmma")
     measure.measure_stage(st, configs=[teaching(dt) for dt in st.dtypes], record=False,
                           log=lines.append, attn=object())

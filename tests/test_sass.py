@@ -215,9 +215,9 @@ def test_the_kv_loop_of_stages_05_to_07():
     """One loop per kernel, the K/V loop: the same 64 HMMA and 32 LDSM per trip at D=64, the
     swizzle's addresses hoisted out of it; 07 copies with LDGSTS inside it, 05 and 06 with LDG."""
     body = {s: sass.loops(s, kernel=k).iloc[0] for s, k in [
-        ("05_mma", "mma_kernel<__half, 64, 64, 64>"),
-        ("06_swizzle", "swizzle_kernel<__half, 64, 64, 64>"),
-        ("07_cp_async", "cp_async_kernel<__half, 64, 64, 64, 2>")]}
+        ("05_mma", "mma_kernel<__half, 64, 64, 64, false>"),
+        ("06_swizzle", "swizzle_kernel<__half, 64, 64, 64, false>"),
+        ("07_cp_async", "cp_async_kernel<__half, 64, 64, 64, 2, false>")]}
     for b in body.values():
         assert b["HMMA"] == 64 and b["LDSM"] == 32
     assert body["05_mma"]["LDG.E.128"] == body["06_swizzle"]["LDG.E.128"] == 8
@@ -260,7 +260,7 @@ def test_operand_registers():
 def test_load_use_in_stage_08s_main_loop():
     """ptxas schedules most of stage 08's ldmatrix loads several mma ahead of their first use:
     the notebook's argument that register double-buffering in the source has little left to do."""
-    kernel = "tuned_kernel<__half, 128, 64, 4, 2, 2, false, 31>"
+    kernel = "tuned_kernel<__half, 128, 64, 4, 2, 2, false, 31, false>"
     df = sass.load_use(fl.stage("08_tuned").source, kernel)
     body = sass.loops(fl.stage("08_tuned").source, kernel=kernel)
     longest = body.loc[body["instructions"].idxmax()]

@@ -76,7 +76,9 @@ def test_every_stage_carries_its_facts(st):
     assert st.unavailable((st.min_cc[0], st.min_cc[1] - 1) if st.min_cc[1] else
                           (st.min_cc[0] - 1, 9), toolkit=False) is not None
     assert set(st.template) <= {"T", "D", "BR", "BC", "WARPS", "WGS", "CONSUMERS", "BLOCKS", "RETIRE",
-                                "WM", "STAGES", "Q_REGS", "OPTS"}
+                                "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"}
+    # a forward that writes the log-sum-exp only when asked has it as its last template argument
+    assert "WITH_LSE" not in st.template or (st.lse and st.template[-1] == "WITH_LSE")
     assert not st.picks or "D" in st.template
     assert st.idea_metrics or st.number == 1, "which profile metrics does this stage's idea move?"
     assert "HMMA" in st.sass_evidence

@@ -21,13 +21,15 @@ def _arch(st, arch):
 
 def resources(stage, archs=None) -> pd.DataFrame:
     """ptxas's registers / shared memory / spills for each kernel of the stage (needs nvcc only),
-    for `archs` (default: those its machine code is read for, the registry's static_archs)."""
+    for `archs` (default: those its machine code is read for, the registry's static_archs); not
+    the forward's instantiations that also write the log-sum-exp (Stage.writes_lse)."""
     st = _stage(stage)
     archs = archs or st.static_archs
     try:
         rows = [r.__dict__ | {"kernel": r.kernel.split("(")[0].removeprefix("void "),
                               "spill_bytes": r.spill_bytes}
-                for a in archs for r in ptxas.resources(st.source, a)]
+                for a in archs for r in ptxas.resources(st.source, a)
+                if not st.writes_lse(r.kernel)]
         return pd.DataFrame(rows)
     except (OSError, RuntimeError) as err:
         rec = tables.recorded(st, gpu())[["gpu", "registers", "smem_static_bytes", "spill_bytes"]]
@@ -63,16 +65,20 @@ def blocks_per_sm(stage, smem, threads=128) -> pd.DataFrame:
 def instructions(stage, arch=None) -> pd.DataFrame:
     """Static SASS instruction counts by kind (flashlab.sass), a row per kernel: compiled and
     disassembled now (needs nvcc and cuobjdump, not a GPU), else as recorded in data/sass.csv.
-    arch: default the stage's own (sm_90; sm_90a for a Hopper stage)."""
+    arch: default the stage's own (sm_90; sm_90a for a Hopper stage). Not the forward's
+    instantiations that also write the log-sum-exp (Stage.writes_lse)."""
     from .. import sass
     st = _stage(stage)
     arch = _arch(st, arch)
     try:
-        return sass.table([st.slug], arch)
+        wide = sass.table([st.slug], arch)
+        keep = [not st.writes_lse(k) for k in wide.index.get_level_values("kernel")]
+        return wide[keep]
     except (OSError, RuntimeError) as err:
         print(f"(cuobjdump or nvcc unavailable: {err}; showing the recorded counts)")
     rec = tables.SASS.load()
     rec = rec[(rec["stage"] == st.slug) & (rec["arch"] == arch)]
+    rec = rec[[not st.writes_lse(k) for k in rec["kernel"]]]
     if rec.empty:
         raise NotRecorded(f"{st.slug}: no {arch} SASS counts recorded yet: run "
                           f"`flashlab sass {st.number:02d} --record` where nvcc is installed")
@@ -103,7 +109,8 @@ def _disassembling():
 
 
 def _matching(kernels, pattern, slug):
-    picked = sorted(k for k in set(kernels) if re.search(pattern, k))
+    st = _stage(slug)  # the kernel without the log-sum-exp's stores, where there are both
+    picked = sorted(k for k in set(kernels) if re.search(pattern, k) and not st.writes_lse(k))
     if not picked:
         raise ValueError(f"{slug} has no kernel matching {pattern!r}")
     return picked[0]

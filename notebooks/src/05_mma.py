@@ -187,7 +187,11 @@ nb.show_lines("05_mma", r"for \(int n = 0; n < NS; n\+\+\) mx = fmaxf", r"mx, 2\
 
 # %% [markdown]
 # Stage 03 needed 4 shuffle steps for a row over 16 lanes. Here it is two, with no shared memory
-# and no barrier. The same in numpy, on the fragments:
+# and no barrier. After the last tile the quad also knows each row's log-sum-exp,
+# (m + log₂ sum)·ln 2 with m in log2 units: a backward pass recomputes P from it (notebook 14).
+# The kernel stores it only when asked, `attn(q, k, v, return_lse=True)`: the launch then picks
+# the instantiation with `WITH_LSE` true; the one measured here has no such store. The same in
+# numpy, on the fragments:
 
 # %%
 S = rng.standard_normal((16, 64)).astype(np.float32)
