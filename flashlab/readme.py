@@ -18,6 +18,7 @@ START, END = "<!-- stage-table:start -->", "<!-- stage-table:end -->"
 SWEEP_START, SWEEP_END = "<!-- sweep-table:start -->", "<!-- sweep-table:end -->"
 COMMANDS_START, COMMANDS_END = "<!-- commands:start -->", "<!-- commands:end -->"
 BACKWARD_START, BACKWARD_END = "<!-- backward-table:start -->", "<!-- backward-table:end -->"
+LSE_START, LSE_END = "<!-- lse-table:start -->", "<!-- lse-table:end -->"
 README = paths.ROOT / "README.md"
 BY = "flashlab readme"
 
@@ -211,6 +212,33 @@ def backward_table(df=None, baselines=COMPARED, by=BY) -> str:
     return "\n\n".join(parts)
 
 
+def lse_table(df=None, by=BY) -> str:
+    """What asking for the log-sum-exp costs the forwards that have no backward of their own
+    (tables.lse_cost): at the teaching shape in fp16, D = 64 and 128, causal and not, the time
+    with it over the time without, the two timed in turn in one run; Markdown."""
+    names = [st.slug for st in stages() if st.lse and not st.has_backward]
+    t = teaching("fp16")
+    cost = tables.lse_cost(names, df)
+    cost = cost[(cost["dtype"] == "fp16") & (cost["B"] == t.B) & (cost["H"] == t.H)
+                & (cost["N"] == t.N)].dropna(subset=["cost"])
+    if cost.empty:
+        return "_Not measured yet: python tools/time_lse.py_"
+    heads = [(D, c) for D in sorted(cost["D"].unique()) for c in (False, True)]
+    lines = ["| | " + " | ".join(f"D = {D}{', causal' if c else ''}" for D, c in heads) + " |",
+             "|---|" + "---:|" * len(heads)]
+    for name in [n for n in names if n in set(cost["stage"])]:
+        mine = cost[cost["stage"] == name].set_index(["D", "causal"])["cost"]
+        lines.append(f"| {name} | " + " | ".join(
+            f"{mine[h]:+.1%}" if h in mine.index else "–" for h in heads) + " |")
+    commits = ", ".join(f"`{c}`" for c in sorted(set(cost["commit"].astype(str))))
+    lines += ["", f"Forward + lse over the forward alone, timed in turn in one run "
+              f"(`python tools/time_lse.py`), fp16, B={t.B}, H={t.H}, N={t.N}, measured on "
+              f"**{cost['gpu'].iloc[0]}** (commit {commits}): median {cost['cost'].median():+.1%}, "
+              f"{cost['cost'].min():+.1%} to {cost['cost'].max():+.1%}. Generated from "
+              f"`data/results.csv` by `{by}`."]
+    return "\n".join(lines)
+
+
 def commands_block(commands) -> str:
     """The command list, as the command line's help gives it, in a text block."""
     return "```text\n" + commands.rstrip("\n") + "\n```"
@@ -220,6 +248,8 @@ def _tables(text: str) -> str:
     text = render(render(text, stage_table()), sweep_table(), SWEEP_START, SWEEP_END)
     if BACKWARD_START in text:
         text = render(text, backward_table(), BACKWARD_START, BACKWARD_END)
+    if LSE_START in text:
+        text = render(text, lse_table(), LSE_START, LSE_END)
     return text
 
 

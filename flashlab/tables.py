@@ -356,7 +356,10 @@ def gpu_shown(stage=None, df=None):
     2. else the GPU named by the environment variable FLASHLAB_GPU, when set;
     3. else the GPU that recorded most recently (for one stage's view: that recorded the stage;
        for a view of them all: that recorded the last stage timed over the sweep, so that a
-       stage measured alone on another GPU does not move the whole ladder there).
+       stage measured alone on another GPU does not move the whole ladder there). Where the
+       stage has rows over the sweep, only those count: a stage timed at a config or two on
+       another GPU (what asking it for the log-sum-exp costs, say) leaves its views where its
+       sweep is.
 
     None while nothing is recorded. df: the results rows to choose from (default: results.csv)."""
     if live(stage):
@@ -367,6 +370,8 @@ def gpu_shown(stage=None, df=None):
     key = getattr(stage, "slug", stage) if stage is not None else _fastest().slug
     mine = rows[rows["stage"] == key]
     rows = mine if len(mine) else rows
+    swept = rows[is_sweep(rows)]
+    rows = swept if len(swept) else rows
     return rows.sort_values("time")["gpu"].iloc[-1] if len(rows) else None
 
 
@@ -431,6 +436,28 @@ def sweep_gpu(df=None, pass_="backward"):
     rows = ok(df)
     rows = rows[is_sweep(rows) & (rows["pass"] == pass_)]
     return rows.sort_values("time")["gpu"].iloc[-1] if len(rows) else None
+
+
+def lse_cost(slugs, df=None) -> pd.DataFrame:
+    """What asking a forward for the log-sum-exp costs: for each of `slugs`, its rows of pass
+    "forward_lse" that ran, on the GPU that recorded such rows last, each beside the "forward"
+    row timed in turn with it (the same run: the same time stamp; NaN where a later run has
+    replaced it). Columns stage, dtype, B, H, N, D, causal, forward_ms, forward_lse_ms, cost
+    (forward_lse_ms / forward_ms - 1), gpu, commit; empty while none is recorded."""
+    df = RESULTS.load(every=True) if df is None else df
+    cols = ["stage", "dtype", "B", "H", "N", "D", "causal", "forward_ms", "forward_lse_ms", "cost",
+            "gpu", "commit"]
+    rows = ok(df[df["stage"].isin(list(slugs))])
+    lse = rows[rows["pass"] == "forward_lse"]
+    if lse.empty:
+        return pd.DataFrame(columns=cols)
+    gpu = lse.sort_values("time")["gpu"].iloc[-1]
+    keys = ["stage", "dtype", "B", "H", "N", "D", "causal", "gpu", "time"]
+    fwd = rows[rows["pass"] == "forward"][keys + ["median_ms"]]
+    both = lse[lse["gpu"] == gpu].merge(fwd, on=keys, how="left", suffixes=("_lse", ""))
+    both = both.rename(columns={"median_ms": "forward_ms", "median_ms_lse": "forward_lse_ms"})
+    both["cost"] = both["forward_lse_ms"] / both["forward_ms"] - 1
+    return both[cols].sort_values(["stage", "dtype", "D", "causal", "N"], ignore_index=True)
 
 
 def sweep_at(N, D, causal, dtype="fp16", gpu=None, df=None) -> pd.Series:

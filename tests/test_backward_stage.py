@@ -176,3 +176,39 @@ def test_the_readme_backward_table_on_synthetic_rows(empty_data_dir):
     assert f"| **{st.slug}** | fp16 | – | 20.000 | 13.7 | 0.400 | 0.410 |" in table
     assert "| `sdpa_flash` | fp16 | – | 1.500 | 220.0 | – | – |" in table
     assert "measured on **G** (commit `abc`)" in table
+
+
+def test_a_stage_timed_at_a_config_elsewhere_keeps_its_views_on_its_sweep(empty_data_dir):
+    """A stage's own views show the GPU that last timed it over the sweep: a later row at the
+    teaching config on another GPU (what the log-sum-exp costs, say) does not move them. A stage
+    never timed over the sweep shows where it was recorded last."""
+    from flashlab.configs import sweep
+    st, other = fl.stage("05"), fl.stage("01")
+    s, t = sweep("fp16")[0], teaching("fp16")
+    base = dict(kind="stage", status="ok", median_ms=1.0, tflops=1.0, dtype="fp16")
+    at = lambda c: dict(B=c.B, H=c.H, N=c.N, D=c.D, causal=c.causal)  # noqa: E731
+    tables.RESULTS.upsert([
+        dict(base, stage=st.slug, gpu="A", time="2030-01-01T00:00:00Z", **at(s)),
+        dict(base, stage=st.slug, gpu="B", time="2030-02-01T00:00:00Z", **at(t)),
+        dict(base, stage=other.slug, gpu="A", time="2030-01-01T00:00:00Z", **at(t)),
+        dict(base, stage=other.slug, gpu="B", time="2030-02-01T00:00:00Z", **at(t))])
+    assert tables.gpu_shown(st) == "A" and tables.gpu_shown(other) == "B"
+
+
+def test_the_readme_lse_table_pairs_rows_timed_in_one_run(empty_data_dir):
+    from flashlab import readme
+    assert "Not measured yet" in readme.lse_table()
+    t = teaching("fp16")
+    base = dict(stage="05_mma", kind="stage", dtype="fp16", B=t.B, H=t.H, N=t.N, D=t.D,
+                causal=False, gpu="G", status="ok", commit="abc", time="2030-01-01T00:00:00Z")
+    tables.RESULTS.upsert([dict(base, median_ms=0.40, tflops=1.0, **{"pass": "forward"}),
+                           dict(base, median_ms=0.41, tflops=1.0, **{"pass": "forward_lse"})])
+    table = readme.lse_table()
+    assert "| 05_mma | +2.5% | – |" in table and "measured on **G** (commit `abc`)" in table
+    cost = tables.lse_cost(["05_mma"])
+    assert cost["forward_ms"].iloc[0] == 0.40 and cost["forward_lse_ms"].iloc[0] == 0.41
+    # a later forward at that key, from another run, is not what the lse was timed against
+    tables.RESULTS.upsert([dict(base, median_ms=0.30, tflops=1.0, time="2030-02-01T00:00:00Z",
+                                **{"pass": "forward"})])
+    assert tables.lse_cost(["05_mma"])["forward_ms"].isna().all()
+    assert "Not measured yet" in readme.lse_table()
