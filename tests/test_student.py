@@ -826,3 +826,36 @@ def test_a_stage_report_names_the_failing_case(course):
     assert json.loads(json.dumps(rep)) == rep
     assert re.fullmatch(r"B=\d+ H=\d+ N=\d+ D=\d+ fp32 causal=(True|False)( \(.*\))?",
                         rep["failure"]["case"])
+
+
+@needs_cuobjdump
+def test_a_kernel_without_the_instructions_its_idea_needs_is_told_so(tmp_path):
+    """16.turns written without its fences can pass the repeat check on one GPU; its machine code
+    shows what is missing: no MEMBAR in the backward kernel. The solution lacks nothing."""
+    st = fl.stage("16")
+    src = tmp_path / st.source.name
+    src.write_text(markers.strip_markers(_text(st.slug)).replace("__threadfence();", ""))
+    lacking = K.missing_evidence(st, src, "sm_90")
+    assert "bwd_kernel has no MEMBAR" in lacking, lacking
+    assert K.missing_evidence(st, st.source, "sm_90") == ""
+
+
+@pytest.mark.gpu
+def test_the_turns_without_fences_are_graded_wrong(tmp_path):
+    """16.turns with the turns taken but no __threadfence: wrong, whether a repeat happened to
+    catch an add out of order or (as a run usually goes) the machine code shows the missing
+    fences."""
+    st = fl.stage("16")
+    if st.unavailable():
+        pytest.skip(st.unavailable())
+    tree = tmp_path / "tree"
+    student.write(tree, through=16, first=16)
+    edition = (tree / "kernels" / "16_deterministic.cu").read_text()
+    hacked = _text(st.slug).replace("__threadfence();", "")
+    (tree / "kernels" / "16_deterministic.cu").write_text(markers.splice(edition, hacked,
+                                                                         {"16.turns"}))
+    ex = next(e for e in K.KERNEL_EXERCISES if e.id == "16.turns")
+    got = K.grade_kernel(ex, tree, solution=paths.ROOT)
+    print(got)
+    assert got.ok is False and got.score == 0, got
+    assert "has no MEMBAR" in got.message or "check_repeatable" in got.message, got

@@ -183,6 +183,26 @@ class _Recording:
         return got
 
 
+def missing_evidence(st, source, arch) -> str:
+    """What the machine code of a stage's kernels built from `source` for `arch` lacks of what
+    its registry entry says its idea needs (Stage.evidence_for: the categories that must appear,
+    such as stage 16's fences, MEMBAR, which a kernel without them can pass a check without),
+    as a sentence; "" where nothing is missing, or where cuobjdump is not here to say. What
+    must not appear is not judged: a right kernel may well differ there."""
+    from .. import sass
+    try:
+        found = sass.evidence(source, arch)
+    except (OSError, RuntimeError):
+        return ""
+    lacking = {}
+    for kernel, row in found.iterrows():
+        for cat, wanted in st.evidence_for(kernel).items():
+            if wanted and not row[cat]:
+                lacking.setdefault(cat, kernel.split("<")[0])
+    return "; ".join(f"{kernel} has no {cat} ({sass.CATEGORIES[cat]})"
+                     for cat, kernel in lacking.items())
+
+
 def failure(result, calls) -> dict:
     """What a failed check says about its first failing case: the case, its error and tolerance,
     how many cases failed, and the first wrong element (see first_wrong_element) or, where no
@@ -264,6 +284,9 @@ def stage_report(root, slug, check=True) -> dict:
                         return rep
     else:
         rep["passed"] = True
+    if check and (lacking := missing_evidence(st, src, st.arch(cc))):
+        rep.update(passed=False, evidence=lacking)  # right answers, not by the stage's idea
+        return rep
     del attn.calls[:]
     dtype = _timing_dtype(st, cc)
     rep.update(times={}, dtype=dtype, timing_notes={})
@@ -431,6 +454,10 @@ def _failure_message(ex, rep, root) -> str:
         msg = f"{ex.stage} does not compile:\n{shown}"
     elif rep.get("error"):
         msg = f"{ex.stage} failed to run: {rep['error']}"
+    elif rep.get("evidence"):
+        msg = (f"{ex.stage} passes its check, but its machine code lacks what the stage's idea "
+               f"needs: {rep['evidence']}. A check on one GPU cannot show every ordering the "
+               f"idea must rule out; the instructions can.")
     else:
         f = rep["failure"]
         if f.get("replay"):  # a gradient or the log-sum-exp: judged as a whole tensor
