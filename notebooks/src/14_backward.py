@@ -5,8 +5,9 @@
 # returns dQ, dK and dV, and the textbook way reads the N × N matrix of probabilities P that the
 # forward kept. FlashAttention's forward never stores P, so its backward **recomputes P block by
 # block** from Q, K and one number per query row that the forward saves: the row's log-sum-exp.
-# This stage is stage 08's forward, now also writing that number, and FlashAttention-2's backward
-# (its Algorithm 2) written plainly on the CUDA cores in fp32: the algorithm, not yet its speed.
+# This stage is stage 08's forward, which writes that number (as every forward from stage 05 can
+# when asked), and FlashAttention-2's backward (its Algorithm 2) written plainly on the CUDA cores
+# in fp32: the algorithm, not yet its speed.
 #
 # ## Objectives
 # After this notebook you can:
