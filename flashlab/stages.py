@@ -133,6 +133,14 @@ class Stage:
         return ("WITH_LSE" in self.template and self.is_forward(kernel)
                 and dict(zip(self.template, template_args(kernel))).get("WITH_LSE") == "true")
 
+    def plain_name(self, kernel: str) -> str:
+        """A kernel name as the lessons write it: without the WITH_LSE argument of a forward that
+        has one ('mma_kernel<__half, 64, 64, 64, false>' -> 'mma_kernel<__half, 64, 64, 64>');
+        other names as they are."""
+        if "WITH_LSE" not in self.template or not self.is_forward(kernel):
+            return kernel
+        return re.sub(r",\s*(?:true|false)>", ">", kernel, count=1)
+
     def is_forward(self, kernel: str) -> bool:
         """Whether `kernel` (a name as ptxas or cuobjdump print it) is the stage's forward kernel."""
         name = kernel.split("<")[0].split("(")[0].strip().removeprefix("void ").strip()

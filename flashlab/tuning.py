@@ -361,7 +361,8 @@ def address_mix(sources, arch="sm_90") -> pd.DataFrame:
             mix = sass.instruction_mix(src, arch)
         except FileNotFoundError as err:  # no nvcc or cuobjdump here
             raise NotRecorded(f"SASS counts: {err}") from None
-        mix = mix[mix["kernel"].str.contains(r"<__half, 64\b")]
+        mix = mix[mix["kernel"].str.contains(r"<__half, 64\b")
+                  & ~mix["kernel"].str.endswith(", true>")]  # not the WITH_LSE instantiation
         base = mix["opcode"].str.split(".").str[0]
         moves = mix["opcode"].str.startswith("IMAD.MOV")
         row = {op: int(mix.loc[(base == op) & ~moves, "count"].sum()) for op in ADDRESS_OPS}

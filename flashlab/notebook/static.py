@@ -26,7 +26,7 @@ def resources(stage, archs=None) -> pd.DataFrame:
     st = _stage(stage)
     archs = archs or st.static_archs
     try:
-        rows = [r.__dict__ | {"kernel": r.kernel.split("(")[0].removeprefix("void "),
+        rows = [r.__dict__ | {"kernel": st.plain_name(r.kernel.split("(")[0].removeprefix("void ")),
                               "spill_bytes": r.spill_bytes}
                 for a in archs for r in ptxas.resources(st.source, a)
                 if not st.writes_lse(r.kernel)]
@@ -73,12 +73,13 @@ def instructions(stage, arch=None) -> pd.DataFrame:
     try:
         wide = sass.table([st.slug], arch)
         keep = [not st.writes_lse(k) for k in wide.index.get_level_values("kernel")]
-        return wide[keep]
+        return wide[keep].rename(index=st.plain_name, level="kernel")
     except (OSError, RuntimeError) as err:
         print(f"(cuobjdump or nvcc unavailable: {err}; showing the recorded counts)")
     rec = tables.SASS.load()
     rec = rec[(rec["stage"] == st.slug) & (rec["arch"] == arch)]
     rec = rec[[not st.writes_lse(k) for k in rec["kernel"]]]
+    rec = rec.assign(kernel=rec["kernel"].map(st.plain_name))
     if rec.empty:
         raise NotRecorded(f"{st.slug}: no {arch} SASS counts recorded yet: run "
                           f"`flashlab sass {st.number:02d} --record` where nvcc is installed")
@@ -110,7 +111,8 @@ def _disassembling():
 
 def _matching(kernels, pattern, slug):
     st = _stage(slug)  # the kernel without the log-sum-exp's stores, where there are both
-    picked = sorted(k for k in set(kernels) if re.search(pattern, k) and not st.writes_lse(k))
+    picked = sorted(k for k in set(kernels)
+                    if not st.writes_lse(k) and re.search(pattern, st.plain_name(k)))
     if not picked:
         raise ValueError(f"{slug} has no kernel matching {pattern!r}")
     return picked[0]
@@ -166,7 +168,7 @@ def loop_bodies(stages, kernel=r"__half, 64,", arch=None) -> pd.DataFrame:
             found = sass.loops(st.source, _arch(st, arch))
             chosen = _matching(found["kernel"], kernel, st.slug)
             rows[st.slug] = sass.kv_loops(found).loc[chosen].rename(None)
-            rows[st.slug]["kernel"] = chosen
+            rows[st.slug]["kernel"] = st.plain_name(chosen)
     table = pd.DataFrame(rows).T.drop(columns=["first", "last"])
     kernel_col = table.pop("kernel")
     table = table.astype(int)
