@@ -517,8 +517,10 @@ A kernel is checked against a float64 reference on random inputs and on inputs m
 its idea (scores that grow along the keys, so that every rescale and fallback path runs; the
 causal mask): every output element is first set to NaN, sequence lengths include 1, 17, 1000
 and 4096, causal and not, each dtype the GPU runs. A wrong answer scores 0 and names the first
-failing case and its first wrong element (batch, head, row, column, got, expected). A right one
-is timed against the stage before it, and scores points x min(1, speed / {SPEED_TOLERANCE}) of
+failing case and its first wrong element (batch, head, row, column, got, expected). A kernel
+that passes is also read in its machine code: an instruction its stage's idea needs (stage 16's
+fences, say) must be there, or it scores 0 with the missing one named. A right one is timed
+against the stage before it, and scores points x min(1, speed / {SPEED_TOLERANCE}) of
 the solution's speed: within {100 - round(100 * SPEED_TOLERANCE)} % of it earns every point.
 
 ## Handing in

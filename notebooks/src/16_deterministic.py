@@ -195,8 +195,10 @@ with nb.unless_missing():
 # **How it is judged.** `flashlab grade` builds stage 16 from your region, checks its forward,
 # log-sum-exp and gradients against float64 as for stage 15, then runs its backward three times on
 # the same inputs (N = 4096: 64 key blocks add into every row of dQ; D = 64 and 128, both masks,
-# fp16 and bf16) and requires the same bits every time. A kernel that hangs is stopped at the
-# grading timeout and scores 0. A right one is timed in its backward: when your instructor grades,
+# fp16 and bf16) and requires the same bits every time. Three runs on one GPU can agree even where
+# nothing orders the adds, so the machine code is read too: a kernel without a fence (`MEMBAR`)
+# scores 0, with that named. A kernel that hangs is stopped at the grading timeout and scores 0.
+# A right one is timed in its backward: when your instructor grades,
 # in turn with the solution's on the same GPU, full points within 5 % of its speed.
 #
 # **GPU:** compute capability 8.0 or newer. Run it with
