@@ -143,15 +143,28 @@ def _cmd_model(args):
 
 
 def _cmd_check(args):
-    from .check import check
+    import torch
+
+    from .check import check, check_backward, check_lse, check_repeatable
     from .stages import stage
     st = stage(args.stage)
     if _cannot("check", st):
         return 2
-    result = check(st.build(), dtype=args.dtype, seed=args.seed,
+    attn = st.build()
+    result = check(attn, dtype=args.dtype, seed=args.seed,
                    head_dims=tuple(args.D) if args.D else None)
     print(result)
-    return 0 if result.passed else 1
+    passed = result.passed
+    # and what else the stage promises: the log-sum-exp, its gradients, the same bits every run
+    more = [c for c, has in ((check_lse, st.lse), (check_backward, st.has_backward),
+                             (check_repeatable, st.deterministic)) if has]
+    head_dims = tuple(args.D) if args.D else tuple(st.head_dims)
+    for dt in [args.dtype] if args.dtype else st.dtypes_on(torch.cuda.get_device_capability()):
+        for run in more:
+            res = run(attn, dtype=dt, seed=args.seed, head_dims=head_dims)
+            print(res)
+            passed &= res.passed
+    return 0 if passed else 1
 
 
 def _cmd_bench(args):
@@ -312,7 +325,9 @@ def parser():
 
     p = sub.add_parser("check", help="check one stage against the float64 reference",
                        description="Run a stage on fresh random inputs (N = 1, 17, 1000 and 4096, "
-                       "causal and not) and compare with attention computed in float64. "
+                       "causal and not) and compare with attention computed in float64; where the "
+                       "stage has them, its log-sum-exp and its gradients too, and for a "
+                       "deterministic backward the same bits on every run. "
                        "Exit status 1 if any case fails.")
     p.add_argument("stage", help="number or name, e.g. 03 or 03_coarsened")
     p.add_argument("--dtype", choices=dtypes.NAMES)

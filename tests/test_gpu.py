@@ -343,3 +343,12 @@ def test_a_live_notebook_times_its_stage_in_turn_with_the_one_before(data_dir, m
         rows = tables.at_config(df[df["time"] == run], cfg)
         assert set(rows["stage"]) == {"06_swizzle", "07_cp_async", *COMPARED}, rows["stage"].tolist()
         assert rows["note"].str.contains("median of 3 rounds").all()
+
+
+def test_the_check_command_checks_what_a_stage_promises():
+    """`flashlab check 16`: its forward, its log-sum-exp, its gradients and the same bits on every
+    run, each a result of its own, the exit status 0 only where all pass."""
+    proc = subprocess.run([sys.executable, "-m", "flashlab", "check", "16", "--dtype", "fp16"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(": PASS") == 4, proc.stdout
