@@ -181,12 +181,8 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
                                      **res_at(cfg), note=f"not timed: rel err {err:.2e} here"))
                     log(f"{st.slug:16} {cfg.label:42} FAILED: rel err {err:.2e}")
                     continue
-                here.append((st.slug, attn, ("stage", err, res_at(cfg))))
-                if lse and st.lse:
-                    fns[(st.slug, cfg, "forward_lse")] = (
-                        lambda a=attn, q=inputs[0], k=inputs[1], v=inputs[2], c=cfg.causal:
-                        a(q, k, v, causal=c, return_lse=True))
-                    kinds[(st.slug, cfg, "forward_lse")] = ("stage", err, res_at(cfg, lse=True))
+                here.append((st.slug, attn, ("stage", err, res_at(cfg)),
+                             ("stage", err, res_at(cfg, lse=True)) if lse and st.lse else None))
             for name in baselines if cfg.dtype == "fp16" else ():  # fp16 against fp16
                 if not _times_at(name, cfg):
                     continue
@@ -196,12 +192,16 @@ def measure_interleaved(stages, configs=None, baselines=_baselines.COMPARED, rou
                 except RuntimeError as e:
                     _refused(name, cfg, e, log)
                     continue
-                here.append((name, b, ("baseline", err, {})))
+                here.append((name, b, ("baseline", err, {}), None))
             q, k, v = inputs
-            for name, f, kind in here:
+            for name, f, kind, lse_kind in here:  # lse_kind: also timed asked for the lse
                 fns[(name, cfg, "forward")] = lambda f=f, q=q, k=k, v=v, c=cfg.causal: f(q, k, v,
                                                                                       causal=c)
                 kinds[(name, cfg, "forward")] = kind
+                if lse_kind:
+                    fns[(name, cfg, "forward_lse")] = (lambda f=f, q=q, k=k, v=v, c=cfg.causal:
+                                                       f(q, k, v, causal=c, return_lse=True))
+                    kinds[(name, cfg, "forward_lse")] = lse_kind
         timings = time_interleaved(fns, rounds)
         for (name, cfg, pass_), t in timings.items():
             kind, err, res = kinds[(name, cfg, pass_)]

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from . import autotune as _tune
 from . import picks, tables
+from .stages import stages
 from .tables import NotRecorded
 
 PANELS = [(64, False), (64, True), (128, False), (128, True)]
@@ -361,8 +362,9 @@ def address_mix(sources, arch="sm_90") -> pd.DataFrame:
             mix = sass.instruction_mix(src, arch)
         except FileNotFoundError as err:  # no nvcc or cuobjdump here
             raise NotRecorded(f"SASS counts: {err}") from None
-        mix = mix[mix["kernel"].str.contains(r"<__half, 64\b")
-                  & ~mix["kernel"].str.endswith(", true>")]  # not the WITH_LSE instantiation
+        # not a forward's WITH_LSE instantiation, which runs only when the lse is asked for
+        lse = mix["kernel"].map(lambda k: any(st.writes_lse(k) for st in stages()))
+        mix = mix[mix["kernel"].str.contains(r"<__half, 64\b") & ~lse]
         base = mix["opcode"].str.split(".").str[0]
         moves = mix["opcode"].str.startswith("IMAD.MOV")
         row = {op: int(mix.loc[(base == op) & ~moves, "count"].sum()) for op in ADDRESS_OPS}

@@ -762,6 +762,21 @@ def test_an_edition_fails_every_kernel_exercise_it_hands_out(course):
                          r"judged\. Replay it with fl\.check_(backward|lse)", r.message), r
 
 
+def _graded_with(tmp_path, exercise, hacked):
+    """Grade `exercise` as an instructor would, in an edition that hands it out (stages up to its
+    own) where the student wrote `hacked` (the stage's source, solution regions altered) into its
+    region: the edition's file with only that region spliced in, timed against the solution."""
+    ex = next(e for e in K.KERNEL_EXERCISES if e.id == exercise)
+    st = fl.stage(ex.stage)
+    tree = tmp_path / "tree"
+    student.write(tree, through=st.number, first=st.number)
+    path = tree / "kernels" / st.source.name
+    path.write_text(markers.splice(path.read_text(), hacked, {exercise}))
+    got = K.grade_kernel(ex, tree, solution=paths.ROOT)
+    print(got)
+    return got
+
+
 LAZY_WITHOUT_FALLBACK = r"""    bool grow = false;
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
@@ -780,21 +795,14 @@ def test_the_lazy_softmax_without_its_fallback_fails(tmp_path):
     on random inputs, and so faster; the keys that grow along the sequence make it fail."""
     if fl.stage("13").unavailable():
         pytest.skip(fl.stage("13").unavailable())
-    tree = tmp_path / "tree"
-    student.write(tree, through=13, first=13)
     mine = markers.strip_markers(_text("13_lazy_rescale"))
     assert LAZY_WITHOUT_FALLBACK in mine
-    edition = (tree / "kernels" / "13_lazy_rescale.cu").read_text()
     (r,) = [r for r in K.regions(_text("13_lazy_rescale"))
             if r.id == "13.lazy_softmax" and not r.carried]
     lazy = "\n".join(r.body) + "\n"
     assert LAZY_WITHOUT_FALLBACK in lazy
     hacked = _text("13_lazy_rescale").replace(lazy, lazy.replace(LAZY_WITHOUT_FALLBACK, "    (void)mx;\n"))
-    (tree / "kernels" / "13_lazy_rescale.cu").write_text(markers.splice(edition, hacked,
-                                                                        {"13.lazy_softmax"}))
-    ex = next(e for e in K.KERNEL_EXERCISES if e.id == "13.lazy_softmax")
-    got = K.grade_kernel(ex, tree, solution=paths.ROOT)
-    print(got)
+    got = _graded_with(tmp_path, "13.lazy_softmax", hacked)
     assert got.ok is False and got.score == 0, got
     assert "keys growing along the sequence" in got.message, got
 
@@ -848,14 +856,6 @@ def test_the_turns_without_fences_are_graded_wrong(tmp_path):
     st = fl.stage("16")
     if st.unavailable():
         pytest.skip(st.unavailable())
-    tree = tmp_path / "tree"
-    student.write(tree, through=16, first=16)
-    edition = (tree / "kernels" / "16_deterministic.cu").read_text()
-    hacked = _text(st.slug).replace("__threadfence();", "")
-    (tree / "kernels" / "16_deterministic.cu").write_text(markers.splice(edition, hacked,
-                                                                         {"16.turns"}))
-    ex = next(e for e in K.KERNEL_EXERCISES if e.id == "16.turns")
-    got = K.grade_kernel(ex, tree, solution=paths.ROOT)
-    print(got)
+    got = _graded_with(tmp_path, "16.turns", _text(st.slug).replace("__threadfence();", ""))
     assert got.ok is False and got.score == 0, got
     assert "has no MEMBAR" in got.message or "check_repeatable" in got.message, got
