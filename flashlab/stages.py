@@ -397,7 +397,8 @@ _STAGES = (
           "log-sum-exp, dV and dK are accumulated on chip and dQ is added up across blocks in fp32",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
           kernel="forward_kernel",
-          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"), picks=True,
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
+          picks=True,
           idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
           # the forward: stage 08's kernel, which now also stores the log-sum-exp
           sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
@@ -412,7 +413,8 @@ _STAGES = (
           "A fragments in registers, and dS reaches dQ through shared memory",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
           kernel="forward_kernel",
-          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"), picks=True,
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
+          picks=True,
           idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
           # the forward: stage 14's (stage 08's kernel with the log-sum-exp)
           sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
@@ -428,7 +430,8 @@ _STAGES = (
           "gradients are the same bits on every run",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
           kernel="forward_kernel",
-          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS"), picks=True,
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
+          picks=True,
           idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
           # the forward: stage 14's (stage 08's kernel with the log-sum-exp)
           sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},

@@ -27,8 +27,8 @@ template <int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS>
 struct Tiles {
   static constexpr int BR = 16 * WM * WARPS;  // query rows per block
   static constexpr int THREADS = WARPS * 32;
-  // Q + STAGES x (K, V), then BR floats: the rows' log-sum-exps on their way out
-  static constexpr int SMEM_BYTES = (BR + 2 * BC * STAGES) * D * 2 + BR * 4;
+  static constexpr int SMEM_BYTES = (BR + 2 * BC * STAGES) * D * 2;  // Q + STAGES x (K, V)
+  static constexpr int LSE_BYTES = BR * 4;  // with the log-sum-exp, its rows on their way out
 };
 
 // Element (row, col) of a swizzled tile with D columns (stage 06); col a multiple of 8.
@@ -107,7 +107,8 @@ struct LaneOffsets {
   }
 };
 
-template <typename T, int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS, int OPTS>
+template <typename T, int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS, int OPTS,
+          bool WITH_LSE>
 __global__ void __launch_bounds__(WARPS * 32)
 forward_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
              T* __restrict__ O, float* __restrict__ LSE, const FlashlabLayout L, int N,
@@ -362,7 +363,7 @@ forward_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
   // lane per quad), log2 l is added once l is summed across the quad, and the warp stores its
   // rows after O: kept in registers, m would push the D = 128 kernels past 255 and spill.
   float* Ls = reinterpret_cast<float*>(Qs + (BR + 2 * BC * STAGES) * D) + warp * WM * 16;
-  if (LSE != nullptr && t == 0) {
+  if (WITH_LSE && t == 0) {
 #pragma unroll
     for (int h = 0; h < 2 * WM; h++) Ls[8 * h + g] = m[h];
   }
@@ -381,7 +382,7 @@ forward_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
       // STUB: // TODO: sum is this lane's part of the row sum only: add up the quad's parts (05.quad_sum).
       // END CARRIED 05.quad_sum
       inv[hh] = sum > 0.f ? 1.f / sum : 0.f;
-      if (LSE != nullptr && t == 0) Ls[16 * w + 8 * hh + g] += __log2f(sum);  // m + log2 l
+      if (WITH_LSE && t == 0) Ls[16 * w + 8 * hh + g] += __log2f(sum);  // m + log2 l
     }
 #pragma unroll
     for (int d = 0; d < NO; d++) {
@@ -401,7 +402,7 @@ forward_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
       *reinterpret_cast<uint4*>(O + b * L.o.b + h * L.o.h + row * L.o.n + c) =
           *reinterpret_cast<const uint4*>(Qw + swz<D>(r, c));
   }
-  if (LSE != nullptr) {
+  if (WITH_LSE) {
 #pragma unroll
     for (int r = lane; r < WM * 16; r += 32) {
       const int row = q0 + warp * WM * 16 + r;
@@ -413,11 +414,14 @@ forward_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __rest
 template <typename T, int D, int BC, int WARPS, int WM, int STAGES, bool Q_REGS, int OPTS>
 static const char* launch(const FlashlabProblem* p, cudaStream_t stream) {
   using Cfg = Tiles<D, BC, WARPS, WM, STAGES, Q_REGS>;
-  auto kernel = forward_kernel<T, D, BC, WARPS, WM, STAGES, Q_REGS, OPTS>;
-  FLASHLAB_TRY(flashlab_allow_smem(kernel, Cfg::SMEM_BYTES));
+  // the log-sum-exp's stores only where it is asked for: without them, stage 08's kernel
+  auto kernel = p->lse ? forward_kernel<T, D, BC, WARPS, WM, STAGES, Q_REGS, OPTS, true>
+                       : forward_kernel<T, D, BC, WARPS, WM, STAGES, Q_REGS, OPTS, false>;
+  const int smem = Cfg::SMEM_BYTES + (p->lse ? Cfg::LSE_BYTES : 0);
+  FLASHLAB_TRY(flashlab_allow_smem(kernel, smem));
   // 1-D grid, tiles * B * H < 2^31 blocks: flashlab rejects inputs of 2^31 elements or more.
   dim3 grid(flashlab_cdiv(p->N, Cfg::BR) * p->B * p->H);
-  kernel<<<grid, Cfg::THREADS, Cfg::SMEM_BYTES, stream>>>(
+  kernel<<<grid, Cfg::THREADS, smem, stream>>>(
       (const T*)p->q, (const T*)p->k, (const T*)p->v, (T*)p->o, p->lse, p->layout, p->N,
       p->scale * 1.4426950408889634f, p->causal);
   FLASHLAB_TRY(cudaGetLastError());
