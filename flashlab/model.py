@@ -397,53 +397,52 @@ def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=
 
 
 def smoothed(losses, window=20) -> torch.Tensor:
-    """The loss curve averaged over `window` steps (a trailing mean): what two runs are compared on."""
-    x = torch.tensor(losses, dtype=torch.float64)
-    c = torch.cat([torch.zeros(1, dtype=torch.float64), x.cumsum(0)])
-    n = torch.arange(1, len(x) + 1)
-    lo = (n - window).clamp(min=0)
-    return (c[n] - c[lo]) / (n - lo)
+    """The loss curve averaged over `window` steps (a trailing mean): what two runs are compared on
+    (tables.smoothed_loss, as a tensor)."""
+    from .tables import smoothed_loss
+    return torch.tensor(smoothed_loss(losses, window).to_numpy(), dtype=torch.float64)
 
 
-def training_comparison(stages=None, runs=2, log=print, record=True, **kw):
-    """Train the same GPT-2 (train()) with SDPA's flash backend `runs` times (its run-to-run
-    noise: its backward adds dQ with atomics, so two runs with one seed differ), SDPA's cuDNN
-    backend, and each stage with a backward pass that runs here, from one seed. Each curve is
-    compared with SDPA flash's first run: the largest difference of the smoothed losses (over 20
-    steps), beside the same between SDPA's own runs. Records data/training.csv (a row per
-    implementation, run and step); returns (rows, summary)."""
+# A model where attention is most of a training step: sequences of 4096 bytes (the loss
+# comparison's TRAIN has 512, where the step is the model's); a few steps time one.
+TIMED = dict(steps=30, batch=2, seq=4096, n_layer=4, n_head=8, n_embd=512)
+
+
+def training_comparison(stages=None, runs=3, log=print, record=True, timed=TIMED, **kw):
+    """Train the same GPT-2 (train()) from one seed `runs` times through each of SDPA's flash and
+    cuDNN backends (tables.SDPA_TRAINED: their curves against each other are SDPA's run-to-run
+    spread; the flash backward adds dQ with atomics, so its runs differ) and through each stage
+    with a backward pass that runs here. Then, where `timed` (a few steps of a larger model,
+    TIMED: attention most of a step), the same few steps once each for the step's time. Records
+    data/training.csv (a row per implementation, run and step); returns (rows,
+    tables.training_match of the loss comparison)."""
     import pandas as pd
 
     from .env import environment
-    from .tables import TRAINING
+    from .tables import SDPA_TRAINED, TRAINING, training_match
 
     env = environment()
-    todo = [("sdpa_flash", r, "sdpa", "sdpa_flash") for r in range(runs)]
-    todo.append(("sdpa_cudnn", 0, "sdpa", "sdpa_cudnn"))
+    impls = [(b, "sdpa", b) for b in SDPA_TRAINED]
     for st in (stages or [s for s in _all_stages() if s.has_backward]):
         st = _stage(st)
         why = st.unavailable()
         if why:
             log(f"{st.slug}: not trained here: {why}")
             continue
-        todo.append((st.slug, 0, register(st.slug), None))
-    curves, rows, summary = {}, [], []
-    for impl, run, name, backend in todo:
-        out = train(name, backend=backend, **kw)
-        curves[(impl, run)] = out
-        log(f"{impl:12} run {run}: final loss {out['loss'][-1]:.4f}, step {out['step_ms']:.2f} ms")
-        cfg = {**TRAIN, **{k: v for k, v in kw.items() if k in TRAIN}}
+        impls.append((st.slug, register(st.slug), None))
+    todo = [(impl, run, name, backend, kw) for run in range(runs) for impl, name, backend in impls]
+    if timed:
+        todo += [(impl, 0, name, backend, {**kw, **timed}) for impl, name, backend in impls]
+    rows = []
+    for impl, run, name, backend, args in todo:
+        out = train(name, backend=backend, **args)
+        cfg = {**TRAIN, **{k: v for k, v in args.items() if k in TRAIN}}
+        log(f"{impl:16} run {run} (seq {cfg['seq']}, {cfg['steps']} steps): final loss "
+            f"{out['loss'][-1]:.4f}, step {out['step_ms']:.2f} ms")
         rows += [dict(impl=impl, run=run, step=i, loss=l, step_ms=out["step_ms"],
-                      tokens_per_s=out["tokens_per_s"], dtype=kw.get("dtype", "bf16"), **cfg,
+                      tokens_per_s=out["tokens_per_s"], dtype=args.get("dtype", "bf16"), **cfg,
                       **env) for i, l in enumerate(out["loss"])]
-    ref = smoothed(curves[("sdpa_flash", 0)]["loss"])
-    for (impl, run), out in curves.items():
-        if (impl, run) == ("sdpa_flash", 0):
-            continue
-        diff = float((smoothed(out["loss"]) - ref).abs().max())
-        summary.append(dict(impl=impl, run=run, max_smoothed_diff=diff,
-                            final_loss=out["loss"][-1], step_ms=out["step_ms"]))
-    df, summ = pd.DataFrame(rows), pd.DataFrame(summary)
+    df = pd.DataFrame(rows)
     if record and len(df):
         TRAINING.upsert(df)
-    return df, summ
+    return df, training_match(df)

@@ -765,41 +765,55 @@ def model_forward(rows=None, gpu=None):
 
 def training(rows=None, gpu=None, window=20):
     """A byte-level GPT-2 trained through each attention (data/training.csv, one GPU): the loss
-    per step smoothed over `window` steps, each implementation and run a line (SDPA's flash
-    backend run twice: the spread between its own runs is the noise a match is judged within),
-    and beside it each one's median step time."""
-    from .model import smoothed
+    per step smoothed over `window` steps, each implementation and run a line, SDPA's runs
+    (both backends) shaded as the band a stage's curve is judged within (tables.training_match);
+    beside it a step's median time at each recorded model size."""
     rows = tables.TRAINING.load() if rows is None else rows
-    gpu = gpu or (rows.sort_values("time")["gpu"].iloc[-1] if len(rows) else None)
-    rows = rows[rows["gpu"] == gpu]
-    if rows.empty:
+    curves = tables.training_rows(rows, gpu)
+    if curves.empty:
         raise tables.NotRecorded("no training recorded yet: run `python tools/train_compare.py` "
                                  "on a GPU")
-    fig, (ax, bx) = _axes((11, 4), 1, 2, gridspec_kw={"width_ratios": [2.2, 1]})
-    runs = rows.groupby(["impl", "run"], sort=False)
-    for (impl, run), r in runs:
+    gpu = curves["gpu"].iloc[0]
+    fig, (ax, dx, bx) = _axes((15, 4.2), 1, 3, gridspec_kw={"width_ratios": [1.5, 1.5, 1]})
+    lines = []
+    for (impl, run), r in curves.groupby(["impl", "run"], sort=False):
         r = r.sort_values("step")
+        lines.append((impl, run, r["step"].to_numpy(),
+                      tables.smoothed_loss(r["loss"], window).to_numpy()))
+    sdpa = np.array([y for impl, _, _, y in lines if impl in tables.SDPA_TRAINED])
+    mean = sdpa.mean(axis=0) if len(sdpa) else 0.0
+    for impl, run, x, y in lines:
         ours = impl in _stage_colors()
         style = dict(color=_color_of(impl) if ours else {"sdpa_flash": "#555555",
                                                          "sdpa_cudnn": "#bbbbbb"}.get(impl, "0.5"),
-                     lw=1.6 if ours else 1.0, ls="-" if run == 0 else "--")
-        ax.plot(r["step"], smoothed(r["loss"].tolist(), window), label=f"{impl} (run {run})",
-                **style)
+                     lw=1.3 if ours else 1.0, ls="-" if run == 0 else "--")
+        ax.plot(x, y, label=impl if run == 0 else None, **style)
+        dx.plot(x, y - mean, **style)
+    if len(sdpa):
+        dx.fill_between(np.arange(sdpa.shape[1]), sdpa.min(axis=0) - mean,
+                        sdpa.max(axis=0) - mean, color="#999999", alpha=0.3, lw=0,
+                        label="SDPA's own runs (both backends)")
     ax.set_xlabel("step")
     ax.set_ylabel(f"loss (mean of {window} steps)")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    first = rows.drop_duplicates(["impl", "run"]).set_index(["impl", "run"])
-    labels = [f"{i} (run {r})" for i, r in first.index]
-    bx.barh(labels, first["step_ms"], color="#9ecae1")
-    for y, ms in enumerate(first["step_ms"]):
-        bx.text(ms, y, f" {ms:.1f} ms", va="center", fontsize=8)
+    dx.axhline(0, color="0.3", lw=0.6)
+    dx.set_xlabel("step")
+    dx.set_ylabel("minus SDPA's mean curve")
+    dx.legend(fontsize=8, loc="lower left")
+    dx.grid(alpha=0.3)
+    times = tables.training_step_times(rows, gpu)
+    times.plot.barh(ax=bx, color=["#9ecae1", "#3182bd", "#08519c"][:len(times.columns)])
+    for cont in bx.containers:
+        bx.bar_label(cont, fmt=" %.1f ms", fontsize=7)
     bx.set_xlabel("median step time (ms)")
+    bx.set_ylabel("")
+    bx.legend(fontsize=7, loc="lower right")
     bx.invert_yaxis()
-    r0 = rows.iloc[0]
+    r0 = curves.iloc[0]
     fig.suptitle(f"A byte-level GPT-2 ({r0.n_layer} layers, d = {r0.n_embd}, {r0.n_head} heads, "
-                 f"seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) trained from one seed — {gpu}",
-                 fontsize=10)
+                 f"seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) trained from one seed, "
+                 f"{curves.groupby('impl')['run'].nunique().max()} runs each — {gpu}", fontsize=10)
     fig.tight_layout()
     return fig
 

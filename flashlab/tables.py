@@ -460,6 +460,77 @@ def lse_cost(slugs, df=None) -> pd.DataFrame:
     return both[cols].sort_values(["stage", "dtype", "D", "causal", "N"], ignore_index=True)
 
 
+# SDPA's kernels a model is trained through beside the stages: their curves, run against each
+# other, are the spread a stage's curve is judged within
+SDPA_TRAINED = ("sdpa_flash", "sdpa_cudnn")
+_TRAIN_CONFIG = ["dtype", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "lr", "seed"]
+
+
+def smoothed_loss(losses, window=20) -> pd.Series:
+    """A loss curve averaged over `window` steps (a trailing mean, over fewer steps at the start):
+    what two training runs are compared on."""
+    return pd.Series(list(losses), dtype=float).rolling(window, min_periods=1).mean()
+
+
+def training_rows(rows=None, gpu=None) -> pd.DataFrame:
+    """The recorded training (data/training.csv) of one GPU (default: the last that recorded) and
+    one model and run length: the one with the most steps, the loss comparison (shorter runs at
+    other sizes time a step). Empty while none is recorded."""
+    rows = TRAINING.load() if rows is None else rows
+    if rows.empty:
+        return rows
+    gpu = gpu or rows.sort_values("time")["gpu"].iloc[-1]
+    rows = rows[rows["gpu"] == gpu]
+    longest = rows.sort_values(["steps", "time"]).iloc[-1]
+    return rows[(rows[_TRAIN_CONFIG] == longest[_TRAIN_CONFIG]).all(axis=1)]
+
+
+def training_match(rows=None, gpu=None, window=20) -> pd.DataFrame:
+    """How far each implementation's loss curves lie from SDPA's (training_rows), on the losses
+    smoothed over `window` steps. distance: the largest difference between one of its runs and
+    any of SDPA's curves (both backends, every run; an SDPA curve is not set against itself);
+    noise: the largest difference between two of SDPA's curves, the spread SDPA has against
+    itself; within: distance <= noise. Beside them its runs, mean final loss and median step time.
+    One row per implementation, in the order recorded; empty while none is recorded."""
+    rows = training_rows(rows, gpu)
+    cols = ["impl", "runs", "distance", "noise", "within", "final_loss", "step_ms"]
+    if rows.empty:
+        return pd.DataFrame(columns=cols)
+    curves = {key: smoothed_loss(r.sort_values("step")["loss"], window).to_numpy()
+              for key, r in rows.groupby(["impl", "run"], sort=False)}
+    sdpa = [key for key in curves if key[0] in SDPA_TRAINED]
+
+    def apart(a, b):
+        return float(abs(curves[a] - curves[b]).max())
+
+    noise = max((apart(a, b) for i, a in enumerate(sdpa) for b in sdpa[i + 1:]), default=float("nan"))
+    out = []
+    for impl in dict.fromkeys(k[0] for k in curves):
+        mine = [k for k in curves if k[0] == impl]
+        dist = max((apart(a, b) for a in mine for b in sdpa if b != a), default=float("nan"))
+        r = rows[rows["impl"] == impl]
+        out.append(dict(impl=impl, runs=len(mine), distance=dist, noise=noise, within=dist <= noise,
+                        final_loss=float(r.sort_values("step").groupby("run")["loss"].last().mean()),
+                        step_ms=float(r.groupby("run")["step_ms"].first().median())))
+    return pd.DataFrame(out, columns=cols)
+
+
+def training_step_times(rows=None, gpu=None) -> pd.DataFrame:
+    """A training step's median time (ms) by implementation (rows) and model size (columns, 'seq
+    S, d E, L layers'), from data/training.csv on one GPU (default: the last that recorded), the
+    median over runs."""
+    rows = TRAINING.load() if rows is None else rows
+    if rows.empty:
+        return pd.DataFrame()
+    gpu = gpu or rows.sort_values("time")["gpu"].iloc[-1]
+    rows = rows[rows["gpu"] == gpu].copy()
+    rows["size"] = [f"seq {r.seq}, d {r.n_embd}, {r.n_layer} layers, batch {r.batch}"
+                    for r in rows.itertuples()]
+    first = rows.drop_duplicates(["impl", "run", "size"])
+    table = first.groupby(["impl", "size"], sort=False)["step_ms"].median().unstack("size")
+    return table.reindex(list(dict.fromkeys(first["impl"])))
+
+
 def sweep_at(N, D, causal, dtype="fp16", gpu=None, df=None) -> pd.Series:
     """TFLOP/s of every stage and baseline recorded at one point of the sweep, by name."""
     df = RESULTS.load() if df is None else df

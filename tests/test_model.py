@@ -198,17 +198,51 @@ def test_the_training_corpus_is_shipped_text_in_seeded_windows():
     assert s.tolist() == [1.0, 2.0, 4.0]
 
 
+def _training_rows(curves, steps=50, seq=256, ms=10.0):
+    """Rows of data/training.csv: curves {(impl, run): offset of its loss from a common line}."""
+    return [dict(impl=impl, run=run, step=i, loss=5.0 - 0.01 * i + off, step_ms=ms + run,
+                 tokens_per_s=1.0, dtype="bf16", steps=steps, batch=16, seq=seq, n_layer=4,
+                 n_head=4, n_embd=256, lr=1e-3, seed=0, gpu="G", time="t")
+            for (impl, run), off in curves.items() for i in range(steps)]
+
+
+def test_a_stage_is_judged_within_the_spread_of_sdpas_own_runs():
+    """distance: farthest from any SDPA curve; noise: SDPA's curves farthest from each other
+    (both backends); a longer run length is the loss comparison, a shorter one times a step."""
+    import pandas as pd
+
+    from flashlab import tables
+    rows = pd.DataFrame(_training_rows({("sdpa_flash", 0): 0.0, ("sdpa_flash", 1): 0.002,
+                                        ("sdpa_cudnn", 0): -0.001, ("14_backward", 0): 0.001,
+                                        ("15_backward_mma", 0): 0.0035})
+                        + _training_rows({("sdpa_flash", 0): 9.0, ("14_backward", 0): 9.0},
+                                         steps=5, seq=4096, ms=40.0))
+    m = tables.training_match(rows).set_index("impl")
+    assert list(m.index) == ["sdpa_flash", "sdpa_cudnn", "14_backward", "15_backward_mma"]
+    assert m["noise"].iloc[0] == pytest.approx(0.003)  # flash run 1 against cuDNN
+    assert m.loc["14_backward", "distance"] == pytest.approx(0.002)  # against cuDNN
+    assert m.loc["14_backward", "within"] and not m.loc["15_backward_mma", "within"]
+    assert m.loc["15_backward_mma", "distance"] == pytest.approx(0.0045)
+    assert m.loc["sdpa_flash", "runs"] == 2 and m.loc["sdpa_flash", "step_ms"] == 10.5
+    assert tables.training_rows(rows)["seq"].unique().tolist() == [256]
+    t = tables.training_step_times(rows)
+    assert t.loc["14_backward", "seq 4096, d 256, 4 layers, batch 16"] == 40.0
+    assert t.loc["sdpa_flash", "seq 256, d 256, 4 layers, batch 16"] == 10.5
+    assert tables.training_match(rows.iloc[:0]).empty
+
+
+def test_smoothed_losses_are_a_trailing_mean():
+    from flashlab import tables
+    assert tables.smoothed_loss([1.0, 3.0, 5.0], window=2).tolist() == [1.0, 2.0, 4.0]
+
+
 def test_the_training_figure_draws_recorded_curves(empty_data_dir, tmp_path):
     import pandas as pd
 
     from flashlab import plots, tables
     with pytest.raises(tables.NotRecorded, match="train_compare"):
         plots.training()
-    rows = [dict(impl=impl, run=run, step=i, loss=5.0 - 0.01 * i + 0.001 * run, step_ms=ms,
-                 tokens_per_s=1.0, dtype="bf16", steps=50, batch=16, seq=256, n_layer=4,
-                 n_head=4, n_embd=256, lr=1e-3, seed=0, gpu="G", time="t")
-            for impl, run, ms in (("sdpa_flash", 0, 10.0), ("sdpa_flash", 1, 10.1),
-                                  ("14_backward", 0, 30.0)) for i in range(50)]
+    rows = _training_rows({("sdpa_flash", 0): 0.0, ("sdpa_flash", 1): 0.001, ("14_backward", 0): 0.0})
     tables.TRAINING.upsert(pd.DataFrame(rows))
     fig = plots.training()
     assert "G" in fig._suptitle.get_text()
