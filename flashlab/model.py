@@ -409,9 +409,10 @@ TIMED = dict(steps=30, batch=2, seq=4096, n_layer=4, n_head=8, n_embd=512)
 
 
 def training_comparison(stages=None, runs=3, log=print, record=True, timed=TIMED, **kw):
-    """Train the same GPT-2 (train()) from one seed `runs` times through each of SDPA's flash and
-    cuDNN backends (tables.SDPA_TRAINED: their curves against each other are SDPA's run-to-run
-    spread; the flash backward adds dQ with atomics, so its runs differ) and through each stage
+    """Train the same GPT-2 (train()) from one seed `runs` times through each of SDPA's fused
+    backends (tables.SDPA_TRAINED: flash, cuDNN, memory-efficient; their curves against each
+    other are SDPA's run-to-run spread; the flash backward adds dQ with atomics, so its runs
+    differ) and through each stage
     with a backward pass that runs here. Then, where `timed` (a few steps of a larger model,
     TIMED: attention most of a step), the same few steps once each for the step's time. Records
     data/training.csv (a row per implementation, run and step); returns (rows,

@@ -785,7 +785,8 @@ def training(rows=None, gpu=None, window=20):
     for impl, run, x, y in lines:
         ours = impl in _stage_colors()
         style = dict(color=_color_of(impl) if ours else {"sdpa_flash": "#555555",
-                                                         "sdpa_cudnn": "#bbbbbb"}.get(impl, "0.5"),
+                                                         "sdpa_cudnn": "#bbbbbb",
+                                                         "sdpa_efficient": "#888888"}.get(impl, "0.5"),
                      lw=1.3 if ours else 1.0, ls="-" if run == 0 else "--")
         ax.plot(x, y, label=impl if run == 0 else None, **style)
         dx.plot(x, y - mean, **style)

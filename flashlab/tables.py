@@ -460,9 +460,10 @@ def lse_cost(slugs, df=None) -> pd.DataFrame:
     return both[cols].sort_values(["stage", "dtype", "D", "causal", "N"], ignore_index=True)
 
 
-# SDPA's kernels a model is trained through beside the stages: their curves, run against each
-# other, are the spread a stage's curve is judged within
-SDPA_TRAINED = ("sdpa_flash", "sdpa_cudnn")
+# SDPA's fused kernels a model is trained through beside the stages: their curves, run against
+# each other, are the spread a stage's curve is judged within (the math backend, which writes the
+# whole score matrix in the inputs' dtype, is no kernel a model trains on)
+SDPA_TRAINED = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
 _TRAIN_CONFIG = ["dtype", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "lr", "seed"]
 
 
