@@ -403,8 +403,8 @@ def smoothed(losses, window=20) -> torch.Tensor:
     return torch.tensor(smoothed_loss(losses, window).to_numpy(), dtype=torch.float64)
 
 
-# A model where attention is most of a training step: sequences of 4096 bytes (the loss
-# comparison's TRAIN has 512, where the step is the model's); a few steps time one.
+# A model where attention is a larger share of a training step: sequences of 4096 bytes (the
+# loss comparison's TRAIN has 512, where the step is the rest of the model's); a few steps time one.
 TIMED = dict(steps=30, batch=2, seq=4096, n_layer=4, n_head=8, n_embd=512)
 
 
@@ -414,7 +414,7 @@ def training_comparison(stages=None, runs=3, log=print, record=True, timed=TIMED
     other are SDPA's run-to-run spread; the flash backward adds dQ with atomics, so its runs
     differ) and through each stage
     with a backward pass that runs here. Then, where `timed` (a few steps of a larger model,
-    TIMED: attention most of a step), the same few steps once each for the step's time. Records
+    TIMED: attention a larger share of the step), the same few steps once each for the step's time. Records
     data/training.csv (a row per implementation, run and step); returns (rows,
     tables.training_match of the loss comparison)."""
     import pandas as pd

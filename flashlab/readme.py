@@ -19,6 +19,7 @@ SWEEP_START, SWEEP_END = "<!-- sweep-table:start -->", "<!-- sweep-table:end -->
 COMMANDS_START, COMMANDS_END = "<!-- commands:start -->", "<!-- commands:end -->"
 BACKWARD_START, BACKWARD_END = "<!-- backward-table:start -->", "<!-- backward-table:end -->"
 LSE_START, LSE_END = "<!-- lse-table:start -->", "<!-- lse-table:end -->"
+TRAINING_START, TRAINING_END = "<!-- training-table:start -->", "<!-- training-table:end -->"
 README = paths.ROOT / "README.md"
 BY = "flashlab readme"
 
@@ -239,6 +240,34 @@ def lse_table(df=None, by=BY) -> str:
     return "\n".join(lines)
 
 
+def training_table(rows=None, by=BY) -> str:
+    """The recorded training (data/training.csv, tables.training_match and training_step_times):
+    for each implementation its runs, its farthest smoothed-loss distance from any of SDPA's
+    curves against SDPA's own spread, and a step's median time at each model size; Markdown."""
+    match = tables.training_match(rows)
+    if match.empty:
+        return "_Not measured yet: python tools/train_compare.py_"
+    times = tables.training_step_times(rows)
+    sizes = list(times.columns)
+    lines = ["| | runs | farthest from SDPA | within SDPA's spread | "
+             + " | ".join(f"step, {s} (ms)" for s in sizes) + " |",
+             "|---|---:|---:|:---:|" + "---:|" * len(sizes)]
+    for r in match.itertuples():
+        step = [f"{times.loc[r.impl, s]:.1f}" if r.impl in times.index and times.loc[r.impl, s] == times.loc[r.impl, s]
+                else "–" for s in sizes]
+        lines.append(f"| {r.impl} | {r.runs} | {r.distance:.2e} | {'yes' if r.within else '**no**'} | "
+                     + " | ".join(step) + " |")
+    rows = tables.training_rows(rows)
+    r0 = rows.iloc[0]
+    commits = ", ".join(f"`{c}`" for c in sorted(set(rows["commit"].astype(str))))
+    lines += ["", f"Loss smoothed over 20 steps, {r0.steps} steps of a {r0.n_layer}-layer GPT-2 "
+              f"(d = {r0.n_embd}, seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) from one seed; SDPA's "
+              f"spread is the farthest two of its own curves lie apart ({match['noise'].iloc[0]:.2e}: "
+              f"{', '.join(tables.SDPA_TRAINED)}, every run). Measured on **{r0.gpu}** "
+              f"(commit {commits}). Generated from `data/training.csv` by `{by}`."]
+    return "\n".join(lines)
+
+
 def commands_block(commands) -> str:
     """The command list, as the command line's help gives it, in a text block."""
     return "```text\n" + commands.rstrip("\n") + "\n```"
@@ -250,6 +279,8 @@ def _tables(text: str) -> str:
         text = render(text, backward_table(), BACKWARD_START, BACKWARD_END)
     if LSE_START in text:
         text = render(text, lse_table(), LSE_START, LSE_END)
+    if TRAINING_START in text:
+        text = render(text, training_table(), TRAINING_START, TRAINING_END)
     return text
 
 

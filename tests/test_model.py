@@ -248,3 +248,17 @@ def test_the_training_figure_draws_recorded_curves(empty_data_dir, tmp_path):
     assert "G" in fig._suptitle.get_text()
     assert len(fig.axes[0].lines) == 3
     assert plots.save_training(outdir=tmp_path).exists()
+
+
+def test_the_readme_training_table_on_synthetic_rows(empty_data_dir):
+    import pandas as pd
+
+    from flashlab import readme, tables
+    assert "Not measured yet" in readme.training_table()
+    tables.TRAINING.upsert(pd.DataFrame(
+        _training_rows({("sdpa_flash", 0): 0.0, ("sdpa_cudnn", 0): 0.002, ("15_backward_mma", 0): 0.004})
+        + _training_rows({("sdpa_flash", 0): 0.0}, steps=5, seq=4096, ms=40.0)))
+    table = readme.training_table()
+    assert "| 15_backward_mma | 1 | 4.00e-03 | **no** | 10.0 | – |" in table, table
+    assert "| sdpa_flash | 1 | 2.00e-03 | yes | 10.0 | 40.0 |" in table, table
+    assert "(2.00e-03:" in table and "**G**" in table

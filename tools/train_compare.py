@@ -1,8 +1,8 @@
 """Train a byte-level GPT-2 through every stage with a backward pass and through SDPA's flash,
 cuDNN and memory-efficient backends, from one seed, several runs of each
 (flashlab.model.training_comparison: SDPA's runs against each other are the spread a stage's
-curve is judged within), then time a few steps of a larger model where attention is most of a
-step (model.TIMED); records data/training.csv and draws data/figures/training.png.
+curve is judged within), then time a few steps of a larger model where attention is a larger
+share of a step (model.TIMED); records data/training.csv and draws data/figures/training.png.
 Usage (on a GPU): python tools/train_compare.py [STEPS [RUNS]]"""
 import sys
 

@@ -87,11 +87,13 @@ backward.identities()
 nb.show_lines("14_backward", r"// The log-sum-exp of each row", r"Ls\[8 \* h \+ g\] = m\[h\];")
 
 # %% [markdown]
-# Once the quad has summed l, each row's first lane adds log₂ l; after O, each warp stores its rows:
+# Once the quad has summed l, each row's first lane adds log₂ l; after O, each warp stores its rows.
+# `WITH_LSE`, a template argument, compiles the kernel with and without these lines; inference
+# runs the one without, stage 08's kernel unchanged:
 
 # %%
 nb.show_lines("14_backward", r"Ls\[16 \* w \+ 8 \* hh \+ g\] \+= __log2f")
-nb.show_lines("14_backward", r"^  if \(LSE != nullptr\) \{", r"^  \}$")
+nb.show_lines("14_backward", r"^  if \(WITH_LSE\) \{", r"^  \}$")
 
 # %% [markdown]
 # A forward for inference does not ask for L: `LSE` is a null pointer, and these branches are
@@ -288,10 +290,9 @@ with nb.unless_missing():
 # %% [markdown]
 # ## 9 · Measure
 #
-# On a GPU this builds the stage, checks dQ, dK and dV against float64 (section 4's comparison, in
-# fp16 and bf16, ragged N, both masks), then times stage 14's backward with SDPA's flash and cuDNN
-# backwards, run by run in turn, and stage 14's forward with and without the log-sum-exp.
-# Otherwise: the recorded rows.
+# On a GPU: build, check dQ, dK and dV against float64 (fp16 and bf16, ragged N, both masks),
+# then time the backward in turn with SDPA's flash and cuDNN backwards, and the forward with and
+# without the log-sum-exp. Otherwise: the recorded rows.
 
 # %%
 ev = None
@@ -326,9 +327,9 @@ with nb.unless_missing():
 # that the unit that binds is the one the count named.
 #
 # **Against SDPA.** Stage 14's backward runs at 0.063 of FlashAttention-2's speed (0.085 causal)
-# and 0.040 of cuDNN's (0.056 causal), inside the predicted 0.04–0.11. SDPA's flash backward
-# reached 196 TFLOP/s, 0.78 of its forward's rate. The wide gap is expected: each multiply-add here costs a 4-byte
-# load from shared memory, while one `mma.sync` does 16 × 8 × 16 multiply-adds from registers.
+# and 0.040 of cuDNN's (0.056 causal), inside the predicted 0.04–0.11. The wide gap is expected:
+# each multiply-add here costs a 4-byte load from shared memory, while one `mma.sync` does
+# 16 × 8 × 16 multiply-adds from registers.
 #
 # **The log-sum-exp.** With it the forward took 0.0607 ms, without it 0.0608 ms (−0.1 %): within
 # the noise, as predicted.
@@ -364,25 +365,37 @@ with nb.unless_missing():
 #
 # ## 11 · Training through it
 #
-# With a backward, a stage is a model's attention in training too (`flashlab.model.register`). A
-# byte-level GPT-2, built from its config, trained from one seed through SDPA's flash backend
-# twice, its cuDNN backend and this stage (recorded by `tools/train_compare.py`):
+# A stage is a model's attention in training too (`flashlab.model.register`): a byte-level GPT-2
+# trained from one seed, three times each through SDPA's fused backends and this stage
+# (`tools/train_compare.py`). Right implementations round differently and training amplifies it,
+# so a match means as close as SDPA's own curves are to one another. The middle panel draws each
+# curve minus SDPA's mean, over the band of SDPA's runs:
 
 # %%
 with nb.unless_missing():
     from flashlab import plots
     display(plots.training())
 
+# %%
+with nb.unless_missing():
+    from flashlab import tables
+    match = tables.training_match().set_index("impl")
+    display(match)
+    mine = match.loc["14_backward"]
+    print(f"14_backward: at most {mine.distance:.2e} from any of SDPA's curves; SDPA's own "
+          f"curves up to {mine.noise:.2e} apart: {'within' if mine.within else 'outside'} "
+          f"SDPA's spread")
+    display(tables.training_step_times())
+
 # %% [markdown]
-# The curves lie on one another: this stage's smoothed loss is at most 8.5 × 10⁻⁴ from SDPA
-# flash's, as close as SDPA's cuDNN backend (8.0 × 10⁻⁴); SDPA flash differs from itself by
-# 2.4 × 10⁻⁴. At this size the step time is the model's, not attention's.
+# The differences come in bursts, one batch smoothed into a box 20 steps wide; the line above says
+# whether this stage's farthest stays inside SDPA's band. At sequence 512 a step is the rest of the
+# model's; at 4096 the CUDA cores' backward shows.
 #
 # ## 12 · What is next
 #
-# The five products are matrix products: the next stage moves them onto `mma.sync` with
-# `ldmatrix`, as stages 05–08 did for the forward, P and dS re-packed in registers as notebook 05
-# re-packed P, the transposed operands (Pᵀ, dSᵀ) read with `ldmatrix.trans`.
+# The five products are matrix products: the next stage moves them onto `mma.sync` and
+# `ldmatrix`, as stages 05–08 did for the forward.
 
 # %% [markdown]
 # ## Exercises
@@ -432,9 +445,8 @@ with nb.unless_missing():
 # %% [markdown]
 # **Instructor's answer.** *2.* P is N² values per head: at N = 16k, 512 MiB in fp16 for one head,
 # written and read back. m and l are 8 bytes a row and a division per element of P; L is 4 bytes
-# and one subtraction in the exponent. Recomputing S is a fifth of the backward's FLOPs, but
-# reading P back would move 2·N² bytes per head from HBM, slower than recomputing it on the tensor
-# cores.
+# and one subtraction in the exponent. Recomputing S is a fifth of the backward's FLOPs, yet
+# cheaper than reading 2·N² bytes a head back from HBM.
 
 # %% [markdown]
 # **Instructor's answer.** *3.* Register tiles, as in notebook 03: a thread computing a 4 × 4 block
@@ -455,8 +467,7 @@ with nb.unless_missing():
 # - FlashAttention counts the backward as 10·B·H·N²·D FLOPs, 2.5 times the forward; bwd_kernel
 #   does exactly those five products.
 # - On the CUDA cores each FFMA needs about one shared-memory wavefront: a fifth of the FMA peak,
-#   12.4 TFLOP/s on the H200, 0.063 of SDPA's flash backward. The next stage moves
-#   the products onto the tensor cores.
+#   12.4 TFLOP/s on the H200, 0.063 of SDPA's flash backward.
 
 # %%
 with nb.unless_missing():
