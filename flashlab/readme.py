@@ -47,6 +47,11 @@ HEADER = ["", "what it adds", "dtype", "time (ms)", "TFLOP/s", "% of fastest SDP
 FIRST_NUMBER = 3  # columns from here on hold numbers and are right-aligned
 
 
+def _commits(commits) -> str:
+    """The commits rows were measured at, each once, in code spans: "`abc`, `def`"."""
+    return ", ".join(f"`{c}`" for c in sorted({str(c) for c in commits}))
+
+
 def _grid(rows, fmt):
     """Header plus rows (cells already marked up) as a Markdown or HTML table."""
     if fmt == "md":
@@ -204,7 +209,7 @@ def backward_table(df=None, baselines=COMPARED, by=BY) -> str:
                                  f"{_fmt(get('backward', 'tflops'), '.1f')} | "
                                  f"{_fmt(get('forward', 'median_ms'), '.3f')} | "
                                  f"{_fmt(get('forward_lse', 'median_ms'), '.3f')} |")
-        commits = ", ".join(f"`{c}`" for c in sorted(shown))
+        commits = _commits(shown)
         t = teaching("fp16")
         lines += ["", f"B={t.B}, H={t.H}, N={t.N}, D={t.D}. The backward alone (the forward run "
                   f"once before it), timed in turn with SDPA's backwards; measured on **{gpu}** "
@@ -231,7 +236,7 @@ def lse_table(df=None, by=BY) -> str:
         mine = cost[cost["stage"] == name].set_index(["D", "causal"])["cost"]
         lines.append(f"| {name} | " + " | ".join(
             f"{mine[h]:+.1%}" if h in mine.index else "–" for h in heads) + " |")
-    commits = ", ".join(f"`{c}`" for c in sorted(set(cost["commit"].astype(str))))
+    commits = _commits(cost["commit"])
     lines += ["", f"Forward + lse over the forward alone, timed in turn in one run "
               f"(`python tools/time_lse.py`), fp16, B={t.B}, H={t.H}, N={t.N}, measured on "
               f"**{cost['gpu'].iloc[0]}** (commit {commits}): median {cost['cost'].median():+.1%}, "
@@ -259,7 +264,7 @@ def training_table(rows=None, by=BY) -> str:
                      + " | ".join(step) + " |")
     rows = tables.training_rows(rows)
     r0 = rows.iloc[0]
-    commits = ", ".join(f"`{c}`" for c in sorted(set(rows["commit"].astype(str))))
+    commits = _commits(rows["commit"])
     lines += ["", f"Loss smoothed over 20 steps, {r0.steps} steps of a {r0.n_layer}-layer GPT-2 "
               f"(d = {r0.n_embd}, seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) from one seed; SDPA's "
               f"spread is the farthest two of its own curves lie apart ({match['noise'].iloc[0]:.2e}: "
