@@ -248,6 +248,14 @@ def check_repeatable(backward, dtype="fp16", head_dims=(64, 128), shapes=REPEAT_
     return result
 
 
+def promised_checks(st) -> list:
+    """What a stage promises beyond its forward, as checks: its log-sum-exp (check_lse, where
+    st.lse), its gradients (check_backward, where it has a backward) and the same bits on every
+    run (check_repeatable, where st.deterministic). Each is called (attn, dtype=..., ...)."""
+    return [c for c, has in ((check_lse, st.lse), (check_backward, st.has_backward),
+                             (check_repeatable, st.deterministic)) if has]
+
+
 def _judge_grads(result, q, k, v, do, causal, grads, layout="contiguous"):
     """Add the cases of dq, dk and dv (`grads`) against float64 to `result`."""
     B, H, N, D = q.shape

@@ -145,7 +145,7 @@ def _cmd_model(args):
 def _cmd_check(args):
     import torch
 
-    from .check import check, check_backward, check_lse, check_repeatable
+    from .check import check, promised_checks
     from .stages import stage
     st = stage(args.stage)
     if _cannot("check", st):
@@ -156,8 +156,7 @@ def _cmd_check(args):
     print(result)
     passed = result.passed
     # and what else the stage promises: the log-sum-exp, its gradients, the same bits every run
-    more = [c for c, has in ((check_lse, st.lse), (check_backward, st.has_backward),
-                             (check_repeatable, st.deterministic)) if has]
+    more = promised_checks(st)
     head_dims = tuple(args.D) if args.D else tuple(st.head_dims)
     for dt in [args.dtype] if args.dtype else st.dtypes_on(torch.cuda.get_device_capability()):
         for run in more:

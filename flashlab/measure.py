@@ -9,7 +9,7 @@ from . import baselines as _baselines
 from . import ptxas
 from .bench import ROUNDS, backward_fn, bench, error_at, time_interleaved, timing_row
 from .configs import sweep, teaching
-from .check import FP32_TOL, check, check_backward, check_lse
+from .check import FP32_TOL, check, promised_checks
 from .env import environment
 from .reference import grad_err, reference, reference_backward
 from .stages import Stage
@@ -274,8 +274,10 @@ def measure_backward(stages, configs=None, baselines=_baselines.COMPARED, rounds
     (bench.time_interleaved, each callable the backward alone: bench.backward_fn), and the
     stage's forward with and without the log-sum-exp; rows of pass "backward" and "forward_lse"
     ("forward" beside them, timed in the same turn), each config's rows recorded as soon as it is
-    done. Returns (the check results, the rows). A stage whose check fails is not timed; it gets
-    a "failed check" row at each config instead. configs: default backward_configs of each."""
+    done. Each stage is first checked for what it promises (check.promised_checks: its
+    gradients and lse against float64, and a deterministic one's same bits on every run).
+    Returns (the check results, the rows). A stage whose check fails is not timed; it gets a
+    "failed check" row at each config instead. configs: default backward_configs of each."""
     env = environment()
     stages = [st for st in stages if st.has_backward]
     with warnings.catch_warnings():
@@ -289,7 +291,8 @@ def measure_backward(stages, configs=None, baselines=_baselines.COMPARED, rounds
             dtypes = [d for d in st.dtypes if d not in st.unavailable_dtypes()]
             passed = True
             for dt in dtypes:
-                for chk in (check_backward(attn, dtype=dt), check_lse(attn, dtype=dt)):
+                for run in promised_checks(st):  # the gradients, the lse, the same bits
+                    chk = run(attn, dtype=dt)
                     log(str(chk).splitlines()[0])
                     checks.append(chk)
                     passed &= chk.passed
@@ -307,7 +310,7 @@ def measure_backward(stages, configs=None, baselines=_baselines.COMPARED, rounds
                     continue
                 if not passed:
                     rows.append(_row(st.slug, "stage", cfg, env, status="failed check",
-                                     note="not timed: its backward or lse check failed",
+                                     note="not timed: a check of its backward, lse or repeatability failed",
                                      **{"pass": "backward"}))
                     continue
                 fn = backward_fn(attn, q, k, v, cfg.causal)

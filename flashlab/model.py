@@ -146,6 +146,8 @@ def gpt2(attn_implementation="sdpa", n_layer=4, n_head=12, n_embd=768, n_positio
     cfg._attn_implementation = attn_implementation
     m = GPT2LMHeadModel(cfg)
     m.config._attn_implementation = attn_implementation
+    # the loss transformers takes for this class anyway, named so that it does not warn it guessed
+    m.loss_type = "ForCausalLM"
     return m.eval()
 
 

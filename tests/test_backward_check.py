@@ -111,3 +111,13 @@ def test_the_repeat_check_fails_a_backward_whose_last_bits_vary():
     assert not res.passed
     (bad,) = res.failures()
     assert bad.what == "dq" and 0 < bad.rel_err < 1e-5
+
+
+def test_a_stage_is_checked_for_everything_it_promises():
+    """flashlab check and the backward's measurement run the same checks, from the registry."""
+    import flashlab as fl
+    from flashlab.check import promised_checks
+    assert promised_checks(fl.stage("16")) == [check_lse, check_backward, check_repeatable]
+    assert promised_checks(fl.stage("15")) == [check_lse, check_backward]
+    assert promised_checks(fl.stage("05")) == [check_lse]
+    assert promised_checks(fl.stage("02")) == []

@@ -155,8 +155,8 @@ class BackwardEvaluation:
 
 
 def evaluate_backward(stage) -> BackwardEvaluation:
-    """Live: check the stage's backward (dq, dk, dv against float64, FlashAttention's rule) and
-    its log-sum-exp, then time its backward beside SDPA's flash and cuDNN backwards, and its
+    """Live: check the stage's backward (dq, dk, dv against float64, FlashAttention's rule), its
+    log-sum-exp and, for a deterministic stage, the same bits on every run, then time its backward beside SDPA's flash and cuDNN backwards, and its
     forward with and without the log-sum-exp, in turn, at the teaching configs (causal and
     not), and record the rows (flashlab.measure.measure_backward). Replay: the same rows as
     recorded on the notebook's GPU."""
