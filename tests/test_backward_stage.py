@@ -212,3 +212,15 @@ def test_the_readme_lse_table_pairs_rows_timed_in_one_run(empty_data_dir):
                                 **{"pass": "forward"})])
     assert tables.lse_cost(["05_mma"])["forward_ms"].isna().all()
     assert "Not measured yet" in readme.lse_table()
+
+
+def test_a_backward_notebook_summary_reports_the_backward(capsys):
+    """nb.reached on a stage with a backward: its backward, beside the previous backward stage's
+    and SDPA's backwards, from the recorded rows (its forward is stage 08's)."""
+    from flashlab import notebook as nb
+    nb.banner("15_backward_mma")
+    capsys.readouterr()
+    nb.reached("15_backward_mma")
+    out = capsys.readouterr().out
+    assert "15_backward_mma's backward reached" in out, out
+    assert "than 14_backward's" in out and "than sdpa_flash's" in out and "than sdpa_cudnn's" in out

@@ -280,8 +280,11 @@ def _times(ratio, other):
 def reached(stage, missing_ok=True) -> None:
     """Prints one line for a notebook's summary: the number `stage` reached at the teaching config on
     the notebook's GPU (each of its dtypes), against the stage before it and PyTorch's fastest
-    attention in the same dtype, all from the recorded rows."""
+    attention in the same dtype, all from the recorded rows. A stage with a backward pass: its
+    backward, against the backward of the stage before it and SDPA's flash and cuDNN backwards."""
     st = _stage(stage)
+    if st.has_backward:
+        return _reached_backward(st, missing_ok)
     earlier = [s for s in stages() if s.number < st.number]
     parts = []
     skipped = st.unavailable_dtypes() if tables.live(st) else {}  # bf16 of stage 04 on a T4
@@ -308,6 +311,31 @@ def reached(stage, missing_ok=True) -> None:
     parts += skipped.values()
     text = f"On {view.gpu()}, at the teaching config: " + "; ".join(parts) + "."
     print(text)
+    return None
+
+
+def _reached_backward(st, missing_ok):
+    earlier = [s.slug for s in stages() if s.has_backward and s.number < st.number]
+    rows = _teaching_only(tables.pass_rows([st.slug, *earlier, *COMPARED], view.gpu()))
+    parts = []
+    for dtype in st.dtypes:
+        t = teaching(dtype)
+        here = rows[(rows["dtype"] == dtype) & (rows["causal"] == t.causal)]
+        ms = here.sort_values("time").groupby("stage")["median_ms"].last()
+        if st.slug not in ms:
+            return _missing(not_recorded(st, f" backward at the {dtype} teaching config"),
+                            missing_ok, "")
+        r = here[here["stage"] == st.slug].sort_values("time").iloc[-1]
+        line = f"{st.slug}'s backward reached {r.tflops:.3g} TFLOP/s ({r.median_ms:.3g} ms) in {dtype}"
+        versus = []
+        prev = [s for s in earlier if s in ms]
+        if prev:
+            versus.append(_times(ms[prev[-1]] / r.median_ms, f"{prev[-1]}'s"))
+        versus += [_times(ms[b] / r.median_ms, f"{b}'s") for b in COMPARED if b in ms]
+        if versus:
+            line += ": " + ", ".join(versus)
+        parts.append(line)
+    print(f"On {view.gpu()}, at the teaching config: " + "; ".join(parts) + ".")
     return None
 
 

@@ -304,10 +304,4 @@ with nb.unless_missing():
 #   380 TFLOP/s, and the kernel reaches about half of it, held by latency with 8 warps an SM.
 
 # %%
-with nb.unless_missing():
-    if ev.rows.empty:
-        raise nb.not_recorded("15_backward_mma", " backward timings")
-    print(f"15_backward_mma's backward at the fp16 teaching config: "
-          f"{ev.ratio('sdpa_flash', dtype='fp16', causal=False):.3f}x sdpa_flash's, "
-          f"{ev.ratio('sdpa_cudnn', dtype='fp16', causal=False):.3f}x sdpa_cudnn's")
-nb.reached("15_backward_mma")  # its forward: stage 14's, saving the log-sum-exp
+nb.reached("15_backward_mma")  # its backward, beside the stage before it and SDPA's
