@@ -214,13 +214,29 @@ def test_the_readme_lse_table_pairs_rows_timed_in_one_run(empty_data_dir):
     assert "Not measured yet" in readme.lse_table()
 
 
-def test_a_backward_notebook_summary_reports_the_backward(capsys):
-    """nb.reached on a stage with a backward: its backward, beside the previous backward stage's
-    and SDPA's backwards, from the recorded rows (its forward is stage 08's)."""
+def test_a_backward_notebook_summary_reports_the_backward(empty_data_dir, capsys):
+    """nb.reached on a stage with a backward: its backward (its forward is stage 08's), beside
+    the previous backward stage's and SDPA's backwards timed in the same run, never another's."""
+    import pandas as pd
+
     from flashlab import notebook as nb
+    from flashlab import tables
+    t = fl.teaching("fp16")
+    rows = [dict(stage=s, kind=k, dtype="fp16", B=t.B, H=t.H, N=t.N, D=t.D, causal=False,
+                 median_ms=ms, tflops=10.0 / ms, gpu="G", status="ok", time=when,
+                 **{"pass": "backward"})
+            for s, k, ms, when in (("14_backward", "stage", 4.0, "t1"),
+                                   ("15_backward_mma", "stage", 1.0, "t1"),
+                                   ("sdpa_flash", "baseline", 0.5, "t1"),
+                                   ("sdpa_cudnn", "baseline", 0.25, "t2"))]
+    rows.append({**rows[1], "pass": "forward", "median_ms": 0.1})  # the notebook's GPU: G
+    rows.append({**rows[1], "dtype": "bf16"})
+    tables.RESULTS.upsert(pd.DataFrame(rows))
     nb.banner("15_backward_mma")
     capsys.readouterr()
     nb.reached("15_backward_mma")
     out = capsys.readouterr().out
-    assert "15_backward_mma's backward reached" in out, out
-    assert "than 14_backward's" in out and "than sdpa_flash's" in out and "than sdpa_cudnn's" in out
+    assert "15_backward_mma's backward reached 10 TFLOP/s" in out, out
+    assert "4.00× faster than 14_backward's" in out and "2× slower than sdpa_flash's" in out
+    assert "sdpa_cudnn" not in out  # timed in another run
+    assert "reached 10 TFLOP/s (1 ms) in bf16." in out, out  # nothing beside it in bf16

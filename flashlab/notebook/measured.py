@@ -281,7 +281,8 @@ def reached(stage, missing_ok=True) -> None:
     """Prints one line for a notebook's summary: the number `stage` reached at the teaching config on
     the notebook's GPU (each of its dtypes), against the stage before it and PyTorch's fastest
     attention in the same dtype, all from the recorded rows. A stage with a backward pass: its
-    backward, against the backward of the stage before it and SDPA's flash and cuDNN backwards."""
+    backward, against the backward of the stage before it and SDPA's flash and cuDNN backwards,
+    where they were timed in the same run."""
     st = _stage(stage)
     if st.has_backward:
         return _reached_backward(st, missing_ok)
@@ -321,11 +322,13 @@ def _reached_backward(st, missing_ok):
     for dtype in st.dtypes:
         t = teaching(dtype)
         here = rows[(rows["dtype"] == dtype) & (rows["causal"] == t.causal)]
-        ms = here.sort_values("time").groupby("stage")["median_ms"].last()
-        if st.slug not in ms:
+        mine = here[here["stage"] == st.slug].sort_values("time")
+        if mine.empty:
             return _missing(not_recorded(st, f" backward at the {dtype} teaching config"),
                             missing_ok, "")
-        r = here[here["stage"] == st.slug].sort_values("time").iloc[-1]
+        r = mine.iloc[-1]
+        # set beside only what was timed in turn with it: the rows of the same run
+        ms = here[here["time"] == r.time].groupby("stage")["median_ms"].last()
         line = f"{st.slug}'s backward reached {r.tflops:.3g} TFLOP/s ({r.median_ms:.3g} ms) in {dtype}"
         versus = []
         prev = [s for s in earlier if s in ms]
@@ -334,6 +337,9 @@ def _reached_backward(st, missing_ok):
         versus += [_times(ms[b] / r.median_ms, f"{b}'s") for b in COMPARED if b in ms]
         if versus:
             line += ": " + ", ".join(versus)
+        elif dtype == "fp16":
+            line += (" (no other backward of that run is still recorded: "
+                     f"`{tables.run_command(st.slug)}` times SDPA's in turn with it)")
         parts.append(line)
     print(f"On {view.gpu()}, at the teaching config: " + "; ".join(parts) + ".")
     return None
