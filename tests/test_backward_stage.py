@@ -240,3 +240,21 @@ def test_a_backward_notebook_summary_reports_the_backward(empty_data_dir, capsys
     assert "4.00× faster than 14_backward's" in out and "2× slower than sdpa_flash's" in out
     assert "sdpa_cudnn" not in out  # timed in another run
     assert "reached 10 TFLOP/s (1 ms) in bf16." in out, out  # nothing beside it in bf16
+
+
+def test_a_backward_is_compared_only_with_what_ran_in_its_run():
+    """BackwardEvaluation.ratio / versus: rows of the same run (time stamp) only; another run's
+    row is named as not timed with it, never divided into."""
+    import pandas as pd
+
+    from flashlab import tables
+    from flashlab.notebook.measured import BackwardEvaluation
+    rows = pd.DataFrame([dict(stage=s, dtype="fp16", causal=False, median_ms=ms, time=when,
+                              **{"pass": "backward"})
+                         for s, ms, when in (("15_backward_mma", 1.0, "t1"), ("sdpa_flash", 0.5, "t1"),
+                                             ("14_backward", 13.0, "t0"))])
+    ev = BackwardEvaluation("15_backward_mma", False, [], rows)
+    assert ev.ratio("sdpa_flash") == 0.5
+    with pytest.raises(tables.NotRecorded, match="not timed in the run that timed 15_backward_mma"):
+        ev.ratio("14_backward")
+    assert ev.versus(("sdpa_flash", "14_backward")) == "0.5x sdpa_flash, 14_backward not timed in this run"

@@ -122,9 +122,29 @@ class BackwardEvaluation:
         return hit.iloc[-1]
 
     def ratio(self, other, dtype="fp16", causal=False) -> float:
-        """The stage's backward speed relative to `other`'s backward: other's ms / the stage's."""
-        return float(self._at(other, "backward", dtype, causal).median_ms
-                     / self._at(self.stage, "backward", dtype, causal).median_ms)
+        """The stage's backward speed relative to `other`'s backward: other's ms / the stage's,
+        both of one run (timed in turn); NotRecorded where `other` was not timed in that run."""
+        mine = self._at(self.stage, "backward", dtype, causal)
+        r = self.rows
+        theirs = r[(r["stage"] == other) & (r["pass"] == "backward") & (r["dtype"] == dtype)
+                   & (r["causal"] == bool(causal)) & (r["time"] == mine.time)]
+        if theirs.empty:
+            raise tables.NotRecorded(
+                f"{other}'s backward was not timed in the run that timed {self.stage}'s ({dtype}"
+                f"{', causal' if causal else ''}): `{tables.run_command(self.stage)}` times them "
+                "in turn")
+        return float(theirs.iloc[-1].median_ms / mine.median_ms)
+
+    def versus(self, others, dtype="fp16", causal=False) -> str:
+        """'0.85x sdpa_flash, 13.6x 14_backward': the stage's backward speed relative to each of
+        `others` timed in the same run; those that were not are named as such."""
+        parts = []
+        for other in others:
+            try:
+                parts.append(f"{self.ratio(other, dtype, causal):.3g}x {other}")
+            except tables.NotRecorded:
+                parts.append(f"{other} not timed in this run")
+        return ", ".join(parts)
 
     def lse_cost(self, dtype="fp16", causal=False) -> tuple:
         """(the forward's ms, the forward's ms when it also returns the log-sum-exp), timed in
@@ -155,16 +175,19 @@ class BackwardEvaluation:
 
 
 def evaluate_backward(stage) -> BackwardEvaluation:
-    """Live: check the stage's backward (dq, dk, dv against float64, FlashAttention's rule), its
-    log-sum-exp and, for a deterministic stage, the same bits on every run, then time its backward beside SDPA's flash and cuDNN backwards, and its
-    forward with and without the log-sum-exp, in turn, at the teaching configs (causal and
-    not), and record the rows (flashlab.measure.measure_backward). Replay: the same rows as
-    recorded on the notebook's GPU."""
+    """Live: check the stage's backward and that of the stage it builds on, if it has one (dq,
+    dk, dv against float64, FlashAttention's rule), their log-sum-exps and, for a deterministic
+    stage, the same bits on every run; then time both backwards beside SDPA's flash and cuDNN
+    backwards, and their forwards with and without the log-sum-exp, in turn, at the teaching
+    configs (causal and not), and record the rows (flashlab.measure.measure_backward). Replay:
+    the same rows as recorded on the notebook's GPU. Compare rows of one run: ratio, versus."""
     st = _stage(stage)
-    names = [st.slug, *COMPARED]
+    prev = before(st)
+    timed = [st, *([prev] if prev is not None and prev.has_backward else [])]
+    names = [s.slug for s in timed] + list(COMPARED)
     passes = ("backward", "forward", "forward_lse")
     if tables.live(st):
-        checks, rows = measure.measure_backward([st], log=lambda msg: None)
+        checks, rows = measure.measure_backward(timed, log=lambda msg: None)
         gpu = tables.gpu_shown(st)
         return BackwardEvaluation(st.slug, True, checks, _teaching_only(
             tables.pass_rows(names, gpu, passes)))
