@@ -1,0 +1,134 @@
+# %% [markdown]
+# # Appendix to stage 15 — the backward's log
+#
+# Notebook 15 moves the backward's five products onto the tensor cores and reaches 0.72–1.03
+# times SDPA's flash backward (FlashAttention-2's) over the sweep on the H200: level on the short
+# causal problems, 21–28 % behind at N = 16k. This appendix keeps the record of what was tried on
+# that gap and what each try measured, and of the training comparison behind notebook 14's
+# section 11. Every number comes from a log in `data/runs/`, named where it is cited; all were
+# timed on an H200, each kernel in turn with stage 15 and SDPA at every config of one run.
+#
+# ## Objectives
+# After this appendix you can:
+# - say what the dQ reductions cost stage 15, and why wider reductions did not pay;
+# - say why FlashAttention-2's warp layout, written plainly, ran slower than stage 15 for the same
+#   shared-memory traffic;
+# - read a profile of issue slots (instructions executed, the `selected` and `wait` stalls) to
+#   tell a latency-bound kernel from a bandwidth-bound one;
+# - judge a training curve against the spread of SDPA's own curves.
+#
+# **Prerequisites:** notebooks 14 and 15 (the backward, its model and its profile), notebook 16's
+# section 1 (atomics in no fixed order).
+#
+# **Time:** about 10 min to read, 15 min to work through.
+
+# %%
+from IPython.display import display
+
+from flashlab import notebook as nb
+from flashlab import tables
+nb.banner("15_backward_mma")
+
+# %% [markdown]
+# ## 1 · The dQ reductions
+#
+# Every key block adds its share of dQ into an fp32 scratch, B·H·N·D floats once per key block:
+# at D = 64, N = 4096, B = 4, H = 32, 403 million 32-byte sectors of reductions in L2 for one
+# backward. Three ways of issuing them, fp16, both head dims, N = 1k, 4k and 16k
+# (`backward-15-variants-h200-20261128T1645Z.log`):
+#
+# | reduction | TFLOP/s, no mask | TFLOP/s, causal |
+# |---|---|---|
+# | one 32-bit `RED` per float | 134–156 | 118–152 |
+# | two floats per `RED` (`float2`, sm_90; stage 15) | 190–228 | 159–228 |
+# | four floats per `RED` (lanes first trade halves by a shuffle) | 185–217 | 153–214 |
+#
+# Halving the instructions gained 33–52 %: the reductions, not the products, were the largest
+# cost once the tensor cores came in. Halving them again lost 3–7 %: the shuffle that gathers
+# four adjacent floats into one lane costs more than the reductions it saves.
+#
+# Fewer reductions need larger key blocks: each dQ element is added once per key block. Eight
+# warps a block instead of four (BC = 128 keys, each warp still owning 16) halve them
+# (`backward-15-w8-variant-h200-20261128T1952Z.log`): 1.04–1.08 times stage 15 at N ≥ 8192,
+# 0.98–1.07 at N = 2048 and 4096, and 0.93–1.00 on the causal problems of N ≤ 1024, where a head
+# has fewer key blocks than the GPU has places for them. At N = 16k that is 0.78–0.85 of SDPA's
+# flash backward instead of 0.73–0.78.
+#
+# ## 2 · FlashAttention-2's layout
+#
+# FlashAttention-2's sm80 backward splits each product over the warps in two dimensions: for Sᵀ
+# and dPᵀ, warp (wk, wq) takes 32 keys × 32 queries; Pᵀ and dSᵀ go to shared memory; after a
+# barrier, dV and dK are split by keys and head-dim columns and read Pᵀ and dSᵀ back as A
+# operands. Each warp's tile is squarer than stage 15's 16 keys × 64 queries, so an `ldmatrix`
+# feeds more `mma`s. Written that way with 8 warps (BC = 128) and with 4 (BC = 64, stage 15's
+# block), it passed every gradient check and ran 0.63–0.89 times stage 15 at every config
+# (`backward-15-fa2-layout-h200-20261128T2216Z.log`).
+#
+# The profile (`backward-15-issue-slots-h200-20261128T2245Z.log`, D = 64, N = 4096) says why:
+#
+# | | stage 15 | the 2-D layout, 4 warps |
+# |---|---|---|
+# | instructions executed | 1.88 × 10⁹ | 2.98 × 10⁹ |
+# | shared-memory wavefronts | 902 × 10⁶ | 864 × 10⁶ |
+# | L2 sectors of reductions | 403 × 10⁶ | 403 × 10⁶ |
+# | tensor pipe busy | 35 % | 23 % |
+# | warp slots filled | 12 % | 12 % |
+#
+# The same traffic, 59 % more instructions. With 8 warps on an SM, a warp is picked to issue on
+# most cycles it is ready (`selected` is its largest stall after `wait` and `short_scoreboard`):
+# the kernel is bound by what its warps issue and by each instruction's latency, not by a unit's
+# bandwidth. The round trip of Pᵀ and dSᵀ through shared memory adds stores, a barrier and an
+# `ldmatrix` latency in front of every dV and dK product, where stage 15 starts them from the
+# registers the exponentials left them in.
+#
+# ## 3 · Fewer instructions, more warps
+#
+# In stage 15 the 335 million `mma`s are 18 % of what the warps issue. Two cheap tries at the
+# rest (`backward-15-issue-slots-h200-20261128T2245Z.log`):
+#
+# - stage 08's lane offsets (every `ldmatrix` address a per-lane base plus a constant), P and dS
+#   without the mask in an interior block, Δ and the log-sum-exps read in pairs: −3 % to +1 %;
+# - at D = 64, three blocks an SM instead of two (168 registers, 12 bytes spilled): +2 to +9 %,
+#   231 TFLOP/s at N = 16k without the mask.
+#
+# Neither closes the gap: SDPA's flash backward is 1.13–1.37 times stage 15 at N ≥ 4096.
+
+# %% [markdown]
+# ## 4 · Training within SDPA's own spread
+#
+# Notebook 14's section 11 trains a byte-level GPT-2 from one seed, three times through each of
+# SDPA's fused backends and each stage (`training-h200-20261128T2222Z.log`). Two right
+# implementations round differently, training amplifies it, and a nondeterministic backward
+# differs from itself. So the comparison is a spread: a stage's distance is the largest gap
+# between one of its smoothed curves and any of SDPA's; SDPA's spread is the largest gap between
+# two of SDPA's own curves:
+
+# %%
+with nb.unless_missing():
+    display(tables.training_match().set_index("impl"))
+
+# %% [markdown]
+# Stages 14 and 16 lie within SDPA's spread; stage 15's largest gap is 1.6 times it. The largest
+# gaps come from single batches, 20 steps wide once smoothed, not from drift. The runs of stage
+# 16 and of SDPA's cuDNN and memory-efficient backends are one curve each, three times over; those
+# of stages 14 and 15 and of SDPA's flash backend, whose atomics add in no fixed order, are three
+# different curves, three chances at a large gap: SDPA's flash curves lie farther from the rest
+# than its cuDNN curve does, as stage 15's lie farther than stage 16's.
+#
+# ## Questions
+#
+# 1. A larger key block halves the dQ reductions but halves the key blocks a head has. At which
+#    N and B·H does that start to cost, on a GPU of 132 SMs with one block of 8 warps each?
+# 2. The 2-D layout issued 59 % more instructions for the same traffic. Which of its steps would
+#    you count first, and what would the count need to be to beat stage 15?
+# 3. With the largest gap as the measure, does a nondeterministic stage need more runs or fewer
+#    than a deterministic one to pass? What measure would not depend on the number of runs?
+#
+# ## Summary
+#
+# - Two floats per reduction made stage 15 33–52 % faster; four made it 3–7 % slower.
+# - Eight warps a block (half the reductions) gains 4–8 % at N ≥ 8192.
+# - FlashAttention-2's layout, written plainly, issued 59 % more instructions for the same traffic
+#   and ran 0.63–0.89 times stage 15: the backward on `mma.sync` is bound by issue and latency.
+# - Lane offsets changed nothing; three blocks an SM at D = 64 gained up to 9 % but spilled.
+# - In training, stages 14 and 16 lie within the spread of SDPA's own curves, stage 15 outside it.
