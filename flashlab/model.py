@@ -414,11 +414,10 @@ def training_comparison(stages=None, runs=3, log=print, record=True, timed=TIMED
     """Train the same GPT-2 (train()) from one seed `runs` times through each of SDPA's fused
     backends (tables.SDPA_TRAINED: flash, cuDNN, memory-efficient; their curves against each
     other are SDPA's run-to-run spread; the flash backward adds dQ with atomics, so its runs
-    differ) and through each stage
-    with a backward pass that runs here. Then, where `timed` (a few steps of a larger model,
-    TIMED: attention a larger share of the step), the same few steps once each for the step's time. Records
-    data/training.csv (a row per implementation, run and step); returns (rows,
-    tables.training_match of the loss comparison)."""
+    differ) and through each stage with a backward pass that runs here. Then, where `timed` (a
+    few steps of a larger model, TIMED: attention a larger share of the step), those steps once
+    each, for the step's time. Records data/training.csv (a row per implementation, run and
+    step); returns (rows, tables.training_match of the loss comparison)."""
     import pandas as pd
 
     from .env import environment

@@ -766,7 +766,7 @@ def model_forward(rows=None, gpu=None):
 def training(rows=None, gpu=None, window=20):
     """A byte-level GPT-2 trained through each attention (data/training.csv, one GPU): the loss
     per step smoothed over `window` steps, each implementation and run a line, SDPA's runs
-    (both backends) shaded as the band a stage's curve is judged within (tables.training_match);
+    (every fused backend) shaded as the band a stage's curve is judged within (tables.training_match);
     beside it a step's median time at each recorded model size."""
     rows = tables.TRAINING.load() if rows is None else rows
     curves = tables.training_rows(rows, gpu)
@@ -793,7 +793,7 @@ def training(rows=None, gpu=None, window=20):
     if len(sdpa):
         dx.fill_between(np.arange(sdpa.shape[1]), sdpa.min(axis=0) - mean,
                         sdpa.max(axis=0) - mean, color="#999999", alpha=0.3, lw=0,
-                        label="SDPA's own runs (both backends)")
+                        label="SDPA's own runs (its fused backends)")
     ax.set_xlabel("step")
     ax.set_ylabel(f"loss (mean of {window} steps)")
     ax.legend(fontsize=8)
@@ -809,7 +809,7 @@ def training(rows=None, gpu=None, window=20):
         bx.bar_label(cont, fmt=" %.1f ms", fontsize=7)
     bx.set_xlabel("median step time (ms)")
     bx.set_ylabel("")
-    bx.legend(fontsize=7, loc="lower right")
+    bx.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=1)
     bx.invert_yaxis()
     r0 = curves.iloc[0]
     fig.suptitle(f"A byte-level GPT-2 ({r0.n_layer} layers, d = {r0.n_embd}, {r0.n_head} heads, "

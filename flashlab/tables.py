@@ -489,7 +489,8 @@ def training_rows(rows=None, gpu=None) -> pd.DataFrame:
 def training_match(rows=None, gpu=None, window=20) -> pd.DataFrame:
     """How far each implementation's loss curves lie from SDPA's (training_rows), on the losses
     smoothed over `window` steps. distance: the largest difference between one of its runs and
-    any of SDPA's curves (both backends, every run; an SDPA curve is not set against itself);
+    any of SDPA's curves (every backend of SDPA_TRAINED, every run; an SDPA curve is not set
+    against itself);
     noise: the largest difference between two of SDPA's curves, the spread SDPA has against
     itself; within: distance <= noise. Beside them its runs, mean final loss and median step time.
     One row per implementation, in the order recorded; empty while none is recorded."""
