@@ -398,13 +398,6 @@ def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=
     return {"loss": losses, "step_ms": step_ms, "tokens_per_s": batch * seq / (step_ms * 1e-3)}
 
 
-def smoothed(losses, window=20) -> torch.Tensor:
-    """The loss curve averaged over `window` steps (a trailing mean): what two runs are compared on
-    (tables.smoothed_loss, as a tensor)."""
-    from .tables import smoothed_loss
-    return torch.tensor(smoothed_loss(losses, window).to_numpy(), dtype=torch.float64)
-
-
 # A model where attention is a larger share of a training step: sequences of 4096 bytes (the
 # loss comparison's TRAIN has 512, where the step is the rest of the model's); a few steps time one.
 TIMED = dict(steps=30, batch=2, seq=4096, n_layer=4, n_head=8, n_embd=512)

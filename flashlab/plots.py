@@ -775,11 +775,8 @@ def training(rows=None, gpu=None, window=20):
                                  "on a GPU")
     gpu = curves["gpu"].iloc[0]
     fig, (ax, dx, bx) = _axes((15, 4.2), 1, 3, gridspec_kw={"width_ratios": [1.5, 1.5, 1]})
-    lines = []
-    for (impl, run), r in curves.groupby(["impl", "run"], sort=False):
-        r = r.sort_values("step")
-        lines.append((impl, run, r["step"].to_numpy(),
-                      tables.smoothed_loss(r["loss"], window).to_numpy()))
+    lines = [(impl, run, x, y)
+             for (impl, run), (x, y) in tables.training_curves(curves, window).items()]
     sdpa = np.array([y for impl, _, _, y in lines if impl in tables.SDPA_TRAINED])
     mean = sdpa.mean(axis=0) if len(sdpa) else 0.0
     for impl, run, x, y in lines:

@@ -198,11 +198,11 @@ def backward_table(df=None, baselines=COMPARED, by=BY) -> str:
                 here = rows[(rows["dtype"] == dtype) & (rows["causal"] == causal)
                             & (rows["B"] == t.B) & (rows["H"] == t.H) & (rows["N"] == t.N)
                             & (rows["D"] == t.D)]
-                # only rows timed in turn with the stage's backward: the same run's time stamp
-                ran = here[(here["stage"] == st.slug) & (here["pass"] == "backward")]["time"]
+                # SDPA's rows only where timed in turn with the stage's backward
+                ran = here.index.isin(tables.timed_with(here, st.slug).index)
                 theirs = here["stage"] != st.slug
-                replaced |= bool(len(ran) and (theirs & ~here["time"].isin(ran)).any())
-                here = here[~theirs | here["time"].isin(ran)]
+                replaced |= bool(ran.any() and (theirs & ~ran).any())
+                here = here[~theirs | ran]
                 for name in [st.slug, *baselines]:
                     r = here[here["stage"] == name].set_index("pass")
                     if "backward" not in r.index:
@@ -258,6 +258,7 @@ def training_table(rows=None, by=BY) -> str:
     """The recorded training (data/training.csv, tables.training_match and training_step_times):
     for each implementation its runs, its farthest smoothed-loss distance from any of SDPA's
     curves against SDPA's own spread, and a step's median time at each model size; Markdown."""
+    rows = tables.TRAINING.load() if rows is None else rows
     match = tables.training_match(rows)
     if match.empty:
         return "_Not measured yet: python tools/train_compare.py_"
@@ -267,8 +268,8 @@ def training_table(rows=None, by=BY) -> str:
              + " | ".join(f"step, {s} (ms)" for s in sizes) + " |",
              "|---|---:|---:|:---:|" + "---:|" * len(sizes)]
     for r in match.itertuples():
-        step = [f"{times.loc[r.impl, s]:.1f}" if r.impl in times.index and times.loc[r.impl, s] == times.loc[r.impl, s]
-                else "–" for s in sizes]
+        step = [_fmt(times.at[r.impl, s] if r.impl in times.index else float("nan"), ".1f")
+                for s in sizes]
         lines.append(f"| {r.impl} | {r.runs} | {r.distance:.2e} | {'yes' if r.within else '**no**'} | "
                      + " | ".join(step) + " |")
     rows = tables.training_rows(rows)

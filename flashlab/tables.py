@@ -394,6 +394,14 @@ def pass_rows(names, gpu, passes=("backward",), df=None) -> pd.DataFrame:
     return df[df["stage"].isin(list(names)) & df["pass"].isin(list(passes))].reset_index(drop=True)
 
 
+def timed_with(rows, slug, pass_="backward") -> pd.DataFrame:
+    """The rows of `rows` (one config's) timed in the same run as `slug`'s latest `pass_` row
+    there: those sharing its time stamp, which one run gives every row it records. Only these
+    may be set beside it; empty where `slug` has no such row."""
+    mine = rows[(rows["stage"] == slug) & (rows["pass"] == pass_)]
+    return rows[rows["time"] == mine["time"].max()] if len(mine) else rows.iloc[:0]
+
+
 def recorded_checks(name=None, gpu=None) -> pd.DataFrame:
     """The recorded correctness cases (all, or one stage's, of one GPU if given)."""
     return recorded(name, gpu, CHECKS)
@@ -486,6 +494,16 @@ def training_rows(rows=None, gpu=None) -> pd.DataFrame:
     return rows[(rows[_TRAIN_CONFIG] == longest[_TRAIN_CONFIG]).all(axis=1)]
 
 
+def training_curves(rows, window=20) -> dict:
+    """{(impl, run): (steps, loss smoothed over `window` steps)} of training rows (one
+    comparison's: training_rows), as numpy arrays, in the order recorded."""
+    out = {}
+    for key, r in rows.groupby(["impl", "run"], sort=False):
+        r = r.sort_values("step")
+        out[key] = (r["step"].to_numpy(), smoothed_loss(r["loss"], window).to_numpy())
+    return out
+
+
 def training_match(rows=None, gpu=None, window=20) -> pd.DataFrame:
     """How far each implementation's loss curves lie from SDPA's (training_rows), on the losses
     smoothed over `window` steps. distance: the largest difference between one of its runs and
@@ -498,8 +516,7 @@ def training_match(rows=None, gpu=None, window=20) -> pd.DataFrame:
     cols = ["impl", "runs", "distance", "noise", "within", "final_loss", "step_ms"]
     if rows.empty:
         return pd.DataFrame(columns=cols)
-    curves = {key: smoothed_loss(r.sort_values("step")["loss"], window).to_numpy()
-              for key, r in rows.groupby(["impl", "run"], sort=False)}
+    curves = {key: loss for key, (_, loss) in training_curves(rows, window).items()}
     sdpa = [key for key in curves if key[0] in SDPA_TRAINED]
 
     def apart(a, b):

@@ -126,8 +126,9 @@ class BackwardEvaluation:
         both of one run (timed in turn); NotRecorded where `other` was not timed in that run."""
         mine = self._at(self.stage, "backward", dtype, causal)
         r = self.rows
-        theirs = r[(r["stage"] == other) & (r["pass"] == "backward") & (r["dtype"] == dtype)
-                   & (r["causal"] == bool(causal)) & (r["time"] == mine.time)]
+        run = tables.timed_with(r[(r["dtype"] == dtype) & (r["causal"] == bool(causal))],
+                                self.stage)
+        theirs = run[(run["stage"] == other) & (run["pass"] == "backward")]
         if theirs.empty:
             raise tables.NotRecorded(
                 f"{other}'s backward was not timed in the run that timed {self.stage}'s ({dtype}"
@@ -345,13 +346,12 @@ def _reached_backward(st, missing_ok):
     for dtype in st.dtypes:
         t = teaching(dtype)
         here = rows[(rows["dtype"] == dtype) & (rows["causal"] == t.causal)]
-        mine = here[here["stage"] == st.slug].sort_values("time")
-        if mine.empty:
+        run = tables.timed_with(here, st.slug)  # set beside only what was timed in turn with it
+        if run.empty:
             return _missing(not_recorded(st, f" backward at the {dtype} teaching config"),
                             missing_ok, "")
-        r = mine.iloc[-1]
-        # set beside only what was timed in turn with it: the rows of the same run
-        ms = here[here["time"] == r.time].groupby("stage")["median_ms"].last()
+        ms = run.groupby("stage")["median_ms"].last()
+        r = run[run["stage"] == st.slug].iloc[-1]
         line = f"{st.slug}'s backward reached {r.tflops:.3g} TFLOP/s ({r.median_ms:.3g} ms) in {dtype}"
         versus = []
         prev = [s for s in earlier if s in ms]
