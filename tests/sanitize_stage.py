@@ -32,5 +32,7 @@ if st.has_backward:
             q, k, v, do = (torch.randn(1, 2, N, D, device="cuda", dtype=dtype) for _ in range(4))
             o, lse = attn(q, k, v, causal=causal, return_lse=True)
             attn.backward(q, k, v, o, lse, do, causal)
+    torch.cuda.synchronize()
+    print("backward done")
 torch.cuda.synchronize()
 print("done")

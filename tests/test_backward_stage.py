@@ -3,6 +3,8 @@ binding agree on which stages have one; the forward's log-sum-exp and autograd a
 a clear ValueError where a stage has neither; the results table keeps backward rows apart from
 forward ones; `flashlab run` plans the backward's job; training through a stage's model of the
 algorithm (check_training on a PyTorch function) fails when a gradient is dropped."""
+import re
+
 import pandas as pd
 import pytest
 import torch
@@ -258,3 +260,16 @@ def test_a_backward_is_compared_only_with_what_ran_in_its_run():
     with pytest.raises(tables.NotRecorded, match="not timed in the run that timed 15_backward_mma"):
         ev.ratio("14_backward")
     assert ev.versus(("sdpa_flash", "14_backward")) == "0.5x sdpa_flash, 14_backward not timed in this run"
+
+
+@pytest.mark.parametrize("st", [s for s in fl.stages() if s.has_backward], ids=lambda s: s.slug)
+def test_the_sanitizers_backward_filter_reaches_every_backward_kernel(st):
+    """tests/test_gpu.py instruments a backward under compute-sanitizer by a name substring (the
+    registry's backward kernel less '_kernel'): every __global__ function of the file but the
+    forward must contain it, or that kernel would run unchecked."""
+    prefix = st.backward.removesuffix("_kernel")
+    names = set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(",
+                           st.source.read_text()))
+    assert st.kernel in names and st.backward in names
+    assert len(names) > 2  # the passes around the backward kernel are found too
+    assert all(prefix in n for n in names - {st.kernel}), names

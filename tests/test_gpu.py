@@ -197,14 +197,32 @@ SANITIZER = shutil.which("compute-sanitizer") or (
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 @pytest.mark.parametrize("slug", STAGES)
 def test_compute_sanitizer_clean(built, slug, tool):
+    _sanitize(built, slug, tool, fl.stage(slug).kernel)
+
+
+# The backward's kernels: bwd_kernel and the passes around it (bwd_preprocess_kernel,
+# bwd_dq_kernel), all named after the registry's `backward` kernel's prefix.
+@pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer not installed")
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
+@pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.has_backward])
+def test_compute_sanitizer_clean_backward(built, slug, tool):
+    prefix = fl.stage(slug).backward.removesuffix("_kernel")
+    out = _sanitize(built, slug, tool, prefix)
+    assert "backward done" in out
+
+
+def _sanitize(built, slug, tool, kernel_substring):
+    """Run tests/sanitize_stage.py under compute-sanitizer's `tool`, instrumenting the kernels
+    whose names contain `kernel_substring`; assert it found nothing. Returns its stdout."""
     attn_for(built, slug)  # build outside the sanitizer
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")  # exact allocations: OOB shows
-    cmd = [SANITIZER, f"--tool={tool}", "--error-exitcode=99", "--kernel-name", f"kns={fl.stage(slug).kernel}",
+    cmd = [SANITIZER, f"--tool={tool}", "--error-exitcode=99", "--kernel-name", f"kns={kernel_substring}",
            sys.executable, os.path.join(os.path.dirname(__file__), "sanitize_stage.py"), slug]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     report = proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, report
     assert "ERROR SUMMARY: 0 errors" in proc.stdout or "RACECHECK SUMMARY: 0 hazards" in proc.stdout, report
+    return proc.stdout
 
 
 RING = """
