@@ -476,6 +476,19 @@ def before(key):
     return _STAGES[i - 1] if i > 0 else None
 
 
+def backward_ladder(key) -> list:
+    """The stage and the stages it builds on, back to the first with a backward pass (16: 16, 15,
+    14; [] for a stage without one): what its notebook's evaluate_backward times in one run. The
+    results table keeps a key's latest row, so a later backward notebook run live re-times every
+    earlier rung beside the same SDPA rows, and each earlier notebook still finds its
+    comparisons within one run."""
+    ladder, st = [], stage(key)
+    while st is not None and st.has_backward:
+        ladder.append(st)
+        st = before(st)
+    return ladder
+
+
 def stage(key) -> Stage:
     """A stage by number (3), number string ('03', '3') or slug ('03_coarsened'); a Stage
     passes through."""

@@ -273,3 +273,26 @@ def test_the_sanitizers_backward_filter_reaches_every_backward_kernel(st):
     assert st.kernel in names and st.backward in names
     assert len(names) > 2  # the passes around the backward kernel are found too
     assert all(prefix in n for n in names - {st.kernel}), names
+
+
+def test_a_backward_notebook_times_its_whole_ladder_in_one_run(monkeypatch):
+    """evaluate_backward of a later rung times every earlier backward stage too: run live in
+    order, the last notebook's run holds each earlier notebook's comparisons (the table keeps a
+    key's latest row, so timing a stage alone would orphan the rows an earlier notebook set
+    beside it)."""
+    from flashlab.notebook import measured
+    from flashlab.stages import backward_ladder, before
+    for st in BACKWARD:
+        ladder = backward_ladder(st)
+        assert ladder[0] == st and all(s.has_backward for s in ladder)
+        assert all(before(a) == b for a, b in zip(ladder, ladder[1:]))
+        first = before(ladder[-1])
+        assert first is None or not first.has_backward
+    seen = {}
+    monkeypatch.setattr(tables, "live", lambda st: True)
+    monkeypatch.setattr(tables, "gpu_shown", lambda st: "GPU")
+    monkeypatch.setattr(measure, "measure_backward",
+                        lambda timed, log: seen.setdefault("timed", list(timed)) and ([], None))
+    last = BACKWARD[-1]
+    measured.evaluate_backward(last.slug)
+    assert seen["timed"] == backward_ladder(last)

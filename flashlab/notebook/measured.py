@@ -12,7 +12,7 @@ from .. import measure, tables
 from ..configs import teaching
 from ..baselines import COMPARED
 from ..dtypes import HALF
-from ..stages import before
+from ..stages import backward_ladder, before
 from ..stages import stage as _stage
 from ..stages import stages
 from ..tables import at_config
@@ -176,15 +176,15 @@ class BackwardEvaluation:
 
 
 def evaluate_backward(stage) -> BackwardEvaluation:
-    """Live: check the stage's backward and that of the stage it builds on, if it has one (dq,
-    dk, dv against float64, FlashAttention's rule), their log-sum-exps and, for a deterministic
-    stage, the same bits on every run; then time both backwards beside SDPA's flash and cuDNN
-    backwards, and their forwards with and without the log-sum-exp, in turn, at the teaching
-    configs (causal and not), and record the rows (flashlab.measure.measure_backward). Replay:
-    the same rows as recorded on the notebook's GPU. Compare rows of one run: ratio, versus."""
+    """Live: check the stage's backward and those of the backward stages it builds on (dq, dk,
+    dv against float64, FlashAttention's rule), their log-sum-exps and, for a deterministic
+    stage, the same bits on every run; then time all these backwards beside SDPA's flash and
+    cuDNN backwards, and their forwards with and without the log-sum-exp, in turn, at the
+    teaching configs (causal and not), and record the rows (flashlab.measure.measure_backward).
+    Replay: the same rows as recorded on the notebook's GPU. Compare rows of one run: ratio,
+    versus."""
     st = _stage(stage)
-    prev = before(st)
-    timed = [st, *([prev] if prev is not None and prev.has_backward else [])]
+    timed = backward_ladder(st)
     names = [s.slug for s in timed] + list(COMPARED)
     passes = ("backward", "forward", "forward_lse")
     if tables.live(st):
