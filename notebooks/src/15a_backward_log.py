@@ -13,20 +13,20 @@
 # - say what the dQ reductions cost stage 15, and why wider reductions did not pay;
 # - say why FlashAttention-2's warp layout, written plainly, ran slower than stage 15 for the same
 #   shared-memory traffic;
-# - read a profile of issue slots (instructions executed, the `selected` and `wait` stalls) to
-#   tell a latency-bound kernel from a bandwidth-bound one;
+# - read a profile of issue slots (instructions executed, issue slots busy, the `wait` stall) to
+#   tell a latency-bound kernel from an issue-bound or bandwidth-bound one;
 # - judge a training curve against the spread of SDPA's own curves.
 #
 # **Prerequisites:** notebooks 14 and 15 (the backward, its model and its profile), notebook 16's
 # section 1 (atomics in no fixed order).
 #
-# **Time:** about 10 min to read, 15 min to work through.
+# **Time:** about 15 min to read, 20 min to work through.
 
 # %%
 from IPython.display import display
 
 from flashlab import notebook as nb
-from flashlab import tables
+from flashlab import paths, tables
 nb.banner("15_backward_mma")
 
 # %% [markdown]
@@ -74,24 +74,40 @@ nb.banner("15_backward_mma")
 # | tensor pipe busy | 35 % | 23 % |
 # | warp slots filled | 12 % | 12 % |
 #
-# The same traffic, 59 % more instructions. With 8 warps on an SM, a warp is picked to issue on
-# most cycles it is ready (`selected` is its largest stall after `wait` and `short_scoreboard`):
-# the kernel is bound by what its warps issue and by each instruction's latency, not by a unit's
-# bandwidth. The round trip of Pᵀ and dSᵀ through shared memory adds stores, a barrier and an
-# `ldmatrix` latency in front of every dV and dK product, where stage 15 starts them from the
+# The same traffic, 59 % more instructions. Neither kernel is near a unit's bandwidth, and its
+# warps wait mostly on the results of earlier instructions (`wait` and `short_scoreboard` are the
+# largest stalls). The round trip of Pᵀ and dSᵀ through shared memory adds stores, a barrier and
+# an `ldmatrix` latency in front of every dV and dK product, where stage 15 starts them from the
 # registers the exponentials left them in.
 #
-# ## 3 · Fewer instructions, more warps
+# ## 3 · Fewer instructions, more warps, and SDPA's profile
 #
-# In stage 15 the 335 million `mma`s are 18 % of what the warps issue. Two cheap tries at the
-# rest (`backward-15-issue-slots-h200-20261128T2245Z.log`):
+# In stage 15 the 335 million `mma`s are 18 % of what the warps issue. Tries at the rest, each
+# checked and timed in turn with stage 15 and SDPA:
 #
-# - stage 08's lane offsets (every `ldmatrix` address a per-lane base plus a constant), P and dS
-#   without the mask in an interior block, Δ and the log-sum-exps read in pairs: −3 % to +1 %;
-# - at D = 64, three blocks an SM instead of two (168 registers, 12 bytes spilled): +2 to +9 %,
-#   231 TFLOP/s at N = 16k without the mask.
+# | try | against stage 15 | log |
+# |---|---|---|
+# | stage 08's lane offsets, P and dS unmasked in an interior block, Δ and log-sum-exps read in pairs | −3 % to +1 % | `backward-15-issue-slots-h200-20261128T2245Z.log` |
+# | dQ reductions under one guard from one row pointer; an interior block's Q and dO copied from pointers made once: an interior iteration at D = 64 drops from about 890 instructions to 720 | −5 % to +2 % | `backward-15-vs-fa2-profile-h200-20261129T0100Z.log` |
+# | dQ into two sets of accumulators (twice the independent `mma` chains) | −7 % to −1 % | `backward-15-dq-ilp-occupancy-h200-20261129T0120Z.log` |
+# | three blocks an SM at D = 64 (S and dP 32 queries at a time, no spill) | 0 to +6 % | `backward-15-dq-ilp-occupancy-h200-20261129T0120Z.log` |
+# | eight warps a block (BC = 128) | +5 % to +8 % from N = 4096 | both of the last two |
 #
-# Neither closes the gap: SDPA's flash backward is 1.13–1.37 times stage 15 at N ≥ 4096.
+# A fifth fewer instructions bought nothing, so stage 15 is not bound by its issue count. SDPA's
+# flash backward under the same profiler says what is different
+# (`backward-15-vs-fa2-profile-h200-20261129T0100Z.log`, N = 4096, no mask):
+
+# %%
+log = (paths.runs_dir() / "backward-15-vs-fa2-profile-h200-20261129T0100Z.log").read_text()
+print(nb.excerpt(log, "D=64: stage 15", "registers / threads a block"))
+
+# %% [markdown]
+# Both kernels keep a third of their issue slots busy, and both hold 8 warps an SM. SDPA's issues
+# 23–40 % fewer instructions, but more to the point each of its warps carries more independent
+# work: 255 registers, a 128 × 128 block of queries and keys at D = 64, 32 × 64 tiles of S a
+# warp against stage 15's 16 × 64. Its tensor pipe is busy 46–50 % of the time against 35 %.
+# What would close the gap is that tile shape with P and dS kept in registers, not fewer
+# instructions on stage 15's.
 
 # %% [markdown]
 # ## 4 · Training within SDPA's own spread
@@ -119,16 +135,18 @@ with nb.unless_missing():
 #
 # 1. A larger key block halves the dQ reductions but halves the key blocks a head has. At which
 #    N and B·H does that start to cost, on a GPU of 132 SMs with one block of 8 warps each?
-# 2. The 2-D layout issued 59 % more instructions for the same traffic. Which of its steps would
-#    you count first, and what would the count need to be to beat stage 15?
+# 2. A fifth fewer instructions left stage 15's time unchanged, and its issue slots are busy one
+#    cycle in three. What limits it, and which Nsight Compute metric would you read next?
 # 3. With the largest gap as the measure, does a nondeterministic stage need more runs or fewer
 #    than a deterministic one to pass? What measure would not depend on the number of runs?
 #
 # ## Summary
 #
 # - Two floats per reduction made stage 15 33–52 % faster; four made it 3–7 % slower.
-# - Eight warps a block (half the reductions) gains 4–8 % at N ≥ 8192.
+# - Eight warps a block (half the reductions) gains 5–8 % from N = 4096.
 # - FlashAttention-2's layout, written plainly, issued 59 % more instructions for the same traffic
-#   and ran 0.63–0.89 times stage 15: the backward on `mma.sync` is bound by issue and latency.
-# - Lane offsets changed nothing; three blocks an SM at D = 64 gained up to 9 % but spilled.
+#   and ran 0.63–0.89 times stage 15.
+# - A fifth fewer instructions, lane offsets or twice the dQ chains changed nothing or lost: stage
+#   15 is latency-bound at a third of its issue slots, like SDPA's flash backward, whose warps
+#   carry larger tiles.
 # - In training, stages 14 and 16 lie within the spread of SDPA's own curves, stage 15 outside it.
