@@ -320,17 +320,17 @@ with nb.unless_missing():
 # ### Discussion
 #
 # **Speed.** The model gave bwd_kernel about a fifth of the FFMA peak; the cell above prints
-# 12.4 TFLOP/s on the H200 at the fp16 teaching config (D = 64; 10.4 causal, where the diagonal
+# 12.4 TFLOP/s on the H200 at the fp16 teaching config (D = 64; 10.3 causal, where the diagonal
 # blocks compute masked elements), inside the predicted 10.4–13.7: above the bound at the measured
 # FMA ceiling, below the one at the boost clock. Section 10's profile checks
 # that the unit that binds is the one the count named.
 #
 # **Against SDPA.** Stage 14's backward runs at 0.063 of FlashAttention-2's speed (0.085 causal)
-# and 0.040 of cuDNN's (0.056 causal), inside the predicted 0.04–0.11. The wide gap is expected:
+# and 0.040 of cuDNN's (0.055 causal), inside the predicted 0.04–0.11. The wide gap is expected:
 # each multiply-add here costs a 4-byte load from shared memory, while one `mma.sync` does
 # 16 × 8 × 16 multiply-adds from registers.
 #
-# **The log-sum-exp.** With it the forward took 0.0607 ms, without it 0.0608 ms (−0.1 %): within
+# **The log-sum-exp.** Without it the forward took 0.0607 ms, with it 0.0609 ms (+0.3 %): within
 # the noise, as predicted.
 #
 # ## 10 · The profile

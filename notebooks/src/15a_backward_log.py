@@ -20,7 +20,7 @@
 # **Prerequisites:** notebooks 14 and 15 (the backward, its model and its profile), notebook 16's
 # section 1 (atomics in no fixed order).
 #
-# **Time:** about 15 min to read, 20 min to work through.
+# **Time:** about 12 min to read, 20 min to work through.
 
 # %%
 from IPython.display import display
