@@ -21,7 +21,7 @@
 # **Prerequisites:** notebooks 14 and 15 (the backward, its model and its profile), notebook 16's
 # section 1 (atomics in no fixed order).
 #
-# **Time:** about 14 min to read, 20 min to work through.
+# **Time:** about 16 min to read, 20 min to work through.
 
 # %%
 from IPython.display import display
@@ -130,6 +130,15 @@ print(nb.excerpt(log, "stage 15      candidate", "shared wavefronts"))
 # with the tensor pipe as busy as SDPA's. The instruction count fell only a fifth, about what
 # section 3's fewer-instructions try saved for nothing: what changed is the work each warp has in
 # flight between two waits. cuDNN's backward (wgmma, notebook 09) stays 1.28–1.69 times faster.
+#
+# At D = 128 the same 32 keys need a pair of warps: each takes S and dP for half the query block,
+# writes Pᵀ and dSᵀ to shared memory, and after the barrier accumulates dV and dK for half the
+# head-dim columns (FlashAttention-2's split of dK and dV). That runs 1.09–1.21 times stage 15 but
+# 0.87–1.02 times SDPA's flash backward, 7–13 % behind from N = 4096
+# (`backward-15-wide-warps-d128-h200-20261129T0120Z.log`, section 3). Its first version raced:
+# it started the next block's Q and dO copies before the barrier, into the buffer the previous
+# block's dV and dK products, which here run after the second barrier, could still be reading.
+# The results were right on every check; compute-sanitizer's racecheck found it.
 
 # %% [markdown]
 # ## 5 · Training within SDPA's own spread
@@ -174,5 +183,6 @@ with nb.unless_missing():
 #   15 is latency-bound at a third of its issue slots, like SDPA's flash backward, whose warps
 #   carry larger tiles.
 # - Thirty-two keys a warp at D = 64 runs 1.02–1.24 times SDPA's flash backward over the sweep:
-#   the same instructions a product, twice the work in flight.
+#   the same instructions a product, twice the work in flight. At D = 128, a pair of warps
+#   sharing 32 keys gains 9–21 % on stage 15 but stays up to 13 % behind SDPA's.
 # - In training, stages 14 and 16 lie within the spread of SDPA's own curves, stage 15 outside it.
