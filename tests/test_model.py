@@ -178,11 +178,13 @@ def test_a_model_trains_through_a_stage_with_a_backward_pass():
     adapter calls the stage without `out` while training, and the losses follow SDPA's (fp32)."""
     attn = DifferentiableStridedStandIn()
     name = model.register(model.SDPA(attn), name="fl_cpu_trained")
+    # lr 1e-2: four steps learn the bytes' frequencies, so the loss falls whatever four windows
+    # of the corpus (the project's own text, which every commit changes) the seed picks
     kw = dict(steps=4, batch=2, seq=32, n_layer=1, n_head=1, n_embd=64, dtype="fp32",
-              device="cpu", time_steps=False)
+              device="cpu", time_steps=False, lr=1e-2)
     mine, theirs = model.train(name, **kw), model.train("sdpa", **kw)
     assert attn.seen and all(attn.seen)  # every call without out: autograd owns the output
-    assert len(mine["loss"]) == 4 and mine["loss"][-1] < mine["loss"][0]
+    assert len(mine["loss"]) == 4 and mine["loss"][-1] < mine["loss"][0] - 0.1, mine["loss"]
     assert max(abs(a - b) for a, b in zip(mine["loss"], theirs["loss"])) < 1e-4
     with torch.no_grad():  # inference: the output is written into the model's layout
         model.gpt2(name, n_layer=1, n_head=1, n_embd=64, vocab_size=256)(
