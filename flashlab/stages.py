@@ -112,6 +112,13 @@ class Stage:
     def has_backward(self) -> bool:
         return bool(self.backward)
 
+    @property
+    def backward_prefix(self) -> str:
+        """What the name of every kernel of its backward pass contains (bwd_kernel and the passes
+        around it, bwd_preprocess_kernel and bwd_dq_kernel: "bwd"): how compute-sanitizer
+        selects them. "" for a stage without a backward."""
+        return self.backward.removesuffix("_kernel")
+
     def evidence_for(self, kernel: str) -> dict:
         """The SASS evidence one of its kernels ('tuned_kernel<__half, 64, ...>' or the bare name)
         is held to: sass_evidence for the forward kernel; for the backward kernel COMMON_SASS and

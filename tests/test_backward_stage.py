@@ -265,9 +265,9 @@ def test_a_backward_is_compared_only_with_what_ran_in_its_run():
 @pytest.mark.parametrize("st", [s for s in fl.stages() if s.has_backward], ids=lambda s: s.slug)
 def test_the_sanitizers_backward_filter_reaches_every_backward_kernel(st):
     """tests/test_gpu.py instruments a backward under compute-sanitizer by a name substring (the
-    registry's backward kernel less '_kernel'): every __global__ function of the file but the
-    forward must contain it, or that kernel would run unchecked."""
-    prefix = st.backward.removesuffix("_kernel")
+    registry's backward_prefix): every __global__ function of the file but the forward must
+    contain it, or that kernel would run unchecked."""
+    prefix = st.backward_prefix
     names = set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?(\w+)\s*\(",
                            st.source.read_text()))
     assert st.kernel in names and st.backward in names

@@ -200,14 +200,12 @@ def test_compute_sanitizer_clean(built, slug, tool):
     _sanitize(built, slug, tool, fl.stage(slug).kernel)
 
 
-# The backward's kernels: bwd_kernel and the passes around it (bwd_preprocess_kernel,
-# bwd_dq_kernel), all named after the registry's `backward` kernel's prefix.
+# The backward's kernels: every kernel named with the registry's backward_prefix.
 @pytest.mark.skipif(SANITIZER is None, reason="compute-sanitizer not installed")
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
 @pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.has_backward])
 def test_compute_sanitizer_clean_backward(built, slug, tool):
-    prefix = fl.stage(slug).backward.removesuffix("_kernel")
-    out = _sanitize(built, slug, tool, prefix)
+    out = _sanitize(built, slug, tool, fl.stage(slug).backward_prefix)
     assert "backward done" in out
 
 
