@@ -448,6 +448,23 @@ _STAGES = (
           backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "MEMBAR": True,
                          "ATOM": True, "LDG.E.128": False},
           builds_on=15),
+    Stage(17, "17_wide_warps", "Wide warps",
+          "32 keys a warp: each Q and dO fragment a warp loads feeds twice the mma.sync of stage "
+          "15 and a block holds 128 keys, half the dQ reductions; at D = 128 a pair of warps "
+          "shares the 32 keys, dK and dV split by head-dim columns, P and dS through shared memory",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          kernel="forward_kernel",
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
+          picks=True,
+          idea_metrics=("smem_wavefronts", "tensor_pipe_pct"),
+          # the forward: stage 14's (stage 08's kernel with the log-sum-exp)
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
+          lse=True, backward="bwd_kernel",
+          # stage 15's instructions, more of them in flight: mma.sync from ldmatrix operands,
+          # cp.async tiles, dQ by fp32 reductions to global memory
+          backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "RED": True,
+                         "LDG.E.128": False},
+          builds_on=15),
 )
 
 
@@ -484,16 +501,15 @@ def before(key):
 
 
 def backward_ladder(key) -> list:
-    """The stage and the stages it builds on, back to the first with a backward pass (16: 16, 15,
-    14; [] for a stage without one): what its notebook's evaluate_backward times in one run. The
+    """The stage and every earlier stage with a backward pass, latest first (17: 17, 16, 15, 14;
+    [] for a stage without one): what its notebook's evaluate_backward times in one run. The
     results table keeps a key's latest row, so a later backward notebook run live re-times every
-    earlier rung beside the same SDPA rows, and each earlier notebook still finds its
-    comparisons within one run."""
-    ladder, st = [], stage(key)
-    while st is not None and st.has_backward:
-        ladder.append(st)
-        st = before(st)
-    return ladder
+    earlier backward beside the same SDPA rows, and each earlier notebook still finds its
+    comparisons (its stage, the one it builds on, SDPA's) within one run."""
+    st = stage(key)
+    if not st.has_backward:
+        return []
+    return [s for s in reversed(_STAGES) if s.has_backward and s.number <= st.number]
 
 
 def stage(key) -> Stage:

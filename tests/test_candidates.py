@@ -22,8 +22,6 @@ PATCHES = {
                                           "D64:128,4,3;D128:128,2,2"]),
 }
 
-# Backward candidates: the stage their patch applies to (the kernel's own pick chooses its shapes).
-BACKWARD_PATCHES = {"15_wide_warps.patch": "15_backward_mma"}
 
 
 def test_every_candidate_has_its_shapes_and_readme_entry():
@@ -32,8 +30,8 @@ def test_every_candidate_has_its_shapes_and_readme_entry():
     readme = (CANDIDATES / "README.md").read_text()
     assert not sorted(p.name for p in CANDIDATES.glob("*.cu")), \
         "keep a candidate as a patch on its stage: diff -u kernels/NN_slug.cu candidate.cu"
-    assert sorted(p.name for p in CANDIDATES.glob("*.patch")) == sorted({**PATCHES, **BACKWARD_PATCHES})
-    for name in {**PATCHES, **BACKWARD_PATCHES}:
+    assert sorted(p.name for p in CANDIDATES.glob("*.patch")) == sorted(PATCHES)
+    for name in PATCHES:
         assert f"`{name}`" in readme
 
 
@@ -52,22 +50,6 @@ def test_a_patch_candidate_applies_and_builds_for_hopper(tmp_path, name, shape):
     assert not re.search(r"C75\d\d", cubin.report), cubin.report
     found = ptxas.parse(cubin.report, "sm_90a")
     assert found and all(r.spill_bytes == 0 for r in found), found
-
-
-@needs_nvcc
-@pytest.mark.skipif(shutil.which("patch") is None, reason="needs the patch program")
-@pytest.mark.parametrize("name", sorted(BACKWARD_PATCHES))
-def test_a_backward_candidate_applies_and_builds_without_spilling(tmp_path, name):
-    """The patch still applies to its stage, and every backward kernel it makes builds for sm_90
-    (the H100 and H200 it was timed on) without spilling."""
-    out = tmp_path / name.replace(".patch", ".cu")
-    subprocess.run(["patch", "-s", "-o", str(out), str(stage(BACKWARD_PATCHES[name]).source),
-                    str(CANDIDATES / name)], check=True)
-    shutil.copytree(paths.ROOT / "kernels", tmp_path, dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("*.cu", "*.patch"))  # its headers beside it
-    found = ptxas.parse(ptxas.compile_cubin(out, "sm_90").report, "sm_90")
-    bwd = [r for r in found if re.search(r"\bbwd_(pairs_)?kernel<", r.kernel)]
-    assert len(bwd) == 4 and all(r.spill_bytes == 0 for r in bwd), found
 
 
 @needs_nvcc

@@ -112,7 +112,7 @@ print(nb.excerpt(log, "D=64: stage 15", "registers / threads a block"))
 # %% [markdown]
 # ## 4 · Thirty-two keys a warp
 #
-# Stage 15's warp owns 16 keys. Give it two m-tiles of 16 (`tools/candidates/15_wide_warps.patch`,
+# Stage 15's warp owns 16 keys. Give it two m-tiles of 16 (what stage 17 teaches, notebook 17;
 # D = 64 only: dK and dV of 32 keys at D = 128 would need 256 fp32 registers a lane) and each Q_i
 # or dO_i fragment it loads feeds twice the `mma`s, a block of 4 warps holds 128 keys (half the dQ
 # reductions), and each warp has twice the independent products in flight, for 254 registers
