@@ -330,7 +330,7 @@ with nb.unless_missing():
 # each multiply-add here costs a 4-byte load from shared memory, while one `mma.sync` does
 # 16 × 8 × 16 multiply-adds from registers.
 #
-# **The log-sum-exp.** Without it the forward took 0.0607 ms, with it 0.0609 ms (+0.3 %): within
+# **The log-sum-exp.** Without it the forward took 0.0604 ms, with it 0.0605 ms (+0.3 %): within
 # the noise, as predicted.
 #
 # ## 10 · The profile

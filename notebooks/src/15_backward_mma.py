@@ -164,15 +164,15 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# On the H200 the backward ran at 169 TFLOP/s at this config (fp16, B = 4, H = 16, N = 1024,
+# On the H200 the backward ran at 170 TFLOP/s at this config (fp16, B = 4, H = 16, N = 1024,
 # D = 64), 12–14 times stage 14: inside the predicted range at its low end. The causal case, at
 # 124, fell below it: a causal key block walks fewer query blocks, so its fixed costs (loading
 # K_j and V_j, writing dK and dV) weigh more, and the diagonal blocks do masked work that is not
 # counted. At this size a launch has 1 024 blocks for 264 places (132 SMs × 2), four waves with
 # a ragged last one. Timed beside SDPA over larger problems (N = 1k to 16k, both head dims,
-# fp16), it reached 190–228 TFLOP/s without the mask and 159–227 with it: 0.72–1.03 times SDPA's
-# flash backward, level with it only on the short causal problems and 21–28 % behind at 16k, and
-# 0.37–0.72 times cuDNN's.
+# fp16), it reached 190–224 TFLOP/s without the mask and 159–223 with it: 0.72–1.03 times SDPA's
+# flash backward, level with it only on the short causal problems and 22–28 % behind at 16k, and
+# 0.38–0.63 times cuDNN's.
 #
 # With one 32-bit atomic per float instead of section 4's pairs, the same kernel ran at 118–156
 # TFLOP/s on those problems: the atomics, not the products, were the largest cost once the
@@ -203,15 +203,15 @@ with nb.unless_missing():
 #
 # The wavefronts measured are 0.96 of those counted in section 5: the count is the traffic. But
 # shared memory is not what binds: the warps wait on `mio_throttle` (a full shared-memory queue)
-# 2 % of the time, against stage 14's 37 %. The tensor pipe is busy 31 % of the time, and the SM's
+# 2 % of the time, against stage 14's 37 %. The tensor pipe is busy 32 % of the time, and the SM's
 # warp slots are 12 % full: 8 warps of 64, the two blocks per SM that 240 registers a thread allow.
-# The stalls name latency instead: `wait` (25 %, an instruction's fixed latency, here one `mma`
+# The stalls name latency instead: `wait` (26 %, an instruction's fixed latency, here one `mma`
 # feeding the next), `short_scoreboard` (20 %, an `ldmatrix` not back yet), `long_scoreboard`
 # (14 %, global memory, where the atomics and the row statistics go) and the two barriers per
 # query block (7 %). With so few warps, each such wait leaves the SM idle.
 #
 # That is where the rest of the speed is: more independent work per warp between barriers (32 keys
-# a warp, so that each B fragment feeds two `mma`), fewer atomics (larger key blocks), and on
+# a warp, so that each B fragment feeds two `mma`: stage 17), fewer atomics (larger key blocks), and on
 # Hopper, `wgmma`, which reads its operands from shared memory itself and runs asynchronously.
 
 # %% [markdown]

@@ -131,15 +131,15 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# On the H200, timed in turn with stage 15 and SDPA's flash backward over N = 1k, 4k and 16k (fp16,
-# D = 64 and 128), the deterministic backward kept 0.57–0.72 of stage 15's speed without a mask
-# and 0.66–0.72 with it; the same kernel with causal turns in launch order kept 0.32–0.44. Every
+# On the H200, timed in turn with stage 15 and SDPA's flash backward over N = 1k to 16k (fp16,
+# D = 64 and 128), the deterministic backward kept 0.56–0.73 of stage 15's speed without a mask
+# and 0.66–0.74 with it; the same kernel with causal turns in launch order kept 0.32–0.44. Every
 # run of stage 16 gave the same bits (five runs, fp16 and bf16, both masks, D = 64 and 128); stage
 # 15 failed the same check on dQ in every case.
 #
 # The order of the turns came out as the model said: arrival order under the mask is worth 1.6 to
 # 2 times launch order. But in arrival order the turns cost more than predicted. With `hold` ≈ 0.5
-# instead of 0.25 the model gives 0.57 and 0.67, the measured ends: the fence after the adds waits
+# instead of 0.25 the model gives 0.57 and 0.67, about the measured low ends: the fence after the adds waits
 # for all of a block's 2 048 (D = 64) or 4 096 (D = 128) adds to be performed in L2, and four
 # warps stand still meanwhile. The fence even changes the adds themselves: stage 15's
 # fire-and-forget reductions (RED in the machine code) become atomics that return (ATOM). For
@@ -162,10 +162,10 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# Set beside stage 15's profile (notebook 15, section 7: tensor pipe 31 %), the tensor pipe is busy
+# Set beside stage 15's profile (notebook 15, section 7: tensor pipe 32 %), the tensor pipe is busy
 # 17 % of the time for the same work, and the warps wait where section 5 put them: at `barrier`
-# (31 %: the block held while one thread spins on the counter, or while every warp's adds are
-# fenced before the turn passes) and at `membar` (12 %: a warp at the fence, waiting for its
+# (32 %: the block held while one thread spins on the counter, or while every warp's adds are
+# fenced before the turn passes) and at `membar` (11 %: a warp at the fence, waiting for its
 # reductions to be acknowledged). At this small size (16 key blocks per head) the cost is near
 # its largest: 0.57 of stage 15 without the mask.
 

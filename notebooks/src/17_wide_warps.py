@@ -18,7 +18,7 @@
 # **Prerequisites:** notebook 15 (the tensor-core backward); 05 (`mma.sync` fragments).
 # Appendix 15a's profiles are background, not required.
 #
-# **Time:** about 15 min to read, 35 min to work through.
+# **Time:** about 19 min to read, 35 min to work through.
 
 # %%
 # %matplotlib inline
@@ -146,7 +146,26 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# DISCUSSION
+# At this config (fp16, B = 4, H = 16, N = 1024, D = 64) on the H200, stage 17 ran at 212 TFLOP/s
+# without the mask: 1.25 times stage 15, as predicted, and 1.07 times SDPA's flash backward. With
+# the mask it gained almost nothing, 1.01 times stage 15 (125 TFLOP/s). A causal head at N = 1024
+# has 8 key blocks of 128 here, walking 16, 14, …, 2 query blocks, against stage 15's 16 blocks of
+# 64 walking 16, 15, …, 1. The 512 blocks of this launch fill the 264 places on the SMs about
+# twice, and the last wave waits on a few long blocks; larger blocks make that tail coarser, and
+# each block's first two query blocks now cross the diagonal, half their products masked away.
+# Larger problems have many waves and the tail matters less.
+#
+# Over the FlashAttention sweep (fp16, N = 512 to 16k, B·N = 16k, timed in turn in one run with
+# stage 15, stage 16 and SDPA's backwards), stage 17 ran 1.24–1.42 times stage 15 at D = 64 without
+# the mask and 1.09–1.33 with it: 203–293 TFLOP/s, ahead of SDPA's flash backward at every D = 64
+# config, 1.03–1.19 times without the mask and 1.04–1.24 with it. At D = 128 the pairs ran 1.13–1.23
+# times stage 15 without the mask and 1.03–1.21 with it, close to the predicted 1.15, but only
+# 0.88–1.09 times SDPA's flash backward: ahead at N = 512, level at 1k, 6–12 % behind from 2k.
+# cuDNN's backward, built on `wgmma` (notebook 09), stays 1.3–2.1 times faster than stage 17.
+#
+# The prediction held because the kernel was latency-bound: the instructions that feed the tensor
+# pipe fell, and the waits between them with them. At D = 128 the pairs spend part of the gain on
+# what they added: the Pᵀ stores, the second barrier, and copies that no longer start before it.
 
 # %% [markdown]
 # ## 6 · The profile
@@ -162,7 +181,14 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# PROFILE
+# Set beside stage 15's profile at the same config (notebook 15, section 7), the kernel takes
+# 0.173 ms where stage 15's took 0.224, with the tensor pipe busy 41 % of the time instead of
+# 32 %. Shared memory served 21.4 million wavefronts against 28.1 million, 0.76 times as many,
+# near section 2's count of `ldmatrix` (0.74 times as many per 64 keys). The warps still wait most
+# of their time, but less on their own loads and products: short-scoreboard stalls (a shared-memory
+# result not yet back) fell from 21 % to 17 % of the samples and long-scoreboard stalls (global
+# memory, among them the dQ atomics) from 14 % to 9 %. The kernel is still latency-bound, with more
+# useful work between the waits.
 
 # %% [markdown]
 # ## Exercises
@@ -236,7 +262,9 @@ with nb.unless_missing():
 # - The registers set the limit: at D = 128 a pair of warps shares 32 keys, each taking half
 #   the queries for S and dP and half the columns for dK and dV, with P and dS passed through
 #   shared memory. That adds a barrier, and a race that only racecheck found.
-# - RESULT
+# - On the H200 stage 17 ran 1.24–1.42 times stage 15 at D = 64 (without the mask) and 1.13–1.23
+#   times at D = 128: ahead of SDPA's flash backward at every D = 64 config of the sweep, and
+#   0.88–1.09 times it at D = 128.
 
 # %%
 nb.reached("17_wide_warps")  # its backward, beside the stages before it and SDPA's
