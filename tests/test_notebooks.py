@@ -75,3 +75,34 @@ def test_notebook_runs_in_replay_mode(notebook, data_dir, monkeypatch):
               if o.get("output_type") == "error"]
     assert not errors
     assert _snapshot() == before, "executing the notebook changed the repository's data/"
+
+
+def _code_lines(src):
+    """The lines of a notebook source's code cells (not its markdown)."""
+    code = False
+    for line in src.read_text().splitlines():
+        if line.startswith("# %%"):
+            code = "[markdown]" not in line
+        elif code:
+            yield line
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=lambda p: p.stem)
+def test_a_notebook_reads_research_logs_only_through_run_log(src):
+    """A student edition ships without data/runs/: a notebook that opened a log there itself would
+    stop with a traceback in every edition holding it (15a did, in stage 17's). nb.run_log says in
+    one line, under nb.unless_missing(), that the log is not in this copy."""
+    bare = [ln for ln in _code_lines(src) if "runs_dir(" in ln or "data/runs" in ln]
+    assert not bare, f"{src.name}: read data/runs/ through nb.run_log: {bare}"
+
+
+def test_run_log_reads_a_log_and_says_when_this_copy_has_none(tmp_path, monkeypatch, capsys):
+    from flashlab import notebook as nb
+    monkeypatch.setenv("FLASHLAB_DATA", str(tmp_path))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "a.log").write_text("line one\n")
+    assert nb.run_log("a.log") == "line one\n"
+    with nb.unless_missing():
+        nb.run_log("b.log")
+        raise AssertionError("run_log returned for a log this copy does not have")
+    assert "b.log: a research log of the full repository" in capsys.readouterr().out

@@ -521,7 +521,9 @@ failing case and its first wrong element (batch, head, row, column, got, expecte
 that passes is also read in its machine code: an instruction its stage's idea needs (stage 16's
 fences, say) must be there, or it scores 0 with the missing one named. A right one is timed
 against the stage before it, and scores points x min(1, speed / {SPEED_TOLERANCE}) of
-the solution's speed: within {100 - round(100 * SPEED_TOLERANCE)} % of it earns every point.
+the solution's speed: within {100 - round(100 * SPEED_TOLERANCE)} % of it earns every point. A
+backward stage (14 on) is timed in its backward, which no earlier stage has: checking your own
+work there, only rightness counts, and your instructor's grading times it against the solution.
 
 ## Handing in
 

@@ -13,7 +13,7 @@ By concern: view (mode, the GPU shown, what is not recorded), code (sources and 
 (ptxas and SASS, no GPU), measured (checks, timings, profiles).
 """
 from ..tables import NotRecorded
-from .code import excerpt, extract, show_diff, show_lines, show_source
+from .code import excerpt, extract, run_log, show_diff, show_lines, show_source
 from .measured import (BackwardEvaluation, Evaluation, attention_alone, compare, evaluate,
                        evaluate_backward, in_a_model, profile, published_minimal, reached, speedup,
                        sweep_ratio, teaching_rows)
@@ -23,6 +23,6 @@ from .view import GPU, banner, not_recorded, the_gpu, unless_missing
 
 __all__ = ["GPU", "BackwardEvaluation", "Evaluation", "NotRecorded", "attention_alone", "banner",
            "blocks_per_sm", "compare", "evaluate", "evaluate_backward", "excerpt", "extract", "in_a_model", "instruction_mix", "instructions", "loop_bodies",
-           "not_recorded", "opcode_changes", "profile", "published_minimal", "reached", "resources",
+           "not_recorded", "opcode_changes", "profile", "published_minimal", "reached", "resources", "run_log",
            "sass_lines", "show_diff", "show_lines", "show_source", "speedup", "sweep_ratio",
            "teaching_rows", "the_gpu", "unless_missing"]

@@ -4,7 +4,8 @@ import difflib
 import re
 
 from ..markers import strip_markers
-from ..paths import KERNELS
+from ..paths import KERNELS, runs_dir
+from ..tables import NotRecorded
 from ..stages import stage as _stage
 
 
@@ -48,6 +49,17 @@ def show_source(stage, name=None):
     definition of `name` in it."""
     text = _text(stage)
     _code(extract(text, name) if name else text)
+
+
+def run_log(name: str) -> str:
+    """The text of a research log in data/runs/ (an appendix reads its runs through this).
+    NotRecorded, which `nb.unless_missing()` prints as one line, where this copy has no such log:
+    a student edition ships without data/runs/."""
+    path = runs_dir() / name
+    if not path.exists():
+        raise NotRecorded(f"{name}: a research log of the full repository (data/runs/), not in "
+                          f"this copy; the text around this cell says what it recorded")
+    return path.read_text()
 
 
 def excerpt(text: str, start: str, stop=None) -> str:
