@@ -355,13 +355,19 @@ def write(dest, root=None, through=None, first=None, force=False) -> str:
     return _summary(dest, a, stats, files, out)
 
 
+def _count(n, noun) -> str:
+    """'1 exercise', '3 exercises'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _summary(dest, a, s, files, out) -> str:
     nb = s["notebooks"]
     ex = a.exercises()
     lines = [f"wrote assignment {a.name} to {dest}: {len(files)} files, stages "
-             f"01-{a.last:02d}, handing out {len(ex)} exercises "
+             f"01-{a.last:02d}, handing out {_count(len(ex), 'exercise')} "
              f"({', '.join(e.id for e in ex)})",
-             f"  kernels: {s['kernel_regions']} regions stubbed in {len(s['kernels'])} files "
+             f"  kernels: {_count(s['kernel_regions'], 'region')} stubbed in "
+             f"{_count(len(s['kernels']), 'file')} "
              f"({', '.join(Path(k).stem for k in s['kernels']) or 'none'})",
              f"  notebooks: {nb['solutions']} solution regions and {nb['instructor']} "
              f"instructor's answers replaced, {nb['hidden']} hidden tests removed, "
@@ -433,9 +439,15 @@ def student_md(a: Assignment, root=None) -> str:
                     f"{tasks.get(ex.id, ex.title)} |")
     total = sum(ex.points for ex in exs)
     numbers = [f"{st.number:02d}" for st in a.stages()]
-    notebooks = (f"stage {numbers[0]}: read its notebook, answer its labs, and write its"
-                 if len(numbers) == 1 else f"stages {', '.join(numbers[:-1])} and {numbers[-1]}: "
-                 "read their notebooks, answer their labs, and write their")
+    its, which = (("its", f"stage {numbers[0]}") if len(numbers) == 1 else
+                  ("their", f"stages {', '.join(numbers[:-1])} and {numbers[-1]}"))
+    tasks_done = [f"read {its} notebook{'s' if len(numbers) > 1 else ''}"]
+    if any(ex.kind == "lab" for ex in exs):
+        tasks_done.append(f"answer {its} labs")
+    if any(ex.kind != "lab" for ex in exs):
+        tasks_done.append(f"write {its} kernel exercises")
+    notebooks = f"{which}: " + (", ".join(tasks_done[:-1]) + " and " + tasks_done[-1]
+                                if len(tasks_done) > 1 else tasks_done[0])
     carried = ""
     if any(markers.regions(p.read_text(), p.name) and any(
             r.carried and r.id in {e.id for e in exs} for r in markers.regions(p.read_text()))
@@ -450,7 +462,7 @@ def student_md(a: Assignment, root=None) -> str:
 
 This folder is your copy of the workbook for this assignment: stages 01 to {a.last:02d}, their
 notebooks, and the recorded measurements the notebooks replay. You work on
-{notebooks} kernel exercises.
+{notebooks}.
 
 | exercise | kind | where | GPU (compute capability) | points | task |
 |---|---|---|---|---|---|
