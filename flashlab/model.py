@@ -403,14 +403,50 @@ def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=
 TIMED = dict(steps=30, batch=2, seq=4096, n_layer=4, n_head=8, n_embd=512)
 
 
-def training_comparison(stages=None, runs=3, log=print, record=True, timed=TIMED, **kw):
-    """Train the same GPT-2 (train()) from one seed `runs` times through each of SDPA's fused
-    backends (tables.SDPA_TRAINED: flash, cuDNN, memory-efficient; their curves against each
-    other are SDPA's run-to-run spread; the flash backward adds dQ with atomics, so its runs
-    differ) and through each stage with a backward pass that runs here. Then, where `timed` (a
-    few steps of a larger model, TIMED: attention a larger share of the step), those steps once
-    each, for the step's time. Records data/training.csv (a row per implementation, run and
-    step); returns (rows, tables.training_match of the loss comparison)."""
+class _ScaleGrad(torch.autograd.Function):
+    """x unchanged going forward; its gradient times `factor` coming back."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+def control(factor=None):
+    """The training comparison's negative control (tables.CONTROL): SDPA's flash backend, whose
+    backward returns dQ times `factor` (tables.CONTROL_DQ), registered as an attention
+    implementation; returns its name. A wrong backward the comparison must find."""
+    import torch.nn.functional as F
+    from torch.nn.attention import sdpa_kernel
+
+    from .baselines import SDPA_BACKENDS
+    from .tables import CONTROL, CONTROL_DQ
+    factor = CONTROL_DQ if factor is None else factor
+
+    def attention(q, k, v, causal=False, scale=None):
+        with sdpa_kernel(SDPA_BACKENDS["sdpa_flash"]):
+            return F.scaled_dot_product_attention(_ScaleGrad.apply(q, factor), k, v,
+                                                  is_causal=causal, scale=scale)
+
+    return register(SDPA(attention, name=CONTROL), name=CONTROL)
+
+
+def training_comparison(stages=None, seeds=5, runs=1, log=print, record=True, timed=TIMED,
+                        with_control=True, **kw):
+    """Train the same GPT-2 (train()) from each of `seeds` seeds (TRAIN's seed and the next),
+    `runs` times each, through each of SDPA's fused backends (tables.SDPA_TRAINED: flash, cuDNN,
+    memory-efficient; their curves against each other are SDPA's spread: they round
+    differently, and the flash backward adds dQ with atomics, so its runs differ), through each
+    stage with a backward pass that runs here, and (with_control) through the negative control
+    (control(): a backward wrong in dQ, which must come out outside the spread). Then, where
+    `timed` (a few steps of a larger model, TIMED: attention a larger share of the step), those
+    steps once each, for the step's time. Records data/training.csv as each training ends (a row
+    per implementation, seed, run and step; a configuration's old rows on this GPU go at its
+    first); returns (rows, tables.training_match of the loss comparison)."""
     import pandas as pd
 
     from .env import environment
@@ -418,26 +454,35 @@ def training_comparison(stages=None, runs=3, log=print, record=True, timed=TIMED
 
     env = environment()
     impls = [(b, "sdpa", b) for b in SDPA_TRAINED]
-    for st in (stages or [s for s in _all_stages() if s.has_backward]):
+    for st in (stages if stages is not None else [s for s in _all_stages() if s.has_backward]):
         st = _stage(st)
         why = st.unavailable()
         if why:
             log(f"{st.slug}: not trained here: {why}")
             continue
         impls.append((st.slug, register(st.slug), None))
-    todo = [(impl, run, name, backend, kw) for run in range(runs) for impl, name, backend in impls]
+    if with_control:
+        name = control()
+        impls.append((name, name, None))
+    first = kw.pop("seed", TRAIN["seed"])
+    todo = [(impl, seed, run, name, backend, kw) for seed in range(first, first + seeds)
+            for run in range(runs) for impl, name, backend in impls]
     if timed:
-        todo += [(impl, 0, name, backend, {**kw, **timed}) for impl, name, backend in impls]
-    rows = []
-    for impl, run, name, backend, args in todo:
-        out = train(name, backend=backend, **args)
-        cfg = {**TRAIN, **{k: v for k, v in args.items() if k in TRAIN}}
-        log(f"{impl:16} run {run} (seq {cfg['seq']}, {cfg['steps']} steps): final loss "
-            f"{out['loss'][-1]:.4f}, step {out['step_ms']:.2f} ms")
-        rows += [dict(impl=impl, run=run, step=i, loss=l, step_ms=out["step_ms"],
-                      tokens_per_s=out["tokens_per_s"], dtype=args.get("dtype", "bf16"), **cfg,
-                      **env) for i, l in enumerate(out["loss"])]
-    df = pd.DataFrame(rows)
-    if record and len(df):
-        TRAINING.upsert(df)
+        todo += [(impl, first, 0, name, backend, {**kw, **timed}) for impl, name, backend in impls]
+    frames, cleared = [], set()
+    for impl, seed, run, name, backend, args in todo:
+        out = train(name, backend=backend, seed=seed, **args)
+        cfg = {**TRAIN, **{k: v for k, v in args.items() if k in TRAIN}, "seed": seed}
+        log(f"{impl:16} seed {seed} run {run} (seq {cfg['seq']}, {cfg['steps']} steps): final "
+            f"loss {out['loss'][-1]:.4f}, step {out['step_ms']:.2f} ms")
+        df = pd.DataFrame([dict(impl=impl, run=run, step=i, loss=l, step_ms=out["step_ms"],
+                                tokens_per_s=out["tokens_per_s"], dtype=args.get("dtype", "bf16"),
+                                **cfg, **env) for i, l in enumerate(out["loss"])])
+        frames.append(df)
+        if record:  # as each ends: a run killed keeps what it trained
+            config = tuple((k, cfg[k]) for k in ("steps", "batch", "seq", "n_layer", "n_embd"))
+            old = None if config in cleared else {"gpu": env["gpu"], **dict(config)}
+            cleared.add(config)
+            TRAINING.upsert(df, replace=old)
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return df, training_match(df)

@@ -763,43 +763,57 @@ def model_forward(rows=None, gpu=None):
     return fig
 
 
+_SDPA_GREYS = {"sdpa_flash": "#555555", "sdpa_cudnn": "#bbbbbb", "sdpa_efficient": "#888888"}
+
+
+def _training_style(impl):
+    if impl in _stage_colors():
+        return dict(color=_color_of(impl), lw=1.3)
+    if impl == tables.CONTROL:
+        return dict(color="#d62728", lw=1.0, ls=":")
+    return dict(color=_SDPA_GREYS.get(impl, "0.5"), lw=1.0)
+
+
 def training(rows=None, gpu=None, window=20):
     """A byte-level GPT-2 trained through each attention (data/training.csv, one GPU): the loss
-    per step smoothed over `window` steps, each implementation and run a line, SDPA's runs
-    (every fused backend) shaded as the band a stage's curve is judged within (tables.training_match);
-    beside it a step's median time at each recorded model size."""
+    per step smoothed over `window` steps from the first seed, each implementation a line; each
+    implementation's gap to SDPA's curves at every seed (tables.training_gaps: a dot a seed, a
+    bar at the median, the verdict's distance) against SDPA's largest gap with itself (the
+    dashed line, tables.training_match's noise); beside it a step's median time at each
+    recorded model size."""
     rows = tables.TRAINING.load() if rows is None else rows
     curves = tables.training_rows(rows, gpu)
     if curves.empty:
         raise tables.NotRecorded("no training recorded yet: run `python tools/train_compare.py` "
                                  "on a GPU")
     gpu = curves["gpu"].iloc[0]
-    fig, (ax, dx, bx) = _axes((15, 4.2), 1, 3, gridspec_kw={"width_ratios": [1.5, 1.5, 1]})
-    lines = [(impl, run, x, y)
-             for (impl, run), (x, y) in tables.training_curves(curves, window).items()]
-    sdpa = np.array([y for impl, _, _, y in lines if impl in tables.SDPA_TRAINED])
-    mean = sdpa.mean(axis=0) if len(sdpa) else 0.0
-    for impl, run, x, y in lines:
-        ours = impl in _stage_colors()
-        style = dict(color=_color_of(impl) if ours else {"sdpa_flash": "#555555",
-                                                         "sdpa_cudnn": "#bbbbbb",
-                                                         "sdpa_efficient": "#888888"}.get(impl, "0.5"),
-                     lw=1.3 if ours else 1.0, ls="-" if run == 0 else "--")
-        ax.plot(x, y, label=impl if run == 0 else None, **style)
-        dx.plot(x, y - mean, **style)
-    if len(sdpa):
-        dx.fill_between(np.arange(sdpa.shape[1]), sdpa.min(axis=0) - mean,
-                        sdpa.max(axis=0) - mean, color="#999999", alpha=0.3, lw=0,
-                        label="SDPA's own runs (its fused backends)")
+    seed = int(curves["seed"].iloc[0])
+    fig, (ax, dx, bx) = _axes((15, 4.2), 1, 3, gridspec_kw={"width_ratios": [1.4, 1.4, 1]})
+    for (impl, s, run), (x, y) in tables.training_curves(curves, window).items():
+        if s == seed:
+            ax.plot(x, y, label=impl if run == 0 else None, **_training_style(impl),
+                    **({"ls": "--"} if run else {}))
     ax.set_xlabel("step")
-    ax.set_ylabel(f"loss (mean of {window} steps)")
+    ax.set_ylabel(f"loss (mean of {window} steps), seed {seed}")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    dx.axhline(0, color="0.3", lw=0.6)
-    dx.set_xlabel("step")
-    dx.set_ylabel("minus SDPA's mean curve")
-    dx.legend(fontsize=8, loc="lower left")
-    dx.grid(alpha=0.3)
+    gaps = tables.training_gaps(curves, window=window)
+    match = tables.training_match(curves, window=window)
+    order = [tables.SELF, *match["impl"]]
+    for i, impl in enumerate(order):
+        g = gaps[gaps["impl"] == impl]
+        style = _training_style(impl) if impl != tables.SELF else dict(color="0.3")
+        dx.scatter(g["gap"], [i] * len(g), s=14, color=style["color"], alpha=0.7, zorder=3)
+        if impl != tables.SELF and len(g):
+            dx.plot([g["gap"].median()] * 2, [i - 0.3, i + 0.3], color=style["color"], lw=2.5)
+    if len(match):
+        dx.axvline(match["noise"].iloc[0], color="0.3", ls="--", lw=1,
+                   label="SDPA's largest gap with itself")
+        dx.legend(fontsize=8, loc="lower right")
+    dx.set_yticks(range(len(order)), order, fontsize=8)
+    dx.invert_yaxis()
+    dx.set_xlabel("largest gap to SDPA's curves of the seed (a dot a seed, bar: median)")
+    dx.grid(alpha=0.3, axis="x")
     times = tables.training_step_times(rows, gpu)
     times.plot.barh(ax=bx, color=["#9ecae1", "#3182bd", "#08519c"][:len(times.columns)])
     for cont in bx.containers:
@@ -810,8 +824,8 @@ def training(rows=None, gpu=None, window=20):
     bx.invert_yaxis()
     r0 = curves.iloc[0]
     fig.suptitle(f"A byte-level GPT-2 ({r0.n_layer} layers, d = {r0.n_embd}, {r0.n_head} heads, "
-                 f"seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) trained from one seed, "
-                 f"{curves.groupby('impl')['run'].nunique().max()} runs each — {gpu}", fontsize=10)
+                 f"seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) trained from "
+                 f"{curves['seed'].nunique()} seeds — {gpu}", fontsize=10)
     fig.tight_layout()
     return fig
 

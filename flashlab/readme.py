@@ -256,30 +256,36 @@ def lse_table(df=None, by=BY) -> str:
 
 def training_table(rows=None, by=BY) -> str:
     """The recorded training (data/training.csv, tables.training_match and training_step_times):
-    for each implementation its runs, its farthest smoothed-loss distance from any of SDPA's
-    curves against SDPA's own spread, and a step's median time at each model size; Markdown."""
+    for each implementation its seeds and runs, its median gap to SDPA's curves of the same seed
+    against SDPA's own largest gap, its mean shift from SDPA's curves, and a step's median time
+    at each model size; Markdown."""
     rows = tables.TRAINING.load() if rows is None else rows
     match = tables.training_match(rows)
     if match.empty:
         return "_Not measured yet: python tools/train_compare.py_"
     times = tables.training_step_times(rows)
     sizes = list(times.columns)
-    lines = ["| | runs | farthest from SDPA | within SDPA's spread | "
+    lines = ["| | seeds × runs | gap to SDPA (median) | within SDPA's spread | shift | "
              + " | ".join(f"step, {s} (ms)" for s in sizes) + " |",
-             "|---|---:|---:|:---:|" + "---:|" * len(sizes)]
+             "|---|---:|---:|:---:|---:|" + "---:|" * len(sizes)]
     for r in match.itertuples():
         step = [_fmt(times.at[r.impl, s] if r.impl in times.index else float("nan"), ".1f")
                 for s in sizes]
-        lines.append(f"| {r.impl} | {r.runs} | {r.distance:.2e} | {'yes' if r.within else '**no**'} | "
-                     + " | ".join(step) + " |")
+        lines.append(f"| {r.impl} | {r.seeds} × {r.runs // max(r.seeds, 1)} | {r.distance:.2e} | "
+                     f"{'yes' if r.within else '**no**'} | {r.shift:+.1e} | " + " | ".join(step) + " |")
     rows = tables.training_rows(rows)
     r0 = rows.iloc[0]
     commits = _commits(rows["commit"])
     lines += ["", f"Loss smoothed over 20 steps, {r0.steps} steps of a {r0.n_layer}-layer GPT-2 "
-              f"(d = {r0.n_embd}, seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) from one seed; SDPA's "
-              f"spread is the farthest two of its own curves lie apart ({match['noise'].iloc[0]:.2e}: "
-              f"{', '.join(tables.SDPA_TRAINED)}, every run). Measured on **{r0.gpu}** "
-              f"(commit {commits}). Generated from `data/training.csv` by `{by}`."]
+              f"(d = {r0.n_embd}, seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) from "
+              f"{rows['seed'].nunique()} seeds. An implementation's gap at a seed is the largest "
+              f"difference between its curve and one of SDPA's from that seed; it lies within "
+              f"SDPA's spread when the median over seeds is at most the largest gap between two of "
+              f"SDPA's own curves of one seed ({match['noise'].iloc[0]:.2e}: "
+              f"{', '.join(tables.SDPA_TRAINED)}). Shift: its curve minus SDPA's, the mean over "
+              f"steps and seeds. {tables.CONTROL} is SDPA's flash backend with dQ scaled by "
+              f"{tables.CONTROL_DQ}: a wrong backward, the check's negative control. Measured on "
+              f"**{r0.gpu}** (commit {commits}). Generated from `data/training.csv` by `{by}`."]
     return "\n".join(lines)
 
 

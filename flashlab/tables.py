@@ -27,6 +27,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from filelock import FileLock
 
@@ -472,7 +473,12 @@ def lse_cost(slugs, df=None) -> pd.DataFrame:
 # each other, are the spread a stage's curve is judged within (the math backend, which writes the
 # whole score matrix in the inputs' dtype, is no kernel a model trains on)
 SDPA_TRAINED = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
-_TRAIN_CONFIG = ["dtype", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "lr", "seed"]
+# The comparison's negative control: SDPA's flash backend with dQ scaled by CONTROL_DQ, a backward
+# that is wrong by as much as a dropped key block in ten would make it (flashlab.model.control):
+# a verdict that calls it within SDPA's spread could not fail.
+CONTROL, CONTROL_DQ = "wrong_dq90", 0.9
+# What makes one loss comparison (every seed of it, every implementation): its rows alone are judged
+_TRAIN_CONFIG = ["dtype", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "lr"]
 
 
 def smoothed_loss(losses, window=20) -> pd.Series:
@@ -483,8 +489,8 @@ def smoothed_loss(losses, window=20) -> pd.Series:
 
 def training_rows(rows=None, gpu=None) -> pd.DataFrame:
     """The recorded training (data/training.csv) of one GPU (default: the last that recorded) and
-    one model and run length: the one with the most steps, the loss comparison (shorter runs at
-    other sizes time a step). Empty while none is recorded."""
+    one model and run length, every seed: the one with the most steps, the loss comparison
+    (shorter runs at other sizes time a step). Empty while none is recorded."""
     rows = TRAINING.load() if rows is None else rows
     if rows.empty:
         return rows
@@ -495,42 +501,81 @@ def training_rows(rows=None, gpu=None) -> pd.DataFrame:
 
 
 def training_curves(rows, window=20) -> dict:
-    """{(impl, run): (steps, loss smoothed over `window` steps)} of training rows (one
+    """{(impl, seed, run): (steps, loss smoothed over `window` steps)} of training rows (one
     comparison's: training_rows), as numpy arrays, in the order recorded."""
     out = {}
-    for key, r in rows.groupby(["impl", "run"], sort=False):
+    for key, r in rows.groupby(["impl", "seed", "run"], sort=False):
         r = r.sort_values("step")
         out[key] = (r["step"].to_numpy(), smoothed_loss(r["loss"], window).to_numpy())
     return out
 
 
-def training_match(rows=None, gpu=None, window=20) -> pd.DataFrame:
-    """How far each implementation's loss curves lie from SDPA's (training_rows), on the losses
-    smoothed over `window` steps. distance: the largest difference between one of its runs and
-    any of SDPA's curves (every backend of SDPA_TRAINED, every run; an SDPA curve is not set
-    against itself);
-    noise: the largest difference between two of SDPA's curves, the spread SDPA has against
-    itself; within: distance <= noise. Beside them its runs, mean final loss and median step time.
-    One row per implementation, in the order recorded; empty while none is recorded."""
+# training_gaps' row of SDPA's own pairs
+SELF = "SDPA against itself"
+
+
+def training_gaps(rows=None, gpu=None, window=20) -> pd.DataFrame:
+    """Each implementation's gap to SDPA at each seed (training_rows): the largest difference
+    between its smoothed curve and one of SDPA's curves from the same seed (every backend of
+    SDPA_TRAINED, every run; a curve is not set against itself), the mean over such pairs; and
+    `shift`, its curve's mean over the steps minus SDPA's (the mean of SDPA's curves). SDPA's
+    pairs give rows of impl "SDPA against itself" (gap: the largest of them; shift 0).
+    Columns impl, seed, gap, shift; in the order recorded."""
     rows = training_rows(rows, gpu)
-    cols = ["impl", "runs", "distance", "noise", "within", "final_loss", "step_ms"]
+    cols = ["impl", "seed", "gap", "shift"]
     if rows.empty:
         return pd.DataFrame(columns=cols)
     curves = {key: loss for key, (_, loss) in training_curves(rows, window).items()}
-    sdpa = [key for key in curves if key[0] in SDPA_TRAINED]
-
-    def apart(a, b):
-        return float(abs(curves[a] - curves[b]).max())
-
-    noise = max((apart(a, b) for i, a in enumerate(sdpa) for b in sdpa[i + 1:]), default=float("nan"))
     out = []
-    for impl in dict.fromkeys(k[0] for k in curves):
-        mine = [k for k in curves if k[0] == impl]
-        dist = max((apart(a, b) for a in mine for b in sdpa if b != a), default=float("nan"))
+    for seed in dict.fromkeys(k[1] for k in curves):
+        here = [k for k in curves if k[1] == seed]
+        sdpa = [k for k in here if k[0] in SDPA_TRAINED]
+        if not sdpa:
+            continue
+        mean = np.mean([curves[k] for k in sdpa], axis=0)
+
+        def apart(a, b):
+            return float(abs(curves[a] - curves[b]).max())
+
+        own = [apart(a, b) for i, a in enumerate(sdpa) for b in sdpa[i + 1:]]
+        if own:
+            out.append(dict(impl=SELF, seed=seed, gap=max(own), shift=0.0))
+        for impl in dict.fromkeys(k[0] for k in here):
+            mine = [k for k in here if k[0] == impl]
+            gaps = [apart(a, b) for a in mine for b in sdpa if b != a]
+            if gaps:
+                out.append(dict(impl=impl, seed=seed, gap=float(np.mean(gaps)),
+                                shift=float(np.mean([curves[k] - mean for k in mine]))))
+    return pd.DataFrame(out, columns=cols)
+
+
+
+def training_match(rows=None, gpu=None, window=20) -> pd.DataFrame:
+    """How far each implementation's loss curves lie from SDPA's, over every seed of the
+    comparison (training_gaps): distance, the median over seeds of its gap to SDPA's curves of
+    the same seed; noise, the largest gap between two of SDPA's own curves of one seed, over every
+    seed (SDPA's backends round differently, and training amplifies it); within: distance <=
+    noise, a verdict a few large gaps of single batches do not move. shift: the mean over seeds
+    of its curve minus SDPA's (a bias, where it is of one sign seed after seed; shift_max the
+    largest of them in size). Beside them its seeds, runs, mean final loss and median step time.
+    One row per implementation, in the order recorded; empty while none is recorded."""
+    rows = training_rows(rows, gpu)
+    cols = ["impl", "seeds", "runs", "distance", "noise", "within", "shift", "shift_max",
+            "final_loss", "step_ms"]
+    gaps = training_gaps(rows, window=window)
+    if gaps.empty:
+        return pd.DataFrame(columns=cols)
+    own = gaps[gaps["impl"] == SELF]
+    noise = float(own["gap"].max()) if len(own) else float("nan")
+    out = []
+    for impl, g in gaps[gaps["impl"] != SELF].groupby("impl", sort=False):
         r = rows[rows["impl"] == impl]
-        out.append(dict(impl=impl, runs=len(mine), distance=dist, noise=noise, within=dist <= noise,
-                        final_loss=float(r.sort_values("step").groupby("run")["loss"].last().mean()),
-                        step_ms=float(r.groupby("run")["step_ms"].first().median())))
+        dist = float(g["gap"].median())
+        last = r.sort_values("step").groupby(["seed", "run"])["loss"].last()
+        out.append(dict(impl=impl, seeds=len(g), runs=len(last), distance=dist, noise=noise,
+                        within=bool(dist <= noise), shift=float(g["shift"].mean()),
+                        shift_max=float(g["shift"].abs().max()), final_loss=float(last.mean()),
+                        step_ms=float(r.groupby(["seed", "run"])["step_ms"].first().median())))
     return pd.DataFrame(out, columns=cols)
 
 

@@ -199,35 +199,58 @@ def test_the_training_corpus_is_shipped_text_in_seeded_windows():
 
 
 def _training_rows(curves, steps=50, seq=256, ms=10.0):
-    """Rows of data/training.csv: curves {(impl, run): offset of its loss from a common line}."""
-    return [dict(impl=impl, run=run, step=i, loss=5.0 - 0.01 * i + off, step_ms=ms + run,
-                 tokens_per_s=1.0, dtype="bf16", steps=steps, batch=16, seq=seq, n_layer=4,
-                 n_head=4, n_embd=256, lr=1e-3, seed=0, gpu="G", time="t")
-            for (impl, run), off in curves.items() for i in range(steps)]
+    """Rows of data/training.csv: curves {(impl, run) or (impl, seed, run): offset of its loss
+    from a common line}."""
+    rows = []
+    for key, off in curves.items():
+        impl, seed, run = key if len(key) == 3 else (key[0], 0, key[1])
+        rows += [dict(impl=impl, run=run, step=i, loss=5.0 - 0.01 * i + off, step_ms=ms + run,
+                      tokens_per_s=1.0, dtype="bf16", steps=steps, batch=16, seq=seq, n_layer=4,
+                      n_head=4, n_embd=256, lr=1e-3, seed=seed, gpu="G", time="t")
+                 for i in range(steps)]
+    return rows
 
 
-def test_a_stage_is_judged_within_the_spread_of_sdpas_own_runs():
-    """distance: farthest from any SDPA curve; noise: SDPA's curves farthest from each other
-    (both backends); a longer run length is the loss comparison, a shorter one times a step."""
+# Three seeds: SDPA's three backends a little apart at each (its largest gap 0.003, at seed 2), a
+# stage close to them but for one seed's burst, and the control 0.01 above at every seed.
+SEEDED = {**{("sdpa_flash", s, 0): 0.0 for s in range(3)},
+          ("sdpa_cudnn", 0, 0): 0.002, ("sdpa_cudnn", 1, 0): 0.001, ("sdpa_cudnn", 2, 0): -0.002,
+          **{("sdpa_efficient", s, 0): 0.001 for s in range(3)},
+          ("14_backward", 0, 0): 0.001, ("14_backward", 1, 0): 0.0, ("14_backward", 2, 0): 0.02,
+          **{("wrong_dq90", s, 0): 0.01 for s in range(3)}}
+
+
+def test_a_stage_is_judged_within_the_spread_of_sdpas_own_curves_over_seeds():
+    """gap at a seed: the mean of its largest differences from SDPA's curves of that seed;
+    distance: the median over seeds; noise: SDPA's largest gap with itself at any seed. One
+    seed's burst does not move the verdict; a backward wrong at every seed (the control) is
+    outside. A longer run length is the loss comparison, a shorter one times a step."""
     import pandas as pd
 
     from flashlab import tables
-    rows = pd.DataFrame(_training_rows({("sdpa_flash", 0): 0.0, ("sdpa_flash", 1): 0.002,
-                                        ("sdpa_cudnn", 0): -0.001, ("14_backward", 0): 0.001,
-                                        ("15_backward_mma", 0): 0.0035})
+    rows = pd.DataFrame(_training_rows(SEEDED)
                         + _training_rows({("sdpa_flash", 0): 9.0, ("14_backward", 0): 9.0},
                                          steps=5, seq=4096, ms=40.0))
+    gaps = tables.training_gaps(rows)
+    own = gaps[gaps["impl"] == tables.SELF].set_index("seed")["gap"]
+    assert own.tolist() == pytest.approx([0.002, 0.001, 0.003])
+    mine = gaps[gaps["impl"] == "14_backward"].set_index("seed")["gap"]
+    assert mine.tolist() == pytest.approx([0.002 / 3, 0.002 / 3, 0.061 / 3])
     m = tables.training_match(rows).set_index("impl")
-    assert list(m.index) == ["sdpa_flash", "sdpa_cudnn", "14_backward", "15_backward_mma"]
-    assert m["noise"].iloc[0] == pytest.approx(0.003)  # flash run 1 against cuDNN
-    assert m.loc["14_backward", "distance"] == pytest.approx(0.002)  # against cuDNN
-    assert m.loc["14_backward", "within"] and not m.loc["15_backward_mma", "within"]
-    assert m.loc["15_backward_mma", "distance"] == pytest.approx(0.0045)
-    assert m.loc["sdpa_flash", "runs"] == 2 and m.loc["sdpa_flash", "step_ms"] == 10.5
+    assert list(m.index) == ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "14_backward",
+                             "wrong_dq90"]
+    assert m["noise"].tolist() == pytest.approx([0.003] * 5)
+    assert m.loc["14_backward", "distance"] == pytest.approx(0.002 / 3)
+    assert m.loc["14_backward", "within"] and not m.loc["wrong_dq90", "within"]
+    assert m.loc["wrong_dq90", "distance"] == pytest.approx(0.028 / 3)
+    assert m.loc["wrong_dq90", "shift"] == pytest.approx(0.01 - 0.004 / 9)
+    assert m.loc["14_backward", "shift_max"] == pytest.approx(0.02 + 0.001 / 3)
+    assert m.loc["sdpa_flash", "seeds"] == 3 and m.loc["sdpa_flash", "runs"] == 3
+    assert m["within"][list(tables.SDPA_TRAINED)].all()
     assert tables.training_rows(rows)["seq"].unique().tolist() == [256]
     t = tables.training_step_times(rows)
     assert t.loc["14_backward", "seq 4096, d 256, 4 layers, batch 16"] == 40.0
-    assert t.loc["sdpa_flash", "seq 256, d 256, 4 layers, batch 16"] == 10.5
+    assert t.loc["sdpa_flash", "seq 256, d 256, 4 layers, batch 16"] == 10.0
     assert tables.training_match(rows.iloc[:0]).empty
 
 
@@ -242,11 +265,12 @@ def test_the_training_figure_draws_recorded_curves(empty_data_dir, tmp_path):
     from flashlab import plots, tables
     with pytest.raises(tables.NotRecorded, match="train_compare"):
         plots.training()
-    rows = _training_rows({("sdpa_flash", 0): 0.0, ("sdpa_flash", 1): 0.001, ("14_backward", 0): 0.0})
-    tables.TRAINING.upsert(pd.DataFrame(rows))
+    tables.TRAINING.upsert(pd.DataFrame(_training_rows(SEEDED)))
     fig = plots.training()
-    assert "G" in fig._suptitle.get_text()
-    assert len(fig.axes[0].lines) == 3
+    assert "G" in fig._suptitle.get_text() and "3 seeds" in fig._suptitle.get_text()
+    assert len(fig.axes[0].lines) == 5  # the first seed's curves
+    ticks = [t.get_text() for t in fig.axes[1].get_yticklabels()]
+    assert ticks[0] == tables.SELF and "wrong_dq90" in ticks
     assert plots.save_training(outdir=tmp_path).exists()
 
 
@@ -256,9 +280,60 @@ def test_the_readme_training_table_on_synthetic_rows(empty_data_dir):
     from flashlab import readme, tables
     assert "Not measured yet" in readme.training_table()
     tables.TRAINING.upsert(pd.DataFrame(
-        _training_rows({("sdpa_flash", 0): 0.0, ("sdpa_cudnn", 0): 0.002, ("15_backward_mma", 0): 0.004})
-        + _training_rows({("sdpa_flash", 0): 0.0}, steps=5, seq=4096, ms=40.0)))
+        _training_rows(SEEDED) + _training_rows({("sdpa_flash", 0): 0.0}, steps=5, seq=4096, ms=40.0)))
     table = readme.training_table()
-    assert "| 15_backward_mma | 1 | 4.00e-03 | **no** | 10.0 | – |" in table, table
-    assert "| sdpa_flash | 1 | 2.00e-03 | yes | 10.0 | 40.0 |" in table, table
-    assert "(2.00e-03:" in table and "**G**" in table
+    assert "| wrong_dq90 | 3 × 1 | 9.33e-03 | **no** | +9.6e-03 | 10.0 | – |" in table, table
+    assert "| 14_backward | 3 × 1 | 6.67e-04 | yes | +6.6e-03 | 10.0 | – |" in table, table
+    assert "| sdpa_flash | 3 × 1 |" in table and "| 10.0 | 40.0 |" in table, table
+    assert "(3.00e-03:" in table and "**G**" in table and "from 3 seeds" in table
+
+
+def test_the_comparison_records_each_training_as_it_ends(empty_data_dir, monkeypatch):
+    """Every seed of every implementation, the control among them, recorded as each training
+    ends (a run killed keeps what it trained); the configuration's old rows on this GPU go at its
+    first write, other configurations' stay."""
+    import pandas as pd
+
+    from flashlab import tables
+    from flashlab.env import environment
+    gpu = environment()["gpu"]
+    old = pd.DataFrame(_training_rows({("sdpa_flash", 7, 2): 0.0}, steps=4, seq=512)
+                       + _training_rows({("sdpa_flash", 0, 0): 0.0}, steps=4, seq=64)).assign(gpu=gpu)
+    tables.TRAINING.upsert(old)
+    seen = []
+
+    def train(name, backend=None, seed=0, **kw):
+        seen.append((name, backend, seed, len(tables.TRAINING.load())))
+        return {"loss": [1.0 + seed] * kw["steps"], "step_ms": 1.0, "tokens_per_s": 1.0}
+
+    monkeypatch.setattr(model, "train", train)
+    df, match = model.training_comparison(stages=[], seeds=2, steps=4, batch=16, n_layer=4,
+                                          n_embd=256, timed=None, log=lambda *a: None)
+    names = [s[0] for s in seen]
+    assert names == ["sdpa", "sdpa", "sdpa", tables.CONTROL] * 2
+    assert [s[2] for s in seen] == [0] * 4 + [1] * 4
+    assert [s[3] for s in seen] == [8] + [4 + 4 * i for i in range(1, 8)]  # seq 64 stays, 512 goes
+    rec = tables.TRAINING.load()
+    assert set(rec[rec["seq"] == 512]["seed"]) == {0, 1} and len(rec) == 4 * 8 + 4
+    assert list(match["impl"]) == [*tables.SDPA_TRAINED, tables.CONTROL]
+
+
+@pytest.mark.gpu
+def test_the_control_is_sdpa_with_dq_scaled():
+    """The negative control: SDPA's output, its dK and dV, and dQ times CONTROL_DQ."""
+    from flashlab import tables
+    name = model.control()
+    attn = model.register.adapters[name]
+    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    out = attn(q, k, v, is_causal=True)
+    out.float().square().sum().backward()
+    mine = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref.float().square().sum().backward()
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(mine[0], (q.grad.float() * tables.CONTROL_DQ).to(q.dtype))
+    torch.testing.assert_close(mine[1], k.grad)
+    torch.testing.assert_close(mine[2], v.grad)

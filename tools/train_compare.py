@@ -1,9 +1,10 @@
-"""Train a byte-level GPT-2 through every stage with a backward pass and through SDPA's flash,
-cuDNN and memory-efficient backends, from one seed, several runs of each
-(flashlab.model.training_comparison: SDPA's runs against each other are the spread a stage's
-curve is judged within), then time a few steps of a larger model where attention is a larger
-share of a step (model.TIMED); records data/training.csv and draws data/figures/training.png.
-Usage (on a GPU): python tools/train_compare.py [STEPS [RUNS]]"""
+"""Train a byte-level GPT-2 through every stage with a backward pass, through SDPA's flash,
+cuDNN and memory-efficient backends and through the negative control (a backward wrong in dQ),
+from each of several seeds (flashlab.model.training_comparison: SDPA's curves of a seed against
+each other are the spread a stage's curve of that seed is judged within, the median over seeds
+the verdict), then time a few steps of a larger model where attention is a larger share of a
+step (model.TIMED); records data/training.csv and draws data/figures/training.png.
+Usage (on a GPU): python tools/train_compare.py [STEPS [SEEDS [RUNS]]]"""
 import sys
 
 import pandas as pd
@@ -12,9 +13,10 @@ import torch
 from flashlab import model, plots, tables
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else model.TRAIN["steps"]
-runs = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+seeds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+runs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  CUDA {torch.version.cuda}")
-df, match = model.training_comparison(steps=steps, runs=runs)
+df, match = model.training_comparison(steps=steps, seeds=seeds, runs=runs)
 with pd.option_context("display.width", 200, "display.float_format", "{:.6g}".format):
     print(match.to_string(index=False))
     print(tables.training_step_times(df).to_string())
