@@ -403,34 +403,45 @@ def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=
 TIMED = dict(steps=30, batch=2, seq=4096, n_layer=4, n_head=8, n_embd=512)
 
 
-class _ScaleGrad(torch.autograd.Function):
-    """x unchanged going forward; its gradient times `factor` coming back."""
+class _NoDelta(torch.autograd.Function):
+    """Attention whose backward forgets Δ: dS = P ∘ dP where FlashAttention's is P ∘ (dP − Δ),
+    Δ = rowsum(dO ∘ O). The output is SDPA's; dV is right; dQ and dK are wrong by
+    scale · (P ∘ Δ) K and scale · (P ∘ Δ)ᵀ Q. The backward recomputes P in fp32 (the math, no
+    kernel): the training comparison's negative control (tables.CONTROL)."""
 
     @staticmethod
-    def forward(ctx, x, factor):
-        ctx.factor = factor
-        return x.view_as(x)
+    def forward(ctx, q, k, v, causal, scale):
+        import torch.nn.functional as F
+        ctx.save_for_backward(q, k, v)
+        ctx.causal, ctx.scale = causal, scale
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
 
     @staticmethod
-    def backward(ctx, grad):
-        return grad * ctx.factor, None
+    def backward(ctx, do):
+        q, k, v = ctx.saved_tensors
+        scale = ctx.scale if ctx.scale is not None else q.shape[-1] ** -0.5
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        qf, kf, vf, dof = (t.to(work) for t in (q, k, v, do))
+        s = qf @ kf.transpose(-1, -2) * scale
+        if ctx.causal:
+            n = s.shape[-1]
+            s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=s.device).triu(1),
+                              float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        ds = p * (dof @ vf.transpose(-1, -2))  # the error: - Δ left out
+        return ((ds @ kf * scale).to(q.dtype), (ds.transpose(-1, -2) @ qf * scale).to(k.dtype),
+                (p.transpose(-1, -2) @ dof).to(v.dtype), None, None)
 
 
-def control(factor=None):
-    """The training comparison's negative control (tables.CONTROL): SDPA's flash backend, whose
-    backward returns dQ times `factor` (tables.CONTROL_DQ), registered as an attention
-    implementation; returns its name. A wrong backward the comparison must find."""
-    import torch.nn.functional as F
-    from torch.nn.attention import sdpa_kernel
-
-    from .baselines import SDPA_BACKENDS
-    from .tables import CONTROL, CONTROL_DQ
-    factor = CONTROL_DQ if factor is None else factor
+def control():
+    """The training comparison's negative control (tables.CONTROL): attention whose backward
+    leaves Δ out of dS (_NoDelta), registered as an attention implementation; returns its name.
+    A wrong backward the comparison must find. (A dQ only scaled, every gradient of W_q by one
+    factor, would not do: AdamW divides each parameter's step by its gradient's own size.)"""
+    from .tables import CONTROL
 
     def attention(q, k, v, causal=False, scale=None):
-        with sdpa_kernel(SDPA_BACKENDS["sdpa_flash"]):
-            return F.scaled_dot_product_attention(_ScaleGrad.apply(q, factor), k, v,
-                                                  is_causal=causal, scale=scale)
+        return _NoDelta.apply(q, k, v, causal, scale)
 
     return register(SDPA(attention, name=CONTROL), name=CONTROL)
 

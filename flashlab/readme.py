@@ -283,8 +283,8 @@ def training_table(rows=None, by=BY) -> str:
               f"SDPA's spread when the median over seeds is at most the largest gap between two of "
               f"SDPA's own curves of one seed ({match['noise'].iloc[0]:.2e}: "
               f"{', '.join(tables.SDPA_TRAINED)}). Shift: its curve minus SDPA's, the mean over "
-              f"steps and seeds. {tables.CONTROL} is SDPA's flash backend with dQ scaled by "
-              f"{tables.CONTROL_DQ}: a wrong backward, the check's negative control. Measured on "
+              f"steps and seeds. {tables.CONTROL} is SDPA's forward with a backward that leaves Δ "
+              f"out of dS: a wrong backward, the check's negative control. Measured on "
               f"**{r0.gpu}** (commit {commits}). Generated from `data/training.csv` by `{by}`."]
     return "\n".join(lines)
 

@@ -473,10 +473,10 @@ def lse_cost(slugs, df=None) -> pd.DataFrame:
 # each other, are the spread a stage's curve is judged within (the math backend, which writes the
 # whole score matrix in the inputs' dtype, is no kernel a model trains on)
 SDPA_TRAINED = ("sdpa_flash", "sdpa_cudnn", "sdpa_efficient")
-# The comparison's negative control: SDPA's flash backend with dQ scaled by CONTROL_DQ, a backward
-# that is wrong by as much as a dropped key block in ten would make it (flashlab.model.control):
-# a verdict that calls it within SDPA's spread could not fail.
-CONTROL, CONTROL_DQ = "wrong_dq90", 0.9
+# The comparison's negative control: SDPA's output, a backward that leaves Δ out of dS (dS = P∘dP),
+# the classic slip of a first backward (flashlab.model.control): a verdict that calls it within
+# SDPA's spread could not fail.
+CONTROL = "wrong_no_delta"
 # What makes one loss comparison (every seed of it, every implementation): its rows alone are judged
 _TRAIN_CONFIG = ["dtype", "steps", "batch", "seq", "n_layer", "n_head", "n_embd", "lr"]
 

@@ -217,7 +217,7 @@ SEEDED = {**{("sdpa_flash", s, 0): 0.0 for s in range(3)},
           ("sdpa_cudnn", 0, 0): 0.002, ("sdpa_cudnn", 1, 0): 0.001, ("sdpa_cudnn", 2, 0): -0.002,
           **{("sdpa_efficient", s, 0): 0.001 for s in range(3)},
           ("14_backward", 0, 0): 0.001, ("14_backward", 1, 0): 0.0, ("14_backward", 2, 0): 0.02,
-          **{("wrong_dq90", s, 0): 0.01 for s in range(3)}}
+          **{("wrong_no_delta", s, 0): 0.01 for s in range(3)}}
 
 
 def test_a_stage_is_judged_within_the_spread_of_sdpas_own_curves_over_seeds():
@@ -238,12 +238,12 @@ def test_a_stage_is_judged_within_the_spread_of_sdpas_own_curves_over_seeds():
     assert mine.tolist() == pytest.approx([0.002 / 3, 0.002 / 3, 0.061 / 3])
     m = tables.training_match(rows).set_index("impl")
     assert list(m.index) == ["sdpa_flash", "sdpa_cudnn", "sdpa_efficient", "14_backward",
-                             "wrong_dq90"]
+                             "wrong_no_delta"]
     assert m["noise"].tolist() == pytest.approx([0.003] * 5)
     assert m.loc["14_backward", "distance"] == pytest.approx(0.002 / 3)
-    assert m.loc["14_backward", "within"] and not m.loc["wrong_dq90", "within"]
-    assert m.loc["wrong_dq90", "distance"] == pytest.approx(0.028 / 3)
-    assert m.loc["wrong_dq90", "shift"] == pytest.approx(0.01 - 0.004 / 9)
+    assert m.loc["14_backward", "within"] and not m.loc["wrong_no_delta", "within"]
+    assert m.loc["wrong_no_delta", "distance"] == pytest.approx(0.028 / 3)
+    assert m.loc["wrong_no_delta", "shift"] == pytest.approx(0.01 - 0.004 / 9)
     assert m.loc["14_backward", "shift_max"] == pytest.approx(0.02 + 0.001 / 3)
     assert m.loc["sdpa_flash", "seeds"] == 3 and m.loc["sdpa_flash", "runs"] == 3
     assert m["within"][list(tables.SDPA_TRAINED)].all()
@@ -270,7 +270,7 @@ def test_the_training_figure_draws_recorded_curves(empty_data_dir, tmp_path):
     assert "G" in fig._suptitle.get_text() and "3 seeds" in fig._suptitle.get_text()
     assert len(fig.axes[0].lines) == 5  # the first seed's curves
     ticks = [t.get_text() for t in fig.axes[1].get_yticklabels()]
-    assert ticks[0] == tables.SELF and "wrong_dq90" in ticks
+    assert ticks[0] == tables.SELF and "wrong_no_delta" in ticks
     assert plots.save_training(outdir=tmp_path).exists()
 
 
@@ -282,7 +282,7 @@ def test_the_readme_training_table_on_synthetic_rows(empty_data_dir):
     tables.TRAINING.upsert(pd.DataFrame(
         _training_rows(SEEDED) + _training_rows({("sdpa_flash", 0): 0.0}, steps=5, seq=4096, ms=40.0)))
     table = readme.training_table()
-    assert "| wrong_dq90 | 3 × 1 | 9.33e-03 | **no** | +9.6e-03 | 10.0 | – |" in table, table
+    assert "| wrong_no_delta | 3 × 1 | 9.33e-03 | **no** | +9.6e-03 | 10.0 | – |" in table, table
     assert "| 14_backward | 3 × 1 | 6.67e-04 | yes | +6.6e-03 | 10.0 | – |" in table, table
     assert "| sdpa_flash | 3 × 1 |" in table and "| 10.0 | 40.0 |" in table, table
     assert "(3.00e-03:" in table and "**G**" in table and "from 3 seeds" in table
@@ -318,22 +318,28 @@ def test_the_comparison_records_each_training_as_it_ends(empty_data_dir, monkeyp
     assert list(match["impl"]) == [*tables.SDPA_TRAINED, tables.CONTROL]
 
 
-@pytest.mark.gpu
-def test_the_control_is_sdpa_with_dq_scaled():
-    """The negative control: SDPA's output, its dK and dV, and dQ times CONTROL_DQ."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_control_leaves_delta_out_of_ds(causal):
+    """The negative control: SDPA's output and dV; dQ and dK wrong by exactly the Δ term, in
+    float64 against autograd's own gradients."""
     from flashlab import tables
     name = model.control()
+    assert name == tables.CONTROL
     attn = model.register.adapters[name]
-    q, k, v = (torch.randn(2, 4, 128, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
-    out = attn(q, k, v, is_causal=True)
-    out.float().square().sum().backward()
-    mine = [t.grad.clone() for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-    ref.float().square().sum().backward()
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(2, 3, 33, 16, dtype=torch.float64, generator=gen) for _ in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = attn(q, k, v, is_causal=causal)
+    mine = torch.autograd.grad(out, (q, k, v), do)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    true = torch.autograd.grad(ref, (q, k, v), do)
     torch.testing.assert_close(out, ref)
-    torch.testing.assert_close(mine[0], (q.grad.float() * tables.CONTROL_DQ).to(q.dtype))
-    torch.testing.assert_close(mine[1], k.grad)
-    torch.testing.assert_close(mine[2], v.grad)
+    scale = 16 ** -0.5
+    s = q @ k.transpose(-1, -2) * scale
+    if causal:
+        s = s.masked_fill(torch.ones(33, 33, dtype=torch.bool).triu(1), float("-inf"))
+    pd_ = torch.softmax(s, -1) * (do * ref).sum(-1, keepdim=True)  # P ∘ Δ
+    torch.testing.assert_close(mine[0] - scale * pd_ @ k, true[0])
+    torch.testing.assert_close(mine[1] - scale * pd_.transpose(-1, -2) @ q, true[1])
+    torch.testing.assert_close(mine[2], true[2])
+    assert (mine[0] - true[0]).abs().max() > 1e-2  # a wrong gradient, not a rounding
