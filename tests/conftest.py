@@ -1,5 +1,8 @@
 import importlib.util
+import os
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,7 +31,33 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU (skipped without one)")
 
 
+def _stages_in(value):
+    """The stage slugs a test parameter names: a Stage, a slug, a name of the stage's own
+    ("15a_backward_log", "17.pair_operands", a notebook's path), or these inside a tuple/list."""
+    if isinstance(value, fl.Stage):
+        return {value.slug}
+    if isinstance(value, (str, Path)):
+        name = value.name if isinstance(value, Path) else value
+        own = re.match(r"(\d\d)[a-z]?[_.]", name)
+        return {NUMBERED[own.group(1)]} if own and own.group(1) in NUMBERED else set()
+    if isinstance(value, (tuple, list)):
+        return set().union(*map(_stages_in, value)) if value else set()
+    return set()
+
+
+NUMBERED = {f"{st.number:02d}": st.slug for st in fl.stages()}
+
+
 def pytest_collection_modifyitems(config, items):
+    only = os.environ.get("FLASHLAB_TEST_STAGES")
+    if only:  # a stage's cases only (tests/test_new_stage.py): tests of every stage at once stay
+        keep = {fl.stage(s).slug for s in only.split(",")}
+        gone = [it for it in items if hasattr(it, "callspec")
+                and (_stages_in(list(it.callspec.params.values())) - keep)]
+        if gone:
+            config.hook.pytest_deselected(items=gone)
+            dropped = set(map(id, gone))
+            items[:] = [it for it in items if id(it) not in dropped]
     if HAVE_CUDA:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -97,8 +97,8 @@ def _commit(repo, message):
     subprocess.run([*git, "commit", "-q", "-m", message], cwd=repo, check=True)
 
 
-def _run(repo, tmp_path, *args, timeout=600, data=True):
-    env = dict(os.environ, PYTHONPATH=str(repo), MPLBACKEND="Agg")
+def _run(repo, tmp_path, *args, timeout=600, data=True, **extra):
+    env = dict(os.environ, PYTHONPATH=str(repo), MPLBACKEND="Agg", **extra)
     if data:
         env["FLASHLAB_DATA"] = str(tmp_path / "data")
     else:
@@ -155,7 +155,9 @@ def test_a_new_stage_goes_everywhere(tmp_path):
 @pytest.mark.skipif(not build.nvcc(), reason="recording a stage's SASS needs nvcc")
 def test_a_new_stage_passes_the_whole_cpu_suite(tmp_path):
     """The scaffold, then the commands it prints that need no GPU, then every CPU test of the
-    copy (but this file's, which would add a toy to the toy's copy)."""
+    copy (but this file's, which would add a toy to the toy's copy). Cases parametrized by
+    another stage are left out there (FLASHLAB_TEST_STAGES, tests/conftest.py): their code and
+    kernels are the outer run's, which runs them; tests over every stage at once all run."""
     repo = _with_a_toy_stage(tmp_path)
     for step in scaffold.next_steps(NUM, "toy", stage(FROM)).splitlines():
         command = step.split("#")[0].split()
@@ -170,7 +172,7 @@ def test_a_new_stage_passes_the_whole_cpu_suite(tmp_path):
     _commit(repo, f"stage {NN}: recorded")
     suite = _run(repo, tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                  "-n", "auto", "--maxprocesses=4", "--ignore", "tests/test_new_stage.py",
-                 timeout=3600, data=False)
+                 timeout=3600, data=False, FLASHLAB_TEST_STAGES=NN)
     assert suite.returncode == 0, suite.stdout[-6000:] + suite.stderr[-3000:]
 
 
