@@ -582,7 +582,7 @@ def training_match(rows=None, gpu=None, window=20) -> pd.DataFrame:
 def training_step_times(rows=None, gpu=None) -> pd.DataFrame:
     """A training step's median time (ms) by implementation (rows) and model size (columns, 'seq
     S, d E, L layers'), from data/training.csv on one GPU (default: the last that recorded), the
-    median over runs."""
+    median over seeds and runs."""
     rows = TRAINING.load() if rows is None else rows
     if rows.empty:
         return pd.DataFrame()
@@ -590,7 +590,7 @@ def training_step_times(rows=None, gpu=None) -> pd.DataFrame:
     rows = rows[rows["gpu"] == gpu].copy()
     rows["size"] = [f"seq {r.seq}, d {r.n_embd}, {r.n_layer} layers, batch {r.batch}"
                     for r in rows.itertuples()]
-    first = rows.drop_duplicates(["impl", "run", "size"])
+    first = rows.drop_duplicates(["impl", "seed", "run", "size"])
     table = first.groupby(["impl", "size"], sort=False)["step_ms"].median().unstack("size")
     return table.reindex(list(dict.fromkeys(first["impl"])))
 
