@@ -629,6 +629,95 @@ __device__ __forceinline__ void scores_t(float (&stm)[WK][NQ][4], float (&dptm)[
   }
 }
 
+// The block's (batch, head) and key block: the pointers moved to them; k0, the block's first
+// key; base, the head's first row in the contiguous tensors (dO, the log-sum-exps, Δ, dQ's sum).
+template <typename T, int D, int BC>
+__device__ __forceinline__ void block_origin(const T* __restrict__& Q, const T* __restrict__& K,
+                                             const T* __restrict__& V, const T* __restrict__& dO,
+                                             const float* __restrict__& LSE,
+                                             const float* __restrict__& delta,
+                                             float* __restrict__& dq_acc, const FlashlabLayout& L,
+                                             int N, int& k0, size_t& base) {
+  const int key_tiles = (N + BC - 1) / BC;
+  const int bh = blockIdx.x / key_tiles;
+  const int b = bh / L.H, h = bh % L.H;
+  k0 = (blockIdx.x % key_tiles) * BC;
+  Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
+  base = (size_t)bh * N;
+  dO += base * D; LSE += base; delta += base; dq_acc += base * D;
+}
+
+// Start copying query block i (counted from `first`) of Q and dO into buffer i % STAGES of the
+// tiles C lays out in shared memory (base_u), as one cp.async group.
+template <typename C, typename T, int D>
+__device__ __forceinline__ void issue_queries(uint32_t base_u, const T* Q, const T* dO,
+                                              const FlashlabLayout& L, int first, int i, int N) {
+  const int q0 = first + i * C::BR, s = i % C::STAGES;
+  load_tile_async<C::BR, D, C::THREADS, true>(base_u + 2 * (C::Q + s * C::BR * D), Q, L.q.n, q0, N);
+  load_tile_async<C::BR, D, C::THREADS, true>(base_u + 2 * (C::DO + s * C::BR * D), dO, D, q0, N);
+  cp_async_commit();
+}
+
+// Query block 0's Q and dO, and its rows' log-sum-exps (log2 units) and Δs into the first of
+// Ls's and Ds's buffers.
+template <typename C, typename T, int D>
+__device__ __forceinline__ void first_queries(uint32_t base_u, const T* Q, const T* dO,
+                                              const float* LSE, const float* delta, float* Ls,
+                                              float* Ds, const FlashlabLayout& L, int first, int N) {
+  issue_queries<C, T, D>(base_u, Q, dO, L, first, 0, N);
+  for (int r = threadIdx.x; r < C::BR; r += C::THREADS) {
+    const int row = first + r;
+    Ls[r] = row < N ? LSE[row] * 1.4426950408889634f : 0.f;
+    Ds[r] = row < N ? delta[row] : 0.f;
+  }
+}
+
+// P^T and dS^T in place for a warp's WK m-tiles of 16 keys (key0 + 16m..) against queries
+// q.. (NQ n-tiles of 8; row q0 + q.. of the head): element e of n-tile n of m-tile m is key
+// key0 + 16m + g (+ 8 for e >= 2), query q + 8n + 2t (+ 1 for odd e). Masks only on an edge
+// block, where the block crosses N or the diagonal.
+template <int WK, int NQ>
+__device__ __forceinline__ void tile_p_and_ds(float (&stm)[WK][NQ][4], float (&dptm)[WK][NQ][4],
+                                              int q, int q0, int key0, bool edge, int N,
+                                              int causal, float scale_log2, const float* Lr,
+                                              const float* Dr, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int m = 0; m < WK; m++)
+#pragma unroll
+    for (int n = 0; n < NQ; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int qi = q + 8 * n + 2 * t + (e & 1), key = key0 + 16 * m + g + 8 * (e / 2);
+        const int row = q0 + qi;
+        const bool seen = !edge || (row < N && key < N && !(causal && key > row));
+        p_and_ds<NQ>(stm[m], dptm[m], n, e, seen, scale_log2, Lr, Dr, qi);
+      }
+}
+
+// dK and dV of a warp's WK m-tiles of 16 keys (key0 + 16m..), head-dim columns col0 + 8n.. of
+// NC n-tiles, in the inputs' dtype; dK carries the scale of S = scale Q K^T (dQ gets it in
+// bwd_dq_kernel).
+template <typename T, int D, int WK, int NC>
+__device__ __forceinline__ void store_dk_dv(T* dK, T* dV, const float (&dk)[WK][NC][4],
+                                            const float (&dv)[WK][NC][4], size_t base, int key0,
+                                            int col0, int N, float scale, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int m = 0; m < WK; m++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int key = key0 + 16 * m + g + 8 * hh;
+      if (key >= N) continue;
+#pragma unroll
+      for (int n = 0; n < NC; n++) {
+        const size_t at = (base + key) * D + col0 + 8 * n + 2 * t;
+        *reinterpret_cast<uint32_t*>(dK + at) = pack2<T>(dk[m][n][2 * hh] * scale, dk[m][n][2 * hh + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dV + at) = pack2<T>(dv[m][n][2 * hh], dv[m][n][2 * hh + 1]);
+      }
+    }
+}
+
 // 2. One block per (key block j, batch, head), dK_j and dV_j in the warps' accumulators. At D = 64
 //    (bwd_warps): WARPS warps of WK x 16 keys each, query blocks of BR = 16 WARPS rows (stage
 //    15's block at WK = 1). At D = 128 (bwd_pairs below): pairs of warps share 32 keys.
@@ -639,7 +728,7 @@ bwd_warps(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
           float* __restrict__ dq_acc, T* __restrict__ dK, T* __restrict__ dV,
           const FlashlabLayout L, int N, float scale, int causal) {
   using C = BwdTiles<D, WARPS, WK>;
-  constexpr int BC = C::BC, BR = C::BR, THREADS = C::THREADS;
+  constexpr int BC = C::BC, BR = C::BR;
   constexpr int NQ = C::SUB / 8, ND = D / 8, KQ = C::SUB / 16;
   extern __shared__ uint4 smem_raw[];
   T* sm = reinterpret_cast<T*>(smem_raw);
@@ -650,30 +739,16 @@ bwd_warps(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
   const uint32_t Ks_u = base_u + 2 * C::K, Vs_u = base_u + 2 * C::V, dSs_u = base_u + 2 * C::DS;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int key_tiles = (N + BC - 1) / BC;
-  const int bh = blockIdx.x / key_tiles, k0 = (blockIdx.x % key_tiles) * BC;
-  const int b = bh / L.H, h = bh % L.H;
-  Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
-  const size_t base = (size_t)bh * N;  // this (batch, head)'s first row in the contiguous tensors
-  dO += base * D; LSE += base; delta += base; dq_acc += base * D;
+  int k0;
+  size_t base;
+  block_origin<T, D, BC>(Q, K, V, dO, LSE, delta, dq_acc, L, N, k0, base);
   const float scale_log2 = scale * 1.4426950408889634f;
 
   // K_j and V_j once; then query blocks from the first that sees a key of this block.
-  load_tile_async<BC, D, THREADS, true>(Ks_u, K, L.k.n, k0, N);
-  load_tile_async<BC, D, THREADS, true>(Vs_u, V, L.v.n, k0, N);
+  load_tile_async<BC, D, C::THREADS, true>(Ks_u, K, L.k.n, k0, N);
+  load_tile_async<BC, D, C::THREADS, true>(Vs_u, V, L.v.n, k0, N);
   const int first = causal ? k0 : 0, blocks = (N - first + BR - 1) / BR;
-  auto issue = [&](int i) {  // start copying query block i (counted from `first`) into buffer i % 2
-    const int q0 = first + i * BR, s = i % C::STAGES;
-    load_tile_async<BR, D, THREADS, true>(base_u + 2 * (C::Q + s * BR * D), Q, L.q.n, q0, N);
-    load_tile_async<BR, D, THREADS, true>(base_u + 2 * (C::DO + s * BR * D), dO, D, q0, N);
-    cp_async_commit();
-  };
-  issue(0);
-  for (int r = threadIdx.x; r < BR; r += THREADS) {
-    const int row = first + r;
-    Ls[r] = row < N ? LSE[row] * 1.4426950408889634f : 0.f;  // in log2 units
-    Ds[r] = row < N ? delta[row] : 0.f;
-  }
+  first_queries<C, T, D>(base_u, Q, dO, LSE, delta, Ls, Ds, L, first, N);
 
   float dv[WK][ND][4] = {}, dk[WK][ND][4] = {};
   const int kw = 16 * WK * warp;  // this warp's first key in the block
@@ -685,7 +760,7 @@ bwd_warps(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
     float l_next = 0.f, d_next = 0.f;
     const int r_next = threadIdx.x, row_next = q0 + BR + r_next;
     if (i + 1 < blocks) {
-      issue(i + 1);
+      issue_queries<C, T, D>(base_u, Q, dO, L, first, i + 1, N);
       if (r_next < BR && row_next < N) {
         l_next = LSE[row_next] * 1.4426950408889634f;
         d_next = delta[row_next];
@@ -706,19 +781,7 @@ bwd_warps(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
     float stm[WK][NQ][4] = {}, dptm[WK][NQ][4] = {};
     scores_t<T, D, WK, NQ>(stm, dptm, Ks_u, Vs_u, Qs_u, dOs_u, kw, q, lane);
 
-    // P^T and dS^T in place: element e of n-tile n of m-tile m is key kw + 16m + g (+ 8 for
-    // e >= 2), query 8n + 2t (+ 1 for odd e). Masks only where the block crosses N or the diagonal.
-#pragma unroll
-    for (int m = 0; m < WK; m++)
-#pragma unroll
-      for (int n = 0; n < NQ; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int qi = q + 8 * n + 2 * t + (e & 1), key = k0 + kw + 16 * m + g + 8 * (e / 2);
-          const int row = q0 + qi;
-          const bool seen = !edge || (row < N && key < N && !(causal && key > row));
-          p_and_ds<NQ>(stm[m], dptm[m], n, e, seen, scale_log2, Lr, Dr, qi);
-        }
+    tile_p_and_ds<WK, NQ>(stm, dptm, q, q0, k0 + kw, edge, N, causal, scale_log2, Lr, Dr, lane);
 
     // dV_w += P^T dO_i and dK_w += dS^T Q_i. The accumulators of n-tiles 2j and 2j + 1 are the
     // A fragment of k-step j (queries 16j..), packed to 16 bits; dO_i and Q_i by ldmatrix.trans,
@@ -771,20 +834,7 @@ bwd_warps(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
       dq_step<T, D, BR, BC>(dq_acc, dSs_u, Ks_u, warp, 64 * half, q0 + 16 * warp + g, N, lane);
   }
 
-  // dK carries the scale of S = scale Q K^T (dQ gets it in bwd_dq_kernel).
-#pragma unroll
-  for (int m = 0; m < WK; m++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int key = k0 + kw + 16 * m + g + 8 * hh;
-      if (key >= N) continue;
-#pragma unroll
-      for (int n = 0; n < ND; n++) {
-        const size_t at = (base + key) * D + 8 * n + 2 * t;
-        *reinterpret_cast<uint32_t*>(dK + at) = pack2<T>(dk[m][n][2 * hh] * scale, dk[m][n][2 * hh + 1] * scale);
-        *reinterpret_cast<uint32_t*>(dV + at) = pack2<T>(dv[m][n][2 * hh], dv[m][n][2 * hh + 1]);
-      }
-    }
+  store_dk_dv<T, D, WK, ND>(dK, dV, dk, dv, base, k0 + kw, 0, N, scale, lane);
 }
 
 // D = 128: pairs of warps. BC = 128 keys, BR = 64 queries, 8 warps; pair p owns keys 32p..
@@ -804,7 +854,7 @@ bwd_pairs(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
           float* __restrict__ dq_acc, T* __restrict__ dK, T* __restrict__ dV,
           const FlashlabLayout L, int N, float scale, int causal) {
   using C = PairTiles<D>;
-  constexpr int BC = C::BC, BR = C::BR, THREADS = C::THREADS, DH = C::DH;
+  constexpr int BC = C::BC, BR = C::BR, DH = C::DH;
   constexpr int NQ = 4, NH = DH / 8, KQ = BR / 16;
   extern __shared__ uint4 smem_raw[];
   T* sm = reinterpret_cast<T*>(smem_raw);
@@ -818,29 +868,15 @@ bwd_pairs(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int pair = warp / 2, hq = warp % 2;  // keys 32 pair..; query half (then column half) hq
-  const int key_tiles = (N + BC - 1) / BC;
-  const int bh = blockIdx.x / key_tiles, k0 = (blockIdx.x % key_tiles) * BC;
-  const int b = bh / L.H, h = bh % L.H;
-  Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
-  const size_t base = (size_t)bh * N;
-  dO += base * D; LSE += base; delta += base; dq_acc += base * D;
+  int k0;
+  size_t base;
+  block_origin<T, D, BC>(Q, K, V, dO, LSE, delta, dq_acc, L, N, k0, base);
   const float scale_log2 = scale * 1.4426950408889634f;
 
-  load_tile_async<BC, D, THREADS, true>(Ks_u, K, L.k.n, k0, N);
-  load_tile_async<BC, D, THREADS, true>(Vs_u, V, L.v.n, k0, N);
+  load_tile_async<BC, D, C::THREADS, true>(Ks_u, K, L.k.n, k0, N);
+  load_tile_async<BC, D, C::THREADS, true>(Vs_u, V, L.v.n, k0, N);
   const int first = causal ? k0 : 0, blocks = (N - first + BR - 1) / BR;
-  auto issue = [&](int i) {
-    const int q0 = first + i * BR, s = i % C::STAGES;
-    load_tile_async<BR, D, THREADS, true>(base_u + 2 * (C::Q + s * BR * D), Q, L.q.n, q0, N);
-    load_tile_async<BR, D, THREADS, true>(base_u + 2 * (C::DO + s * BR * D), dO, D, q0, N);
-    cp_async_commit();
-  };
-  issue(0);
-  for (int r = threadIdx.x; r < BR; r += THREADS) {
-    const int row = first + r;
-    Ls[r] = row < N ? LSE[row] * 1.4426950408889634f : 0.f;
-    Ds[r] = row < N ? delta[row] : 0.f;
-  }
+  first_queries<C, T, D>(base_u, Q, dO, LSE, delta, Ls, Ds, L, first, N);
 
   float dv[2][NH][4] = {}, dk[2][NH][4] = {};
   const int kw = 32 * pair;
@@ -854,7 +890,7 @@ bwd_pairs(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
     float l_next = 0.f, d_next = 0.f;
     const int r_next = threadIdx.x, row_next = q0 + BR + r_next;
     if (i + 1 < blocks) {
-      issue(i + 1);
+      issue_queries<C, T, D>(base_u, Q, dO, L, first, i + 1, N);
       if (r_next < BR && row_next < N) {
         l_next = LSE[row_next] * 1.4426950408889634f;
         d_next = delta[row_next];
@@ -868,18 +904,10 @@ bwd_pairs(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
     {
       float stm[2][NQ][4] = {}, dptm[2][NQ][4] = {};
       scores_t<T, D, 2, NQ>(stm, dptm, Ks_u, Vs_u, Qs_u, dOs_u, kw, q, lane);
+      tile_p_and_ds<2, NQ>(stm, dptm, q, q0, k0 + kw, edge, N, causal, scale_log2, Lr, Dr, lane);
+      // P^T and dS^T of keys kw + 16m.., queries q.. to shared memory, in 16-bit pairs
 #pragma unroll
       for (int m = 0; m < 2; m++) {
-#pragma unroll
-        for (int n = 0; n < NQ; n++)
-#pragma unroll
-          for (int e = 0; e < 4; e++) {
-            const int qi = q + 8 * n + 2 * t + (e & 1), key = k0 + kw + 16 * m + g + 8 * (e / 2);
-            const int row = q0 + qi;
-            const bool seen = !edge || (row < N && key < N && !(causal && key > row));
-            p_and_ds<NQ>(stm[m], dptm[m], n, e, seen, scale_log2, Lr, Dr, qi);
-          }
-        // P^T and dS^T of keys kw + 16m.., queries q.. to shared memory, in 16-bit pairs
 #pragma unroll
         for (int n = 0; n < NQ; n++)
 #pragma unroll
@@ -937,19 +965,7 @@ bwd_pairs(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict_
                           N, lane);
   }
 
-#pragma unroll
-  for (int m = 0; m < 2; m++)
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      const int key = k0 + kw + 16 * m + g + 8 * hh;
-      if (key >= N) continue;
-#pragma unroll
-      for (int n = 0; n < NH; n++) {
-        const size_t at = (base + key) * D + DH * hq + 8 * n + 2 * t;
-        *reinterpret_cast<uint32_t*>(dK + at) = pack2<T>(dk[m][n][2 * hh] * scale, dk[m][n][2 * hh + 1] * scale);
-        *reinterpret_cast<uint32_t*>(dV + at) = pack2<T>(dv[m][n][2 * hh], dv[m][n][2 * hh + 1]);
-      }
-    }
+  store_dk_dv<T, D, 2, NH>(dK, dV, dk, dv, base, k0 + kw, DH * hq, N, scale, lane);
 }
 
 // The backward's main kernel: bwd_warps, or at PAIRS bwd_pairs (8 warps).
