@@ -351,6 +351,59 @@ def corpus(seq, count, seed=0, device="cpu") -> torch.Tensor:
 TRAIN = dict(steps=300, batch=8, seq=512, n_layer=4, n_head=4, n_embd=256, lr=3e-4, seed=0)
 
 
+class _Trainer:
+    """One GPT-2 being fine-tuned (train()): its model, optimizer, batches and SDPA backend;
+    step(i) runs step i and returns its loss and, where timed, its time in ms (CUDA events)."""
+
+    def __init__(self, attn_implementation, backend, steps, batch, seq, n_layer, n_head, n_embd,
+                 lr, seed, dtype, device, time_steps):
+        from .inputs import dtype_of
+        self.model = gpt2(attn_implementation, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
+                          n_positions=seq, seed=seed, vocab_size=256, bos_token_id=0,
+                          eos_token_id=0).to(device).train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        self.data = corpus(seq, steps * batch, seed=seed, device=device)
+        self.batch, self.seq, self.cast, self.device = batch, seq, dtype_of(dtype), device
+        self.backend = backend
+        self.timed = time_steps and torch.device(device).type == "cuda"
+
+    def _chosen(self):
+        import contextlib
+
+        from torch.nn.attention import sdpa_kernel
+
+        from .baselines import SDPA_BACKENDS
+        return sdpa_kernel(SDPA_BACKENDS[self.backend]) if self.backend else contextlib.nullcontext()
+
+    def _autocast(self):  # fp32: none
+        import contextlib
+        return (torch.autocast(torch.device(self.device).type, dtype=self.cast)
+                if self.cast != torch.float32 else contextlib.nullcontext())
+
+    def step(self, i):
+        x = self.data[i * self.batch:(i + 1) * self.batch]
+        with self._chosen():
+            if self.timed:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            with self._autocast():
+                loss = self.model(x[:, :-1], labels=x[:, 1:], use_cache=False).loss
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+            ms = None
+            if self.timed:
+                end.record()
+                end.synchronize()
+                ms = start.elapsed_time(end)
+        return float(loss.detach()), ms
+
+
+def _result(losses, times, batch, seq):
+    step_ms = float(torch.tensor(times[10:]).median()) if len(times) > 10 else float("nan")
+    return {"loss": losses, "step_ms": step_ms, "tokens_per_s": batch * seq / (step_ms * 1e-3)}
+
+
 def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=TRAIN["batch"],
           seq=TRAIN["seq"], n_layer=TRAIN["n_layer"], n_head=TRAIN["n_head"],
           n_embd=TRAIN["n_embd"], lr=TRAIN["lr"], seed=TRAIN["seed"], dtype="bf16",
@@ -361,41 +414,34 @@ def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=
     "sdpa_flash" or "sdpa_cudnn", forces one of SDPA's kernels for forward and backward) or a
     name from register(). Returns {"loss": [per step], "step_ms": median time of a step (CUDA
     events, the steps after the first 10), "tokens_per_s"}."""
-    from .baselines import SDPA_BACKENDS
-    from .inputs import dtype_of
-    from torch.nn.attention import sdpa_kernel
-    import contextlib
-
-    model = gpt2(attn_implementation, n_layer=n_layer, n_head=n_head, n_embd=n_embd,
-                 n_positions=seq, seed=seed, vocab_size=256, bos_token_id=0,
-                 eos_token_id=0).to(device).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    data = corpus(seq, steps * batch, seed=seed, device=device)
-    cast = dtype_of(dtype)
-    chosen = sdpa_kernel(SDPA_BACKENDS[backend]) if backend else contextlib.nullcontext()
+    run = _Trainer(attn_implementation, backend, steps, batch, seq, n_layer, n_head, n_embd, lr,
+                   seed, dtype, device, time_steps)
     losses, times = [], []
-    timed = time_steps and torch.device(device).type == "cuda"
-    def autocast():  # fp32: none
-        return (torch.autocast(torch.device(device).type, dtype=cast) if cast != torch.float32
-                else contextlib.nullcontext())
-    with chosen:
-        for i in range(steps):
-            x = data[i * batch:(i + 1) * batch]
-            if timed:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-            with autocast():
-                loss = model(x[:, :-1], labels=x[:, 1:], use_cache=False).loss
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if timed:
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            losses.append(float(loss.detach()))
-    step_ms = float(torch.tensor(times[10:]).median()) if len(times) > 10 else float("nan")
-    return {"loss": losses, "step_ms": step_ms, "tokens_per_s": batch * seq / (step_ms * 1e-3)}
+    for i in range(steps):
+        loss, ms = run.step(i)
+        losses.append(loss)
+        if ms is not None:
+            times.append(ms)
+    return _result(losses, times, batch, seq)
+
+
+def train_in_turn(impls, steps=TRAIN["steps"], batch=TRAIN["batch"], seq=TRAIN["seq"],
+                  n_layer=TRAIN["n_layer"], n_head=TRAIN["n_head"], n_embd=TRAIN["n_embd"],
+                  lr=TRAIN["lr"], seed=TRAIN["seed"], dtype="bf16", device="cuda") -> list:
+    """train() of several implementations at once, a step of each in turn (impls: (name,
+    backend) pairs as train() takes them): every step time of one is taken beside the others',
+    so a GPU's or host's drift over the run falls on all alike. One train() result each, in
+    order."""
+    runs = [_Trainer(name, backend, steps, batch, seq, n_layer, n_head, n_embd, lr, seed, dtype,
+                     device, True) for name, backend in impls]
+    losses, times = [[] for _ in runs], [[] for _ in runs]
+    for i in range(steps):
+        for run, ls, ts in zip(runs, losses, times):
+            loss, ms = run.step(i)
+            ls.append(loss)
+            if ms is not None:
+                ts.append(ms)
+    return [_result(ls, ts, batch, seq) for ls, ts in zip(losses, times)]
 
 
 # A model where attention is a larger share of a training step: sequences of 4096 bytes (the
@@ -453,15 +499,16 @@ def training_comparison(stages=None, seeds=5, runs=1, log=print, record=True, ti
     memory-efficient; their curves against each other are SDPA's spread: they round
     differently, and the flash backward adds dQ with atomics, so its runs differ), through each
     stage with a backward pass that runs here, and (with_control) through the negative control
-    (control(): a backward wrong in dQ, which must come out outside the spread). Then, where
-    `timed` (a few steps of a larger model, TIMED: attention a larger share of the step), those
-    steps once each, for the step's time. Records data/training.csv as each training ends (a row
+    (control(): a wrong backward, which must come out outside the spread). Then, where `timed` (a
+    few steps of a larger model, TIMED: attention a larger share of the step), those steps of
+    every implementation but the control at once, a step of each in turn (train_in_turn), for
+    the step's time. Records data/training.csv as each training ends (a row
     per implementation, seed, run and step; a configuration's old rows on this GPU go at its
     first); returns (rows, tables.training_match of the loss comparison)."""
     import pandas as pd
 
     from .env import environment
-    from .tables import SDPA_TRAINED, TRAINING, training_match
+    from .tables import CONTROL, SDPA_TRAINED, TRAINING, training_match
 
     env = environment()
     impls = [(b, "sdpa", b) for b in SDPA_TRAINED]
@@ -478,11 +525,18 @@ def training_comparison(stages=None, seeds=5, runs=1, log=print, record=True, ti
     first = kw.pop("seed", TRAIN["seed"])
     todo = [(impl, seed, run, name, backend, kw) for seed in range(first, first + seeds)
             for run in range(runs) for impl, name, backend in impls]
-    if timed:
-        todo += [(impl, first, 0, name, backend, {**kw, **timed}) for impl, name, backend in impls]
-    frames, cleared = [], set()
+    clocked = [(impl, name, backend) for impl, name, backend in impls if impl != CONTROL]
+    if timed:  # the control's step time is no comparison
+        todo += [(impl, first, 0, name, backend, {**kw, **timed}) for impl, name, backend in clocked]
+    frames, cleared, in_turn = [], set(), None
     for impl, seed, run, name, backend, args in todo:
-        out = train(name, backend=backend, seed=seed, **args)
+        if args is kw:
+            out = train(name, backend=backend, seed=seed, **args)
+        else:  # the timed steps: every implementation's at once, a step of each in turn
+            if in_turn is None:
+                in_turn = dict(zip([i for i, _, _ in clocked],
+                                   train_in_turn([(n, b) for _, n, b in clocked], seed=seed, **args)))
+            out = in_turn[impl]
         cfg = {**TRAIN, **{k: v for k, v in args.items() if k in TRAIN}, "seed": seed}
         log(f"{impl:16} seed {seed} run {run} (seq {cfg['seq']}, {cfg['steps']} steps): final "
             f"loss {out['loss'][-1]:.4f}, step {out['step_ms']:.2f} ms")

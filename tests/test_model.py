@@ -192,6 +192,16 @@ def test_a_model_trains_through_a_stage_with_a_backward_pass():
     assert attn.seen[-1] is False
 
 
+def test_models_trained_in_turn_train_as_each_alone():
+    """train_in_turn: a step of each model in turn, each the same losses as train() alone."""
+    kw = dict(steps=3, batch=2, seq=32, n_layer=1, n_head=1, n_embd=64, dtype="fp32",
+              device="cpu", lr=1e-2)
+    alone = model.train("sdpa", time_steps=False, **kw)
+    together = model.train_in_turn([("sdpa", None), ("eager", None)], **kw)
+    assert len(together) == 2 and together[0]["loss"] == pytest.approx(alone["loss"], abs=1e-6)
+    assert together[1]["loss"] == pytest.approx(alone["loss"], abs=1e-4)  # eager attention
+
+
 def test_the_training_corpus_is_shipped_text_in_seeded_windows():
     a, b = model.corpus(64, 5, seed=1), model.corpus(64, 5, seed=1)
     assert a.shape == (5, 65) and torch.equal(a, b) and int(a.max()) < 256
