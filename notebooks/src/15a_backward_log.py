@@ -140,7 +140,10 @@ with nb.unless_missing():
 # (`backward-15-wide-warps-d128-h200-20261129T0120Z.log`, section 3). Its first version raced:
 # it started the next block's Q and dO copies before the barrier, into the buffer the previous
 # block's dV and dK products, which here run after the second barrier, could still be reading.
-# The results were right on every check; compute-sanitizer's racecheck found it.
+# The results were right on every check; compute-sanitizer's racecheck found it. FlashAttention-2's
+# split of dQ as well (32 queries by 32 columns a warp, 32 `ldmatrix` a block where the pairs
+# take 40) changed nothing, 0.996–1.002 times stage 17
+# (`stage-17-d128-dq-split-h200-20261129T1000Z.log`): the gap at D = 128 is not in dQ.
 
 # %% [markdown]
 # ## 5 · Training within SDPA's own spread
