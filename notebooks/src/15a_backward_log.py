@@ -178,13 +178,14 @@ with nb.unless_missing():
 # out of dS, an error of direction: its median gap is 69 times SDPA's largest.
 #
 # Every stage's curve lies above SDPA's mean at nearly every seed (stages 14, 16 and 17 at all
-# five), by a few thousandths, under a hundredth of the control's shift. For one stage alone,
-# five seeds above would come by chance one time in 32, but the stages share SDPA's curves at
-# each seed, so their signs are not independent, and SDPA's own backends lie on both sides of
-# their mean. At the model's attention shape, against float64
-# (`training-gradient-bias-h200-20261129T0450Z.log`), stages 15–17 have SDPA's error and a bias
-# of its sign and size, a few millionths; stage 14 has less error. What puts the stages' curves
-# above SDPA's is not settled by these runs.
+# five), by a few thousandths, under a hundredth of the control's shift. Was that the forward or
+# the backward? A second comparison a few hours later, on training text that had changed since
+# (`training-hybrids-h200-20261129T1035Z.log`), trained stage 17 and two hybrids beside SDPA's
+# backends: stage 17's forward with SDPA flash's backward, and SDPA flash's forward with stage
+# 17's backward. There stage 17 lay below SDPA's mean (shift −2.1e-3; SDPA's backends −1.2e-3
+# to +2.4e-3), and its gap at a seed was a median 0.63 times SDPA's own largest at that seed
+# (SDPA's backends 0.52 to 0.71, the hybrids 0.45 and 0.78). The shift did not come back: it
+# belonged to the first run's text and seeds, not to the stages.
 #
 # ## Questions
 #
