@@ -143,7 +143,7 @@ with nb.unless_missing():
 # The results were right on every check; compute-sanitizer's racecheck found it. FlashAttention-2's
 # split of dQ as well (32 queries by 32 columns a warp, 32 `ldmatrix` a block where the pairs
 # take 40) did not help: 0.996–1.002 times stage 17 with its k-steps unrolled four times, 1–2 %
-# slower unrolled less (`stage-17-d128-dq-split-h200-20261129T1000Z.log`).
+# slower unrolled less (`stage-17-d128-dq-split-h200-20261129T0920Z.log`).
 
 # %% [markdown]
 # ## 5 · Training within SDPA's own spread
@@ -180,7 +180,7 @@ with nb.unless_missing():
 # Every stage's curve lies above SDPA's mean at nearly every seed (stages 14, 16 and 17 at all
 # five), by a few thousandths, under a hundredth of the control's shift. Was that the forward or
 # the backward? A second comparison a few hours later, on training text that had changed since
-# (`training-hybrids-h200-20261129T1035Z.log`), trained stage 17 and two hybrids beside SDPA's
+# (`training-hybrids-h200-20261129T0935Z.log`), trained stage 17 and two hybrids beside SDPA's
 # backends: stage 17's forward with SDPA flash's backward, and SDPA flash's forward with stage
 # 17's backward. There stage 17 lay below SDPA's mean (shift −2.1e-3; SDPA's backends −1.2e-3
 # to +2.4e-3), and its gap at a seed was a median 0.63 times SDPA's own largest at that seed
