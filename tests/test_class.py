@@ -152,7 +152,7 @@ def test_a_class_end_to_end(solution, laptop, tmp_path):
     # The instructor grades the hand-ins.
     grades = tmp_path / "grades"
     proc = sh(flashlab + ["grade", "--class", str(handins), "--edition", str(edition), "--out",
-                          str(grades), "--jobs", "2", "--cell-timeout", "20", "--timeout", "400"],
+                          str(grades), "--jobs", "2", "--cell-timeout", "60", "--timeout", "400"],
               cwd=solution, timeout=900)
     print(proc.stdout)
     with open(grades / "gradebook.csv", newline="") as f:
