@@ -363,7 +363,7 @@ class _Trainer:
                           eos_token_id=0).to(device).train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.data = corpus(seq, steps * batch, seed=seed, device=device)
-        self.batch, self.seq, self.cast, self.device = batch, seq, dtype_of(dtype), device
+        self.batch, self.cast, self.device = batch, dtype_of(dtype), device
         self.backend = backend
         self.timed = time_steps and torch.device(device).type == "cuda"
 

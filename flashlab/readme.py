@@ -276,10 +276,9 @@ def training_table(rows=None, by=BY) -> str:
     shown = tables.training_rows(rows)
     r0 = shown.iloc[0]
     commits = _commits(rows[rows["gpu"] == r0.gpu]["commit"])  # the comparison's and the steps'
-    rows = shown
     lines += ["", f"Loss smoothed over 20 steps, {r0.steps} steps of a {r0.n_layer}-layer GPT-2 "
               f"(d = {r0.n_embd}, seq {r0.seq}, batch {r0.batch}, {r0['dtype']}) from "
-              f"{rows['seed'].nunique()} seeds. An implementation's gap at a seed is its largest "
+              f"{shown['seed'].nunique()} seeds. An implementation's gap at a seed is its largest "
               f"difference from each of SDPA's curves of that seed, averaged; it lies within "
               f"SDPA's spread when the median over seeds is at most the largest gap between two of "
               f"SDPA's own curves of one seed ({match['noise'].iloc[0]:.2e}: "
