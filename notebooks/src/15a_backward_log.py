@@ -21,7 +21,7 @@
 # **Prerequisites:** notebooks 14 and 15 (the backward, its model and its profile), notebook 16's
 # section 1 (atomics in no fixed order).
 #
-# **Time:** about 16 min to read, 20 min to work through.
+# **Time:** about 19 min to read, 20 min to work through.
 
 # %%
 from IPython.display import display
@@ -144,6 +144,17 @@ with nb.unless_missing():
 # split of dQ as well (32 queries by 32 columns a warp, 32 `ldmatrix` a block where the pairs
 # take 40) did not help: 0.996–1.002 times stage 17 with its k-steps unrolled four times, 1–2 %
 # slower unrolled less (`stage-17-d128-dq-split-h200-20261129T0920Z.log`).
+#
+# Nor is the gap in the instruction count, or in the order of the products. Sixteen percent
+# fewer instructions in the loop (each row's dQ guard once, dP − Δ straight out of the `mma` by
+# starting its accumulators at −Δ, P and dS stored by `stmatrix`) ran 0.99–1.01 times stage 17.
+# FlashAttention-2's order (S, its exponentials, P stored, then dP; or dV, dQ, dK after the
+# barrier) ran 0.96–1.0 times. What does move it is dQ's reductions. A diagnostic kernel that
+# skips them, its products kept, runs 1.11–1.18 times the stage: 1.04–1.21 times SDPA's flash
+# backward. The reductions hold a seventh of the time, though FlashAttention-2 makes as many.
+# Staging a block's dQ in shared memory for one bulk reduction (`cp.reduce.async.bulk`) ran
+# 0.97–0.99 times. Starting each key block at a different query block, so that the blocks of a
+# head add into different rows of dQ, gained 0.4–1.9 % (`stage-17-d128-variants-h200-20261129T1204Z.log`).
 
 # %% [markdown]
 # ## 5 · Training within SDPA's own spread
