@@ -25,7 +25,7 @@ LAYERS = {
              "runtime", "check", "bench", "markers", "baselines", "profile_schema", "tables"],
     "tools": ["ptxas", "sass", "picks", "measure", "peaks", "profile",
               "profile_target", "worker", "runner", "plots", "report", "readme", "cli",
-              "autotune", "model", "cells", "scaffold"],
+              "autotune", "model", "cells", "scaffold", "ring"],
     "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning",
                 "hopper_common", "wgmma", "tma", "warpspec", "tma_store", "lazy_rescale",
                 "backward", "backward_mma", "deterministic", "wide_warps"],

@@ -1,0 +1,379 @@
+"""Ring attention (context parallelism) on torch.distributed: a sequence split across the ranks
+of a process group, each rank's queries meeting every rank's keys and values as the K/V blocks
+travel around the ring, the partial outputs merged from their log-sum-exps.
+
+Each rank holds a shard of q, k and v, (B, H, n, D) with n = N / world. A step computes the local
+attention of the rank's queries against the K/V block it holds, (o_s, lse_s), while the block is
+already on its way to the next rank (point-to-point sends and receives, `dist.batch_isend_irecv`);
+the partial outputs merge in fp32:
+
+    lse = log(e^lse_a + e^lse_b),   o = e^(lse_a - lse) o_a + e^(lse_b - lse) o_b.
+
+Causal attention is split zig-zag: the sequence in 2·world chunks, rank r holding chunks r and
+2·world - 1 - r, so that every rank has as many unmasked scores as every other (a contiguous
+split would leave rank 0 one block of work and the last rank `world`). The backward runs the same
+ring: each rank adds its queries' dQ, and dK and dV travel with their K/V block, back to the rank
+that owns it after a last hop. It needs only the merged o and lse: a block's part of the gradient
+is FlashAttention-2's, P = exp(S - lse) with the global lse and Δ = rowsum(dO ∘ O) with the global O.
+
+The local attention is a `Local`: a flashlab stage with a log-sum-exp and a backward pass
+(`stage_local`), or the float64 reference (`reference_local`), which lets the ring and the merge be
+checked on CPUs with the gloo backend. Stages take queries and keys of one length, so the
+zig-zag steps that pair one chunk with another run as a batch of chunk-sized problems.
+"""
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .reference import _mask
+
+
+@dataclass
+class Local:
+    """The attention a rank runs on its block. forward(q, k, v, causal, scale) -> (o, lse fp32);
+    backward(q, k, v, o, lse, do, causal, scale) -> (dq, dk, dv): the block's share of the
+    gradients, P recomputed from the given (global) lse, Δ from the given (global) o."""
+    name: str
+    forward: Callable
+    backward: Callable
+
+
+def _ref_forward(q, k, v, causal, scale):
+    s = torch.matmul(q.double(), k.double().transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(_mask(q.shape[-2], q.device), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse[..., None]), v.double()).to(q.dtype), lse
+
+
+def _ref_backward(q, k, v, o, lse, do, causal, scale):
+    q64, k64, v64, do64 = (t.double() for t in (q, k, v, do))
+    s = torch.matmul(q64, k64.transpose(-2, -1)) * scale
+    if causal:
+        s = s.masked_fill(_mask(q.shape[-2], q.device), float("-inf"))
+    p = torch.exp(s - lse.double()[..., None])
+    delta = (do64 * o.double()).sum(-1, keepdim=True)
+    ds = p * (torch.matmul(do64, v64.transpose(-2, -1)) - delta)
+    return (torch.matmul(ds, k64).mul_(scale).to(q.dtype),
+            torch.matmul(ds.transpose(-2, -1), q64).mul_(scale).to(q.dtype),
+            torch.matmul(p.transpose(-2, -1), do64).to(q.dtype))
+
+
+def reference_local() -> Local:
+    """Float64 attention as a rank's local attention: what the CPU tests run the ring with."""
+    return Local("reference", _ref_forward, _ref_backward)
+
+
+def stage_local(attn) -> Local:
+    """A built stage (flashlab.build(...)) as a rank's local attention: its forward with
+    return_lse=True and its backward pass, which the stage's registry entry must both have."""
+    st = attn.stage
+    if not (st.lse and st.has_backward):
+        raise ValueError(f"{st.slug}: ring attention needs a stage with the log-sum-exp and a "
+                         "backward pass (stage 14 on)")
+
+    def forward(q, k, v, causal, scale):
+        with torch.no_grad():
+            return attn(q, k, v, causal=causal, scale=scale, return_lse=True)
+
+    def backward(q, k, v, o, lse, do, causal, scale):
+        return attn.backward(q, k, v, o, lse.float(), do, causal=causal, scale=scale)
+
+    return Local(st.slug, forward, backward)
+
+
+def merge(o_a, lse_a, o_b, lse_b):
+    """(o, lse) of the union of two disjoint sets of keys from each part's (o, lse): in fp32
+    (float64 stays float64). A row with no keys in a part has lse -inf there and weight 0."""
+    acc = torch.float64 if o_a.dtype == torch.float64 else torch.float32
+    lse_a, lse_b = lse_a.to(acc), lse_b.to(acc)
+    m = torch.maximum(lse_a, lse_b)
+    m_safe = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
+    wa, wb = torch.exp(lse_a - m_safe), torch.exp(lse_b - m_safe)
+    total = wa + wb
+    lse = torch.where(total > 0, m_safe + torch.log(total), torch.full_like(m, -math.inf))
+    inv = torch.where(total > 0, 1 / total, torch.zeros_like(total))
+    o = (o_a.to(acc) * (wa * inv)[..., None]) + (o_b.to(acc) * (wb * inv)[..., None])
+    return o, lse
+
+
+# --- the split ------------------------------------------------------------------------------------
+
+def _check_split(N, world, causal):
+    parts = 2 * world if causal else world
+    if N % parts:
+        raise ValueError(f"ring attention over {world} ranks splits the sequence into {parts} equal "
+                         f"chunks{' (zig-zag, for causal balance)' if causal else ''}: N = {N} is "
+                         f"not a multiple of {parts}")
+    return N // parts
+
+
+def shard(x, world, rank, causal, dim=2):
+    """Rank `rank`'s part of a full-sequence tensor (the sequence along `dim`): a contiguous
+    N/world rows, or zig-zag for causal, chunks rank and 2·world - 1 - rank of 2·world."""
+    N = x.shape[dim]
+    c = _check_split(N, world, causal)
+    if not causal:
+        return x.narrow(dim, rank * c, c).contiguous()
+    return torch.cat([x.narrow(dim, rank * c, c), x.narrow(dim, (2 * world - 1 - rank) * c, c)],
+                     dim=dim).contiguous()
+
+
+def unshard(parts, causal, dim=2):
+    """The full-sequence tensor from every rank's shard (a list in rank order): shard's inverse."""
+    if not causal:
+        return torch.cat(parts, dim=dim)
+    halves = [p.chunk(2, dim=dim) for p in parts]
+    return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=dim)
+
+
+# --- the ring -------------------------------------------------------------------------------------
+
+def _peers(group):
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    to_global = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
+    return world, rank, to_global((rank + 1) % world), to_global((rank - 1) % world)
+
+
+class _Pass:
+    """Send tensors to the next rank and receive the previous rank's, started now, waited on by
+    wait(): the communication of one ring step, overlapped with the step's local attention."""
+
+    def __init__(self, tensors, group):
+        world, _, nxt, prv = _peers(group)
+        self.recv = [torch.empty_like(t) for t in tensors]
+        if world == 1:
+            self.recv, self.works = list(tensors), []
+            return
+        ops = [dist.P2POp(dist.isend, t, nxt, group) for t in tensors]
+        ops += [dist.P2POp(dist.irecv, r, prv, group) for r in self.recv]
+        self.works = dist.batch_isend_irecv(ops)
+
+    def wait(self):
+        for w in self.works:
+            w.wait()
+        return self.recv
+
+
+def _step_plan(rank, src, world, causal):
+    """Which (query half, key half) pairs rank `rank` computes against the block of rank `src`,
+    as (pairs, causal): halves 0 and 1 are a zig-zag shard's two chunks, None the whole shard."""
+    if not causal:
+        return [(None, None)], False
+    if src == rank:
+        return [(None, None)], True   # the two chunks in order: the local causal mask is exact
+    if src < rank:
+        return [(0, 0), (1, 0)], False  # the block's first chunk precedes both of ours
+    return [(1, 0), (1, 1)], False      # both of its chunks precede our second only
+
+
+def _half(x, h):
+    return x if h is None else x.chunk(2, dim=2)[h]
+
+
+def _local_forward(local, q, k, v, rank, src, world, causal, scale):
+    """(o, lse) of rank's queries against src's block, lse -inf where a row sees none of it."""
+    pairs, local_causal = _step_plan(rank, src, world, causal)
+    if pairs == [(None, None)]:
+        o, lse = local.forward(q, k, v, local_causal, scale)
+        return o, lse
+    # chunk-sized problems as one batch (stages take queries and keys of one length)
+    qq = torch.cat([_half(q, a) for a, _ in pairs])
+    kk = torch.cat([_half(k, b) for _, b in pairs])
+    vv = torch.cat([_half(v, b) for _, b in pairs])
+    o, lse = local.forward(qq, kk, vv, False, scale)
+    B = q.shape[0]
+    parts = [(o[i * B:(i + 1) * B], lse[i * B:(i + 1) * B]) for i in range(len(pairs))]
+    if pairs[0][0] != pairs[1][0]:            # src < rank: one result for each of our chunks
+        return torch.cat([parts[0][0], parts[1][0]], 2), torch.cat([parts[0][1], parts[1][1]], 2)
+    o1, lse1 = merge(*parts[0], *parts[1])    # src > rank: both for our second chunk, merged
+    none = torch.full_like(lse1, -math.inf)
+    return (torch.cat([torch.zeros_like(o1), o1], 2).to(q.dtype),
+            torch.cat([none, lse1], 2))
+
+
+def _local_backward(local, q, k, v, o, lse, do, rank, src, world, causal, scale):
+    """(dq, dk, dv) of rank's queries against src's block (dk, dv: the block's share)."""
+    pairs, local_causal = _step_plan(rank, src, world, causal)
+    if pairs == [(None, None)]:
+        return local.backward(q, k, v, o, lse, do, local_causal, scale)
+    B = q.shape[0]
+    cat = lambda x, side: torch.cat([_half(x, p[side]) for p in pairs])  # noqa: E731
+    qs = [cat(t, 0) for t in (q, o, do)]
+    dqq, dkk, dvv = local.backward(qs[0], cat(k, 1), cat(v, 1), qs[1],
+                                   cat(lse[..., None], 0)[..., 0].contiguous(), qs[2], False, scale)
+    dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+    for i, (a, b) in enumerate(pairs):
+        sl = slice(i * B, (i + 1) * B)
+        _half(dq, a).add_(dqq[sl])
+        _half(dk, b).add_(dkk[sl])
+        _half(dv, b).add_(dvv[sl])
+    return dq, dk, dv
+
+
+def ring_forward(local, q, k, v, causal=False, scale=None, group=None):
+    """(o, lse) of this rank's queries against the whole sequence, its K/V blocks passed around
+    the ring (q, k, v: this rank's shard, `shard`'s layout). o in q's dtype, lse fp32 (float64 for
+    float64 inputs)."""
+    world, rank, _, _ = _peers(group)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device)
+    kv = [k.contiguous(), v.contiguous()]
+    for s in range(world):
+        nxt = _Pass(kv, group) if s + 1 < world else None   # the next block, on its way
+        o_s, lse_s = _local_forward(local, q, kv[0], kv[1], rank, (rank - s) % world, world,
+                                    causal, scale)
+        o, lse = merge(o, lse, o_s, lse_s)
+        if nxt is not None:
+            kv = nxt.wait()
+    return o.to(q.dtype), lse
+
+
+def ring_backward(local, q, k, v, o, lse, do, causal=False, scale=None, group=None):
+    """(dq, dk, dv) of this rank's shard: dQ added here, dK and dV travelling with their block
+    and handed back to its owner after the last step."""
+    world, rank, _, _ = _peers(group)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    kv = [k.contiguous(), v.contiguous()]
+    dkv = [torch.zeros(k.shape, dtype=acc, device=k.device),
+           torch.zeros(v.shape, dtype=acc, device=v.device)]
+    for s in range(world):
+        nxt = _Pass(kv, group) if s + 1 < world else None
+        g_q, g_k, g_v = _local_backward(local, q, kv[0], kv[1], o, lse, do, rank,
+                                        (rank - s) % world, world, causal, scale)
+        dq += g_q
+        dkv[0] += g_k
+        dkv[1] += g_v
+        back = _Pass(dkv, group)  # the block's gradients follow it (the last hop: to its owner)
+        if nxt is not None:
+            kv = nxt.wait()
+        dkv = back.wait()
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+
+
+def simulate(local, q, k, v, do, world, causal=False, scale=None):
+    """The ring's arithmetic in one process, without communication: every rank's steps in turn on
+    full-sequence q, k, v and dO (the shards cut here), as ring_forward and ring_backward take them.
+    Returns full-sequence (o, lse, dq, dk, dv): a check of the split, the merge and the gradients'
+    bookkeeping with a stage as local attention on one GPU."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    cut = lambda t, r: shard(t, world, r, causal)  # noqa: E731
+    outs = []
+    for r in range(world):
+        o = torch.zeros(cut(q, r).shape, dtype=acc, device=q.device)
+        lse = torch.full(o.shape[:-1], -math.inf, dtype=acc, device=q.device)
+        for s in range(world):
+            src = (r - s) % world
+            o, lse = merge(o, lse, *_local_forward(local, cut(q, r), cut(k, src), cut(v, src), r,
+                                                   src, world, causal, scale))
+        outs.append((o.to(q.dtype), lse))
+    dq = [torch.zeros(cut(q, r).shape, dtype=acc, device=q.device) for r in range(world)]
+    dk, dv = [torch.zeros_like(t) for t in dq], [torch.zeros_like(t) for t in dq]
+    for r in range(world):
+        o, lse = outs[r]
+        for s in range(world):
+            src = (r - s) % world
+            g = _local_backward(local, cut(q, r), cut(k, src), cut(v, src), o, lse, cut(do, r), r,
+                                src, world, causal, scale)
+            dq[r] += g[0]
+            dk[src] += g[1]
+            dv[src] += g[2]
+    whole = lambda parts: unshard(parts, causal)  # noqa: E731
+    return (whole([o for o, _ in outs]), unshard([lse[..., None] for _, lse in outs], causal)[..., 0],
+            whole([t.to(q.dtype) for t in dq]), whole([t.to(q.dtype) for t in dk]),
+            whole([t.to(q.dtype) for t in dv]))
+
+
+class _Ring(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, local, causal, scale, group):
+        o, lse = ring_forward(local, q, k, v, causal, scale, group)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.args = (local, causal, scale, group)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        local, causal, scale, group = ctx.args
+        dq, dk, dv = ring_backward(local, q, k, v, o, lse, do.contiguous(), causal, scale, group)
+        return dq, dk, dv, None, None, None, None
+
+
+def ring_attention(q, k, v, causal=False, scale=None, local=None, group=None, return_lse=False):
+    """Attention of this rank's shard of the queries against the whole sequence: q, k, v are
+    this rank's shard (`shard`), local the attention each step runs (default: float64 reference).
+    Differentiable: where autograd records the call, the gradients run the ring backward."""
+    local = reference_local() if local is None else local
+    if not (q.shape == k.shape == v.shape and q.dim() == 4):
+        raise ValueError(f"ring attention takes q, k, v shards of one shape (B, H, n, D), got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if causal and q.shape[2] % 2:
+        raise ValueError(f"a causal ring's shard holds two chunks of equal length (zig-zag): "
+                         f"its length {q.shape[2]} is odd")
+    o, lse = _Ring.apply(q, k, v, local, bool(causal), scale, group)
+    return (o, lse) if return_lse else o
+
+
+# --- a check on CPUs: the ring against float64 attention on the whole sequence --------------------
+
+def _wrong_lse(q, k, v, causal, scale):
+    o, lse = _ref_forward(q, k, v, causal, scale)
+    return o, lse + 0.5
+
+
+def _no_delta(q, k, v, o, lse, do, causal, scale):
+    return _ref_backward(q, k, v, torch.zeros_like(o), lse, do, causal, scale)
+
+
+LOCALS = {  # by name, for check()'s processes: the reference and two wrong ones it must catch
+    "reference": reference_local,
+    "wrong_lse": lambda: Local("wrong_lse", _wrong_lse, _ref_backward),
+    "no_delta": lambda: Local("no_delta", _ref_forward, _no_delta),
+}
+
+
+def _check_worker(rank, world, causal, shape, seed, init, results, local):
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        torch.manual_seed(seed)  # every rank draws the same full-sequence inputs
+        B, H, N, D = shape
+        q, k, v, do = (torch.randn(B, H, N, D, dtype=torch.float64) for _ in range(4))
+        ref = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        o_ref, lse_ref = _ref_forward(*ref, causal, D ** -0.5)
+        o_ref.backward(do)
+        mine = [shard(t, world, rank, causal).requires_grad_(True) for t in (q, k, v)]
+        o, lse = ring_attention(*mine, causal=causal, local=LOCALS[local](), return_lse=True)
+        o.backward(shard(do, world, rank, causal))
+        wanted = [o_ref, lse_ref, *(t.grad for t in ref)]
+        got = [o, lse, *(t.grad for t in mine)]
+        errs = {name: float((g.detach() - shard(w.detach(), world, rank, causal)).abs().max())
+                for name, g, w in zip(("o", "lse", "dq", "dk", "dv"), got, wanted)}
+        results.put((rank, errs))
+    finally:
+        dist.destroy_process_group()
+
+
+def check(world=2, causal=False, shape=(1, 2, 48, 16), seed=0, local="reference") -> dict:
+    """{rank: {o, lse, dq, dk, dv: largest difference}}: `world` CPU processes on the gloo backend
+    run the ring (a LOCALS attention, the float64 reference by default, forward and backward) on
+    their shards of one random float64 sequence and compare each with float64 attention on the
+    whole sequence."""
+    import tempfile
+    import torch.multiprocessing as mp
+    _check_split(shape[2], world, causal)
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.start_processes(_check_worker, args=(world, causal, shape, seed, f"file://{tmp}/rdzv",
+                                                results, local), nprocs=world, start_method="spawn")
+        out = dict(results.get() for _ in range(world))
+    return out

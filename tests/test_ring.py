@@ -1,0 +1,139 @@
+"""Ring attention (flashlab.ring): the merge of partial outputs, the zig-zag split, the ring on
+CPU processes with the gloo backend (float64 reference as local attention) against float64
+attention on the whole sequence, forward and backward, and wrong local attentions it must catch;
+on a GPU, the ring's arithmetic with a stage as local attention (ring.simulate)."""
+import math
+
+import pytest
+import torch
+
+import flashlab as fl
+from flashlab import ring
+from flashlab.reference import reference, reference_backward, reference_lse, rel_err, grad_err
+
+
+def _inputs(shape=(2, 3, 48, 16), seed=0, dtype=torch.float64, device="cpu"):
+    gen = torch.Generator(device).manual_seed(seed)
+    return [torch.randn(*shape, generator=gen, dtype=dtype, device=device) for _ in range(4)]
+
+
+def test_merging_two_key_sets_is_attention_over_their_union():
+    q, k, v, _ = _inputs()
+    o_a, lse_a = ring._ref_forward(q, k[:, :, :20], v[:, :, :20], False, 0.25)
+    o_b, lse_b = ring._ref_forward(q, k[:, :, 20:], v[:, :, 20:], False, 0.25)
+    o, lse = ring.merge(o_a, lse_a, o_b, lse_b)
+    o_all, lse_all = ring._ref_forward(q, k, v, False, 0.25)
+    assert float((o - o_all).abs().max()) < 1e-13 and float((lse - lse_all).abs().max()) < 1e-13
+
+
+def test_a_part_without_keys_has_no_weight_and_no_part_gives_zeros_not_nan():
+    o_a = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    lse_a = torch.randn(1, 1, 4, dtype=torch.float64)
+    none = torch.full_like(lse_a, -math.inf)
+    o, lse = ring.merge(o_a, lse_a, torch.zeros_like(o_a), none)
+    assert torch.equal(o, o_a) and torch.equal(lse, lse_a)
+    o, lse = ring.merge(torch.zeros_like(o_a), none, torch.zeros_like(o_a), none)
+    assert torch.equal(o, torch.zeros_like(o_a)) and bool(torch.isneginf(lse).all())
+
+
+def test_fp16_parts_merge_in_fp32():
+    o_a, o_b = (torch.randn(1, 2, 8, 16).half() for _ in range(2))
+    lse_a, lse_b = torch.randn(1, 2, 8), torch.randn(1, 2, 8)
+    o, lse = ring.merge(o_a, lse_a, o_b, lse_b)
+    assert o.dtype == torch.float32 and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_shards_put_back_together_are_the_sequence(world, causal):
+    x = torch.arange(2 * 24 * 3).reshape(2, 1, 24, 3)
+    parts = [ring.shard(x, world, r, causal) for r in range(world)]
+    assert torch.equal(ring.unshard(parts, causal), x)
+    assert all(p.shape[2] == 24 // world for p in parts)
+
+
+def test_a_causal_shard_is_chunks_r_and_2w_minus_1_minus_r():
+    x = torch.arange(16).reshape(1, 1, 16, 1)
+    rows = ring.shard(x, 4, 1, causal=True).flatten().tolist()
+    assert rows == [2, 3, 12, 13]  # chunks 1 and 6 of 8, two rows each
+
+
+def test_a_length_the_split_cannot_share_out_is_a_clear_value_error():
+    x = torch.zeros(1, 1, 30, 4)
+    with pytest.raises(ValueError, match="not a multiple of 8"):
+        ring.shard(x, 4, 0, causal=True)
+    with pytest.raises(ValueError, match="not a multiple of 4"):
+        ring.check(4, False, shape=(1, 1, 30, 4))
+    q = torch.zeros(1, 1, 5, 4)
+    with pytest.raises(ValueError, match="odd"):
+        ring.ring_attention(q, q, q, causal=True)
+    with pytest.raises(ValueError, match="one shape"):
+        ring.ring_attention(q, q[:, :, :4], q)
+
+
+def test_a_stage_without_the_log_sum_exp_or_a_backward_cannot_be_the_local_attention():
+    class Stage:
+        slug, lse, has_backward = "a_forward_only_stage", False, False
+
+    class Built:
+        stage = Stage()
+
+    with pytest.raises(ValueError, match="log-sum-exp and a backward"):
+        ring.stage_local(Built())
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_the_ring_simulated_in_one_process_is_float64_attention(world, causal):
+    q, k, v, do = _inputs()
+    got = ring.simulate(ring.reference_local(), q, k, v, do, world, causal)
+    want = [reference(q, k, v, causal), reference_lse(q, k, causal),
+            *reference_backward(q, k, v, do, causal)]
+    for name, g, w in zip(("o", "lse", "dq", "dk", "dv"), got, want):
+        assert float((g - w).abs().max()) < 1e-12, (name, world, causal)
+
+
+# The ring on CPU processes: each spawns and imports torch (about 5 s for 2 ranks, 11 s for 4).
+@pytest.mark.parametrize("world,causal", [(2, False), (2, True), (4, False), (4, True)])
+def test_the_ring_on_gloo_processes_is_float64_attention_forward_and_backward(world, causal):
+    errs = ring.check(world, causal, shape=(1, 2, 48, 16))
+    assert sorted(errs) == list(range(world))
+    worst = {name: max(e[name] for e in errs.values()) for name in errs[0]}
+    assert all(e < 1e-12 for e in worst.values()), worst
+
+
+@pytest.mark.parametrize("local,caught", [("wrong_lse", "lse"), ("no_delta", "dq")])
+def test_the_gloo_check_catches_a_wrong_local_attention(local, caught):
+    """A local attention whose log-sum-exp is off (the merge's weights stay right: every block's
+    is off alike, but the lse handed back is wrong) or whose backward leaves Δ out must fail."""
+    errs = ring.check(2, True, shape=(1, 2, 48, 16), local=local)
+    assert max(e[caught] for e in errs.values()) > 1e-2
+
+
+# --- on a GPU: a stage as the local attention -------------------------------------------------------
+
+RING_STAGES = [st.slug for st in fl.stages() if st.lse and st.has_backward]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("slug", RING_STAGES)
+def test_a_stage_as_the_rings_local_attention_is_as_right_as_the_stage(built, slug, world, causal):
+    """The ring's output and gradients with a stage as local attention (fp16, N = 1024, split
+    across `world` simulated ranks) are within twice the stage's own error on the whole sequence,
+    plus a hair (the merge rounds once more), against float64."""
+    from conftest import attn_for
+    attn = attn_for(built, slug)
+    q, k, v, do = _inputs((2, 3, 1024, 64), seed=1, dtype=torch.float16, device="cuda")
+    got = ring.simulate(ring.stage_local(attn), q, k, v, do, world, causal)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    with torch.enable_grad():
+        o = attn(*leaves, causal=causal)
+        whole = [o, *torch.autograd.grad(o, leaves, do)]
+    want = [reference(q, k, v, causal), *reference_backward(q, k, v, do, causal)]
+    for name, g, w, own in zip(("o", "dq", "dk", "dv"), (got[0], *got[2:]), want, whole):
+        err, own_err = grad_err(g, w), grad_err(own, w)
+        assert err <= 2 * own_err + 1e-4, (name, err, own_err)
+    lse = reference_lse(q, k, causal)
+    assert rel_err(got[1], lse) < 1e-5
