@@ -102,32 +102,58 @@ def merge(o_a, lse_a, o_b, lse_b):
 
 # --- the split ------------------------------------------------------------------------------------
 
-def _check_split(N, world, causal):
+def _split(N, world, causal):
+    """The chunk length c of a sequence of N split over `world` ranks (world chunks, or 2·world
+    zig-zag), the sequence padded at its end to a whole number of chunks."""
+    if not (isinstance(world, int) and world >= 1):
+        raise ValueError(f"ring attention needs a whole number of ranks, at least 1, got {world!r}")
     parts = 2 * world if causal else world
-    if N % parts:
-        raise ValueError(f"ring attention over {world} ranks splits the sequence into {parts} equal "
+    if N < parts:
+        raise ValueError(f"ring attention over {world} ranks splits the sequence into {parts} "
                          f"chunks{' (zig-zag, for causal balance)' if causal else ''}: N = {N} is "
-                         f"not a multiple of {parts}")
-    return N // parts
+                         f"shorter than that")
+    return -(-N // parts)
 
 
 def shard(x, world, rank, causal, dim=2):
     """Rank `rank`'s part of a full-sequence tensor (the sequence along `dim`): a contiguous
-    N/world rows, or zig-zag for causal, chunks rank and 2·world - 1 - rank of 2·world."""
+    n = ⌈N/world⌉ rows, or zig-zag for causal, chunks rank and 2·world - 1 - rank of 2·world.
+    A length the chunks do not divide is padded with zeros at its end; ring_attention is told
+    the real length, and a causal mask or the key count keeps the padding out of every real row."""
     N = x.shape[dim]
-    c = _check_split(N, world, causal)
+    c = _split(N, world, causal)
+    pad = c * (2 * world if causal else world) - N
+    if pad:
+        x = torch.cat([x, x.new_zeros(*x.shape[:dim], pad, *x.shape[dim + 1:])], dim=dim)
     if not causal:
         return x.narrow(dim, rank * c, c).contiguous()
     return torch.cat([x.narrow(dim, rank * c, c), x.narrow(dim, (2 * world - 1 - rank) * c, c)],
                      dim=dim).contiguous()
 
 
-def unshard(parts, causal, dim=2):
-    """The full-sequence tensor from every rank's shard (a list in rank order): shard's inverse."""
+def unshard(parts, causal, dim=2, length=None):
+    """The full-sequence tensor from every rank's shard (a list in rank order): shard's inverse,
+    cut back to `length` rows where shard padded."""
     if not causal:
-        return torch.cat(parts, dim=dim)
-    halves = [p.chunk(2, dim=dim) for p in parts]
-    return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=dim)
+        whole = torch.cat(parts, dim=dim)
+    else:
+        halves = [p.chunk(2, dim=dim) for p in parts]
+        whole = torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=dim)
+    return whole if length is None else whole.narrow(dim, 0, length)
+
+
+def _keys_in(src, n, length, causal):
+    """How many of src's n keys are real, where the padding needs telling apart: without the mask
+    only (a causal mask already hides the padding, which comes after every real row), else None."""
+    if causal or length is None or (src + 1) * n <= length:
+        return None
+    return max(0, min(n, length - src * n))
+
+
+def _windows(n, m):
+    """(start, first, end) of ⌈n/m⌉ windows of m rows covering n rows: window i starts at `start`
+    and owns rows [first, end), so that each row is owned once."""
+    return [(min(i * m, n - m), i * m, min((i + 1) * m, n)) for i in range(-(-n // m))]
 
 
 # --- the ring -------------------------------------------------------------------------------------
@@ -174,9 +200,21 @@ def _half(x, h):
     return x if h is None else x.chunk(2, dim=2)[h]
 
 
-def _local_forward(local, q, k, v, rank, src, world, causal, scale):
-    """(o, lse) of rank's queries against src's block, lse -inf where a row sees none of it."""
+def _local_forward(local, q, k, v, rank, src, world, causal, scale, keys=None):
+    """(o, lse) of rank's queries against src's block, lse -inf where a row sees none of it.
+    keys: how many of the block's keys are real (the rest padding), None for all."""
     pairs, local_causal = _step_plan(rank, src, world, causal)
+    if keys is not None:  # the queries in windows of `keys` rows against the real keys
+        n = q.shape[2]
+        if keys == 0:
+            return torch.zeros_like(q), torch.full(q.shape[:-1], -math.inf, device=q.device)
+        win = _windows(n, keys)
+        o, lse = local.forward(torch.cat([q[:, :, a:a + keys] for a, _, _ in win]),
+                               torch.cat([k[:, :, :keys]] * len(win)),
+                               torch.cat([v[:, :, :keys]] * len(win)), False, scale)
+        B = q.shape[0]
+        return (torch.cat([o[i * B:(i + 1) * B, :, f - a:e - a] for i, (a, f, e) in enumerate(win)], 2),
+                torch.cat([lse[i * B:(i + 1) * B, :, f - a:e - a] for i, (a, f, e) in enumerate(win)], 2))
     if pairs == [(None, None)]:
         o, lse = local.forward(q, k, v, local_causal, scale)
         return o, lse
@@ -195,9 +233,25 @@ def _local_forward(local, q, k, v, rank, src, world, causal, scale):
             torch.cat([none, lse1], 2))
 
 
-def _local_backward(local, q, k, v, o, lse, do, rank, src, world, causal, scale):
+def _local_backward(local, q, k, v, o, lse, do, rank, src, world, causal, scale, keys=None):
     """(dq, dk, dv) of rank's queries against src's block (dk, dv: the block's share)."""
     pairs, local_causal = _step_plan(rank, src, world, causal)
+    if keys is not None:  # as _local_forward; dO zero on the rows a window does not own
+        dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+        if keys == 0:
+            return dq, dk, dv
+        B, win = q.shape[0], _windows(q.shape[2], keys)
+        rows = lambda x: torch.cat([x[:, :, a:a + keys] for a, _, _ in win])  # noqa: E731
+        owned = torch.cat([do[:, :, a:a + keys] * _owned(keys, f - a, e - a, do) for a, f, e in win])
+        g = local.backward(rows(q), torch.cat([k[:, :, :keys]] * len(win)),
+                           torch.cat([v[:, :, :keys]] * len(win)), rows(o),
+                           rows(lse[..., None])[..., 0].contiguous(), owned.contiguous(), False, scale)
+        for i, (a, f, e) in enumerate(win):
+            sl = slice(i * B, (i + 1) * B)
+            dq[:, :, f:e] = g[0][sl, :, f - a:e - a]
+            dk[:, :, :keys] += g[1][sl]
+            dv[:, :, :keys] += g[2][sl]
+        return dq, dk, dv
     if pairs == [(None, None)]:
         return local.backward(q, k, v, o, lse, do, local_causal, scale)
     B = q.shape[0]
@@ -214,10 +268,17 @@ def _local_backward(local, q, k, v, o, lse, do, rank, src, world, causal, scale)
     return dq, dk, dv
 
 
-def ring_forward(local, q, k, v, causal=False, scale=None, group=None):
+def _owned(m, first, end, like):
+    """A (m, 1) column of ones on rows [first, end) of a window, zeros elsewhere."""
+    col = torch.zeros(m, 1, dtype=like.dtype, device=like.device)
+    col[first:end] = 1
+    return col
+
+
+def ring_forward(local, q, k, v, causal=False, scale=None, group=None, length=None):
     """(o, lse) of this rank's queries against the whole sequence, its K/V blocks passed around
-    the ring (q, k, v: this rank's shard, `shard`'s layout). o in q's dtype, lse fp32 (float64 for
-    float64 inputs)."""
+    the ring (q, k, v: this rank's shard, `shard`'s layout; length: the sequence's real length
+    where shard padded it). o in q's dtype, lse fp32 (float64 for float64 inputs)."""
     world, rank, _, _ = _peers(group)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -226,15 +287,16 @@ def ring_forward(local, q, k, v, causal=False, scale=None, group=None):
     kv = [k.contiguous(), v.contiguous()]
     for s in range(world):
         nxt = _Pass(kv, group) if s + 1 < world else None   # the next block, on its way
-        o_s, lse_s = _local_forward(local, q, kv[0], kv[1], rank, (rank - s) % world, world,
-                                    causal, scale)
+        src = (rank - s) % world
+        o_s, lse_s = _local_forward(local, q, kv[0], kv[1], rank, src, world, causal, scale,
+                                    _keys_in(src, q.shape[2], length, causal))
         o, lse = merge(o, lse, o_s, lse_s)
         if nxt is not None:
             kv = nxt.wait()
     return o.to(q.dtype), lse
 
 
-def ring_backward(local, q, k, v, o, lse, do, causal=False, scale=None, group=None):
+def ring_backward(local, q, k, v, o, lse, do, causal=False, scale=None, group=None, length=None):
     """(dq, dk, dv) of this rank's shard: dQ added here, dK and dV travelling with their block
     and handed back to its owner after the last step."""
     world, rank, _, _ = _peers(group)
@@ -246,8 +308,9 @@ def ring_backward(local, q, k, v, o, lse, do, causal=False, scale=None, group=No
            torch.zeros(v.shape, dtype=acc, device=v.device)]
     for s in range(world):
         nxt = _Pass(kv, group) if s + 1 < world else None
-        g_q, g_k, g_v = _local_backward(local, q, kv[0], kv[1], o, lse, do, rank,
-                                        (rank - s) % world, world, causal, scale)
+        src = (rank - s) % world
+        g_q, g_k, g_v = _local_backward(local, q, kv[0], kv[1], o, lse, do, rank, src, world,
+                                        causal, scale, _keys_in(src, q.shape[2], length, causal))
         dq += g_q
         dkv[0] += g_k
         dkv[1] += g_v
@@ -266,6 +329,8 @@ def simulate(local, q, k, v, do, world, causal=False, scale=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     cut = lambda t, r: shard(t, world, r, causal)  # noqa: E731
+    N = q.shape[2]
+    keys = lambda src: _keys_in(src, cut(q, 0).shape[2], N, causal)  # noqa: E731
     outs = []
     for r in range(world):
         o = torch.zeros(cut(q, r).shape, dtype=acc, device=q.device)
@@ -273,7 +338,7 @@ def simulate(local, q, k, v, do, world, causal=False, scale=None):
         for s in range(world):
             src = (r - s) % world
             o, lse = merge(o, lse, *_local_forward(local, cut(q, r), cut(k, src), cut(v, src), r,
-                                                   src, world, causal, scale))
+                                                   src, world, causal, scale, keys(src)))
         outs.append((o.to(q.dtype), lse))
     dq = [torch.zeros(cut(q, r).shape, dtype=acc, device=q.device) for r in range(world)]
     dk, dv = [torch.zeros_like(t) for t in dq], [torch.zeros_like(t) for t in dq]
@@ -282,36 +347,40 @@ def simulate(local, q, k, v, do, world, causal=False, scale=None):
         for s in range(world):
             src = (r - s) % world
             g = _local_backward(local, cut(q, r), cut(k, src), cut(v, src), o, lse, cut(do, r), r,
-                                src, world, causal, scale)
+                                src, world, causal, scale, keys(src))
             dq[r] += g[0]
             dk[src] += g[1]
             dv[src] += g[2]
-    whole = lambda parts: unshard(parts, causal)  # noqa: E731
-    return (whole([o for o, _ in outs]), unshard([lse[..., None] for _, lse in outs], causal)[..., 0],
+    whole = lambda parts: unshard(parts, causal, length=N)  # noqa: E731
+    return (whole([o for o, _ in outs]), whole([lse[..., None] for _, lse in outs])[..., 0],
             whole([t.to(q.dtype) for t in dq]), whole([t.to(q.dtype) for t in dk]),
             whole([t.to(q.dtype) for t in dv]))
 
 
 class _Ring(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, local, causal, scale, group):
-        o, lse = ring_forward(local, q, k, v, causal, scale, group)
+    def forward(ctx, q, k, v, local, causal, scale, group, length):
+        o, lse = ring_forward(local, q, k, v, causal, scale, group, length)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args = (local, causal, scale, group)
+        ctx.args = (local, causal, scale, group, length)
         return o, lse
 
     @staticmethod
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        local, causal, scale, group = ctx.args
-        dq, dk, dv = ring_backward(local, q, k, v, o, lse, do.contiguous(), causal, scale, group)
-        return dq, dk, dv, None, None, None, None
+        local, causal, scale, group, length = ctx.args
+        dq, dk, dv = ring_backward(local, q, k, v, o, lse, do.contiguous(), causal, scale, group,
+                                   length)
+        return dq, dk, dv, None, None, None, None, None
 
 
-def ring_attention(q, k, v, causal=False, scale=None, local=None, group=None, return_lse=False):
+def ring_attention(q, k, v, causal=False, scale=None, local=None, group=None, return_lse=False,
+                   length=None):
     """Attention of this rank's shard of the queries against the whole sequence: q, k, v are
-    this rank's shard (`shard`), local the attention each step runs (default: float64 reference).
-    Differentiable: where autograd records the call, the gradients run the ring backward."""
+    this rank's shard (`shard`), local the attention each step runs (default: float64 reference),
+    length the sequence's real length where shard padded it (its rows past length come out as
+    garbage that unshard drops; their dO must be zero, as shard pads it). Differentiable: where
+    autograd records the call, the gradients run the ring backward."""
     local = reference_local() if local is None else local
     if not (q.shape == k.shape == v.shape and q.dim() == 4):
         raise ValueError(f"ring attention takes q, k, v shards of one shape (B, H, n, D), got "
@@ -319,7 +388,13 @@ def ring_attention(q, k, v, causal=False, scale=None, local=None, group=None, re
     if causal and q.shape[2] % 2:
         raise ValueError(f"a causal ring's shard holds two chunks of equal length (zig-zag): "
                          f"its length {q.shape[2]} is odd")
-    o, lse = _Ring.apply(q, k, v, local, bool(causal), scale, group)
+    if length is not None:
+        world = dist.get_world_size(group) if dist.is_initialized() else 1
+        full = q.shape[2] * world
+        if not (isinstance(length, int) and full - (2 * world if causal else world) < length <= full):
+            raise ValueError(f"length {length!r}: {world} shards of {q.shape[2]} rows hold a "
+                             f"sequence of {full} rows at most, padded by less than a chunk a rank")
+    o, lse = _Ring.apply(q, k, v, local, bool(causal), scale, group, length)
     return (o, lse) if return_lse else o
 
 
@@ -351,11 +426,14 @@ def _check_worker(rank, world, causal, shape, seed, init, results, local):
         o_ref, lse_ref = _ref_forward(*ref, causal, D ** -0.5)
         o_ref.backward(do)
         mine = [shard(t, world, rank, causal).requires_grad_(True) for t in (q, k, v)]
-        o, lse = ring_attention(*mine, causal=causal, local=LOCALS[local](), return_lse=True)
+        o, lse = ring_attention(*mine, causal=causal, local=LOCALS[local](), return_lse=True,
+                                length=N)
         o.backward(shard(do, world, rank, causal))
         wanted = [o_ref, lse_ref, *(t.grad for t in ref)]
         got = [o, lse, *(t.grad for t in mine)]
-        errs = {name: float((g.detach() - shard(w.detach(), world, rank, causal)).abs().max())
+        real = shard(torch.ones(1, 1, N), world, rank, causal, dim=2)[0, 0] > 0  # not padding
+        errs = {name: float((g.detach() - shard(w.detach(), world, rank, causal))[:, :, real]
+                            .abs().max())
                 for name, g, w in zip(("o", "lse", "dq", "dk", "dv"), got, wanted)}
         results.put((rank, errs))
     finally:
@@ -369,7 +447,7 @@ def check(world=2, causal=False, shape=(1, 2, 48, 16), seed=0, local="reference"
     whole sequence."""
     import tempfile
     import torch.multiprocessing as mp
-    _check_split(shape[2], world, causal)
+    _split(shape[2], world, causal)
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
