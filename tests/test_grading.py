@@ -306,3 +306,29 @@ def test_a_skipped_exercise_is_neither_zero_nor_counted(tmp_path):
     board = boards["cpu"]
     assert list(board["student"]) == ["alice", "bob"] and list(board["possible"]) == [2, 2]
     assert {p.name for p in figs} == {"02.sectors.png"}
+
+
+def test_a_class_graded_without_a_gpu_gets_a_leaderboard_that_says_so(tmp_path):
+    """Every exercise skipped (a backward week graded on a machine without a GPU): the leaderboard
+    says that nothing was graded on a GPU and nothing at all, never a pandas dump of an empty
+    table or '1 GPU model'."""
+    rows = [dict(_row(s, "02.tile_copy", 0, most=10), verdict="skipped") for s in ("alice", "bob")]
+    said = []
+    boards, figs = leaderboard.run([_book(tmp_path, rows)], out_dir=tmp_path / "lb", out=said.append)
+    text = "\n".join(said)
+    assert "2 students; no kernel exercise was graded on a GPU." in text
+    assert "no exercise graded" in text and "no figure (nothing graded)" in text
+    assert "Empty DataFrame" not in text and "GPU model" not in text and figs == []
+
+
+def test_a_hand_in_cloned_from_the_edition_has_no_stray_files(edition, tmp_path):
+    """A hand-in collected by git clone holds every file of the edition, a variant's kernel under
+    kernels/variants/ among them: none of them is listed as 'not graded'."""
+    ed = tmp_path / "edition"
+    shutil.copytree(edition, ed)
+    (ed / "kernels" / "variants").mkdir(exist_ok=True)
+    (ed / "kernels" / "variants" / "12_overlap.cu").write_text("// a variant the edition ships\n")
+    mine = tmp_path / "gus"
+    shutil.copytree(ed, mine)
+    h = handin.make_work_tree(mine, ed, tmp_path, _manifest(ed))
+    assert not any("not graded" in n for n in h.notes), h.notes

@@ -859,3 +859,15 @@ def test_the_turns_without_fences_are_graded_wrong(tmp_path):
     got = _graded_with(tmp_path, "16.turns", _text(st.slug).replace("__threadfence();", ""))
     assert got.ok is False and got.score == 0, got
     assert "has no MEMBAR" in got.message or "check_repeatable" in got.message, got
+
+
+def test_student_md_explains_only_the_kinds_of_exercise_the_assignment_has():
+    """The backward week (14-17) hands out kernel exercises only: its STUDENT.md explains kernel
+    exercises and how to compile one without a GPU (flashlab sass), and no labs; the first
+    week's has both kinds."""
+    from flashlab.course import student
+    backward = student.student_md(student.assignment(through=17, first=14))
+    assert "A **kernel exercise**" in backward and "A **lab**" not in backward
+    assert "flashlab sass NN" in backward and "nvidia-cuda-cuobjdump" in backward
+    first = student.student_md(student.assignment(through=2, first=1))
+    assert "A **kernel exercise**" in first and "A **lab**" in first

@@ -37,7 +37,7 @@ from .. import paths
 from ..env import environment, gpu_available
 from . import Result, exercises
 
-NO_GPU = "no CUDA GPU here: kernel exercises need one (the CPU labs are graded anywhere)"
+NO_GPU = "no CUDA GPU here: kernel exercises need one to be checked and timed (labs need none)"
 STUDENT_TIMEOUT_S = 1800      # one hand-in, every exercise
 GRADEBOOK = "gradebook.csv"
 COLUMNS = ["student", "assignment", "exercise", "kind", "stage", "points", "max_points",
@@ -415,8 +415,11 @@ def grade_class(handins_dir, edition, out_dir="grades", students=None, jobs=1,
             verdicts = {}
             for _, r in results:
                 verdicts[r.verdict] = verdicts.get(r.verdict, 0) + 1
-            out(f"  {h.name}: {t['score']:g} / {t['possible']} points "
-                f"({', '.join(f'{n} {v}' for v, n in verdicts.items())}) in {secs:.0f} s")
+            unjudged = (f"; {t['possible'] - t['points']} more in the {t['skipped']} not graded "
+                        f"here" if t['skipped'] else "")
+            out(f"  {h.name}: {t['score']:g} / {t['points']} points over the {t['graded']} "
+                f"graded{unjudged} ({', '.join(f'{n} {v}' for v, n in verdicts.items())}) "
+                f"in {secs:.0f} s")
             done.append((h, results, secs))
     shutil.rmtree(scratch, ignore_errors=True)
     out(f"gradebook: {out_dir / GRADEBOOK}; feedback: {out_dir / 'feedback'}/")

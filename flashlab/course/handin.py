@@ -121,7 +121,7 @@ def make_work_tree(handin: Path, edition: Path, into: Path, manifest: dict) -> H
     exercises = manifest["exercises"]
     handed = {ex["id"] for ex in exercises}
     known = ({p.stem for p in (edition / "notebooks").glob("*.ipynb")}
-             | {p.stem for p in (edition / "kernels").glob("*.cu")})
+             | {p.stem for p in (edition / "kernels").rglob("*.cu")})  # variants/ too
     stray = [p for p in files if p.suffix in (".ipynb", ".cu")
              and plain_name(p.name).rsplit(".", 1)[0] not in known]
     if stray:

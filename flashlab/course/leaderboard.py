@@ -116,10 +116,16 @@ def text(boards, df) -> str:
     """The ranked tables, each headed by its GPU model, after the line that says models are
     never compared."""
     students = df["student"].nunique()
-    lines = [f"{students} student{'s' * (students != 1)} on {len(boards)} GPU model"
-             f"{'s' * (len(boards) != 1)}. {SAME_MODEL}"]
+    gpus = [g for g in boards if g != CPU]
+    lines = [f"{students} student{'s' * (students != 1)} on {len(gpus)} GPU model"
+             f"{'s' * (len(gpus) != 1)}. {SAME_MODEL}" if gpus else
+             f"{students} student{'s' * (students != 1)}; no kernel exercise was graded on a GPU."]
     with pd.option_context("display.width", 250, "display.max_columns", 100):
         for gpu, table in boards.items():
+            if table.empty:
+                lines += ["", f"== {model_label(gpu)}: no exercise graded (every one was skipped "
+                              f"where it was graded) =="]
+                continue
             shown = table.copy()
             shown["total"] = [f"{t:g} / {p:g}" for t, p in zip(shown["total"], shown["possible"])]
             shown = shown.drop(columns="possible")
@@ -186,6 +192,7 @@ def run(items, out_dir="leaderboard", out=print):
         path = out_dir / f"{ex}.png"
         fig.savefig(path, dpi=110)
         written.append(path)
-    out(f"\nwritten to {out_dir}: leaderboard.txt, leaderboard.csv and "
-        f"{len(written)} figure{'s' * (len(written) != 1)} ({', '.join(p.name for p in written)})")
+    shown = (f"{len(written)} figure{'s' * (len(written) != 1)} "
+             f"({', '.join(p.name for p in written)})" if written else "no figure (nothing graded)")
+    out(f"\nwritten to {out_dir}: leaderboard.txt, leaderboard.csv and {shown}")
     return boards, written

@@ -417,6 +417,25 @@ def _needs(st) -> str:
     return f"{cc(st.min_cc)}" + (" only" if st.arch_specific else "+") + (f" ({more})" if more else "")
 
 
+# STUDENT.md's bullets for the kinds of exercise an assignment has, and for kernel exercises
+# what a machine without a GPU can still check.
+LAB_TEXT = """- A **lab** is three cells in the notebook's Exercises section: the question, the answer cell
+  (predict the number, then replace `# YOUR CODE HERE` with `answer = ...`), and the check,
+  which says right or wrong and why; a wrong answer stops *Run All* there, as an error does.
+  Labs need no GPU.
+"""
+KERNEL_TEXT = """- A **kernel exercise** is a region of a stage's kernel, between `// BEGIN EXERCISE <id>` and
+  `// END EXERCISE <id>`, holding a stub that compiles but gives wrong answers: write the code
+  there and keep the two marker lines. It needs a GPU of the compute capability in the table
+  (a T4 is 7.5, an A100 8.0, an H100 9.0). A stage's regions are checked together.{carried}
+"""
+COMPILE_ONLY = """
+
+Without a GPU you can still compile a stage with your regions in it and read its machine code:
+`flashlab sass NN` (NN the stage's number) needs the CUDA toolkit's `nvcc` and
+`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`; a compile error names the line."""
+
+
 def student_md(a: Assignment, root=None) -> str:
     """STUDENT.md for assignment `a`: what is handed out and where, how to install on a laptop
     without a GPU, on Colab and on a GPU machine, how to check the work and how to hand it in."""
@@ -458,6 +477,12 @@ def student_md(a: Assignment, root=None) -> str:
                    "  yours from that exercise's own stage and fit it to the names around it). The\n"
                    "  later stage is checked with it, so it passes only once that region is written\n"
                    "  too.")
+    kinds = ""
+    if any(ex.kind == "lab" for ex in exs):
+        kinds += LAB_TEXT
+    if any(ex.kind != "lab" for ex in exs):
+        kinds += KERNEL_TEXT.format(carried=carried)
+    compile_only = COMPILE_ONLY if any(ex.kind != "lab" for ex in exs) else ""
     return f"""# flashlab, assignment {a.name}
 
 This folder is your copy of the workbook for this assignment: stages 01 to {a.last:02d}, their
@@ -470,15 +495,7 @@ notebooks, and the recorded measurements the notebooks replay. You work on
 
 {total} points in all.
 
-- A **lab** is three cells in the notebook's Exercises section: the question, the answer cell
-  (predict the number, then replace `# YOUR CODE HERE` with `answer = ...`), and the check,
-  which says right or wrong and why; a wrong answer stops *Run All* there, as an error does.
-  Labs need no GPU.
-- A **kernel exercise** is a region of a stage's kernel, between `// BEGIN EXERCISE <id>` and
-  `// END EXERCISE <id>`, holding a stub that compiles but gives wrong answers: write the code
-  there and keep the two marker lines. It needs a GPU of the compute capability in the table
-  (a T4 is 7.5, an A100 8.0, an H100 9.0). A stage's regions are checked together.{carried}
-- The **questions for discussion** at the end of each notebook have a cell `YOUR ANSWER HERE`
+{kinds}- The **questions for discussion** at the end of each notebook have a cell `YOUR ANSWER HERE`
   under them: write your answer there.
 
 ## Installing
@@ -523,7 +540,7 @@ Open the notebooks with `jupyter lab notebooks/`.
 running its notebook top to bottom in a fresh Python, through the lab's answer cell (so an
 answer that uses a name an earlier cell defines works, and one that needs a cell you have not
 run does not); each kernel exercise by building its stage from your region, checking it and
-timing it. Without a GPU the kernel exercises are skipped, saying why.
+timing it. Without a GPU the kernel exercises are skipped, saying why.{compile_only}
 
 A kernel is checked against a float64 reference on random inputs and on inputs made to exercise
 its idea (scores that grow along the keys, so that every rescale and fallback path runs; the
