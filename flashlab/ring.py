@@ -69,17 +69,21 @@ def reference_local() -> Local:
 
 def stage_local(attn) -> Local:
     """A built stage (flashlab.build(...)) as a rank's local attention: its forward with
-    return_lse=True and its backward pass, which the stage's registry entry must both have."""
+    return_lse=True (stage 05 on) and, where the stage has one, its backward pass (stage 14 on;
+    without one, the ring's backward raises a ValueError saying so)."""
     st = attn.stage
-    if not (st.lse and st.has_backward):
-        raise ValueError(f"{st.slug}: ring attention needs a stage with the log-sum-exp and a "
-                         "backward pass (stage 14 on)")
+    if not st.lse:
+        raise ValueError(f"{st.slug}: ring attention merges the blocks' outputs by their "
+                         "log-sum-exps, which this stage's forward does not write (stage 05 on)")
 
     def forward(q, k, v, causal, scale):
         with torch.no_grad():
             return attn(q, k, v, causal=causal, scale=scale, return_lse=True)
 
     def backward(q, k, v, o, lse, do, causal, scale):
+        if not st.has_backward:
+            raise ValueError(f"{st.slug} has no backward pass: train through a ring with a stage "
+                             "that has one (14 on)")
         return attn.backward(q, k, v, o, lse.float(), do, causal=causal, scale=scale)
 
     return Local(st.slug, forward, backward)
@@ -455,3 +459,190 @@ def check(world=2, causal=False, shape=(1, 2, 48, 16), seed=0, local="reference"
                                                 results, local), nprocs=world, start_method="spawn")
         out = dict(results.get() for _ in range(world))
     return out
+
+
+# --- measured on the GPUs of one machine (launched by torchrun, NCCL) -------------------------------
+
+def _timed(fn, runs, group, warm=2) -> float:
+    """The slowest rank's time of one call in ms, the median over `runs` calls (each after a
+    barrier), after `warm` calls."""
+    import statistics
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        dist.barrier(group)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        t = torch.tensor([a.elapsed_time(b)], device="cuda")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        times.append(float(t))
+    return statistics.median(times)
+
+
+def _compute_only(local, q, k, v, do, causal, length, group, training):
+    """The ring's local work with no communication: each step's problem on this rank's own K/V
+    (the same shapes as the ring's), merged; with training, each step's backward too."""
+    world, rank, _, _ = _peers(group)
+    scale = q.shape[-1] ** -0.5
+    acc = torch.float32
+    o = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device)
+    for s in range(world):
+        src = (rank - s) % world
+        o, lse = merge(o, lse, *_local_forward(local, q, k, v, rank, src, world, causal, scale,
+                                               _keys_in(src, q.shape[2], length, causal)))
+    if training:
+        o = o.to(q.dtype)
+        for s in range(world):
+            src = (rank - s) % world
+            _local_backward(local, q, k, v, o, lse, do, rank, src, world, causal, scale,
+                            _keys_in(src, q.shape[2], length, causal))
+
+
+def _comm_only(k, v, group, training):
+    """The ring's communication with no compute: world - 1 passes of K/V (and with training,
+    world passes of dK/dV in fp32 and world - 1 more of K/V)."""
+    world = dist.get_world_size(group)
+    kv = [k, v]
+    for _ in range(world - 1):
+        kv = _Pass(kv, group).wait()
+    if training:
+        dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device) for _ in range(2)]
+        for s in range(world):
+            if s + 1 < world:
+                kv = _Pass(kv, group).wait()
+            dkv = _Pass(dkv, group).wait()
+
+
+def _context_parallel_times(backend, q, k, v, causal, runs, group, do_seed):
+    """(forward ms, training ms) of PyTorch's context_parallel with SDPA's `backend` on the same
+    GPUs: q, k, v the whole sequence, sharded in place by context_parallel (its head-tail load
+    balancing where causal: it takes no other)."""
+    import torch.nn.functional as F
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.distributed.tensor.experimental._attention import _cp_options
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    which = {"sdpa_cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa_flash": SDPBackend.FLASH_ATTENTION}
+    mesh = init_device_mesh("cuda", (dist.get_world_size(group),))
+    bufs = [t.clone() for t in (q, k, v)]
+    balance, _cp_options.enable_load_balance = _cp_options.enable_load_balance, bool(causal)
+    try:
+        with context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2],
+                              no_restore_buffers=set(bufs)), sdpa_kernel(which[backend]):
+            with torch.no_grad():
+                fwd = _timed(lambda: F.scaled_dot_product_attention(*bufs, is_causal=causal),
+                             runs, group)
+            leaves = [t.detach().requires_grad_(True) for t in bufs]
+            gen = torch.Generator("cuda").manual_seed(do_seed)
+            do = torch.randn(bufs[0].shape, generator=gen, device="cuda", dtype=q.dtype)
+            trn = _timed(lambda: F.scaled_dot_product_attention(*leaves, is_causal=causal)
+                         .backward(do), runs, group)
+    finally:
+        _cp_options.enable_load_balance = balance
+    return fwd, trn
+
+
+def measure(stage="17_wide_warps", lengths=(32768, 131072), dtypes=("fp16",), heads=16, D=128,
+            causal=(False, True), runs=10, single_up_to=262144, baselines=("sdpa_cudnn", "sdpa_flash"),
+            record=True, log=print, group=None) -> list:
+    """Ring attention with `stage` as local attention on this machine's GPUs, beside PyTorch's
+    context_parallel with SDPA's cuDNN and flash backends, in one run: each config's forward and
+    (for a stage with a backward pass) training step, forward and backward, timed in turn, with the ring's compute alone and its
+    communication alone (the share hidden), and one GPU's time where N <= single_up_to (the
+    scaling efficiency). Call in every rank of a torchrun launch (NCCL initialised, this rank's
+    GPU set). Rows go to data/ring.csv on rank 0 (tables.RING). Returns rank 0's rows."""
+    import flashlab as fl
+    from . import configs, tables
+    from .env import environment
+    from .inputs import dtype_of
+    world, rank, _, _ = _peers(group)
+    attn = fl.stage(stage).build()
+    local = stage_local(attn)
+    trains = attn.stage.has_backward  # a forward-only stage (05-13): the forward's rows only
+    env = environment()
+    rows = []
+    for dt in dtypes:
+        for N in lengths:
+            for c in causal:
+                gen = torch.Generator("cuda").manual_seed(N)
+                q, k, v, do = (torch.randn(1, heads, N, D, generator=gen, device="cuda",
+                                           dtype=dtype_of(dt)) for _ in range(4))
+                mine = [shard(t, world, rank, c) for t in (q, k, v, do)]
+                times = {}
+                with torch.no_grad():
+                    times["forward"] = _timed(lambda: ring_forward(local, *mine[:3], c, None, group, N),
+                                              runs, group)
+                    comp_f = _timed(lambda: _compute_only(local, *mine, c, N, group, False), runs, group)
+                    comm_f = _timed(lambda: _comm_only(*mine[1:3], group, False), runs, group)
+                leaves = [t.detach().requires_grad_(True) for t in mine[:3]]
+
+                def train():
+                    ring_attention(*leaves, causal=c, local=local, group=group, length=N).backward(mine[3])
+                times["training"] = _timed(train, runs, group) if trains else math.nan
+                comp_t = _timed(lambda: _compute_only(local, *mine, c, N, group, True), runs,
+                                group) if trains else math.nan
+                comm_t = _timed(lambda: _comm_only(*mine[1:3], group, True), runs,
+                                group) if trains else math.nan
+                single = {"forward": math.nan, "training": math.nan}
+                if N <= single_up_to:
+                    t = torch.zeros(2, device="cuda")
+                    if rank == 0:
+                        with torch.no_grad():
+                            t[0] = _single(lambda: attn(q, k, v, causal=c), runs)
+                        full = [x.detach().requires_grad_(True) for x in (q, k, v)]
+                        t[1] = (_single(lambda: attn(*full, causal=c).backward(do), runs)
+                                if trains else math.nan)
+                    dist.broadcast(t, 0, group)
+                    single = {"forward": float(t[0]), "training": float(t[1])}
+                base = {b: _context_parallel_times(b, q, k, v, c, runs, group, N) for b in baselines}
+                fl_f = configs.flops(1, heads, N, D, c, "forward")
+                fl_b = configs.flops(1, heads, N, D, c, "backward")
+                passes = [("forward", fl_f, comp_f, comm_f)]
+                passes += [("training", fl_f + fl_b, comp_t, comm_t)] if trains else []
+                for pass_, flops, comp, comm in passes:
+                    ms = times[pass_]
+                    hidden = (max(0.0, min(1.0, (comp + comm - ms) / comm)) if world > 1 and comm > 0
+                              else math.nan)
+                    rows.append(dict(impl=f"ring:{stage}", **{"pass": pass_}, gpus=world, dtype=dt,
+                                     B=1, H=heads, N=N, D=D, causal=c, median_ms=ms,
+                                     tflops=flops / ms / 1e9, single_ms=single[pass_],
+                                     efficiency=single[pass_] / (world * ms), compute_ms=comp,
+                                     comm_ms=comm, hidden=hidden, runs=runs, **env))
+                    for b, (bf, bt) in base.items():
+                        bms = bf if pass_ == "forward" else bt
+                        rows.append(dict(impl=f"context_parallel:{b}", **{"pass": pass_}, gpus=world,
+                                         dtype=dt, B=1, H=heads, N=N, D=D, causal=c, median_ms=bms,
+                                         tflops=flops / bms / 1e9, runs=runs, **env))
+                    if rank == 0:
+                        log(f"{world} GPU{'s' * (world > 1)} N={N:<8} {dt} {'causal' if c else 'full  '}"
+                            f" {pass_:8} ring {ms:9.2f} ms ({flops / ms / 1e9:5.0f} TFLOP/s, "
+                            f"hidden {hidden:.0%}, efficiency {single[pass_] / (world * ms):.0%})  "
+                            + "  ".join(f"{b} {(bf if pass_ == 'forward' else bt):9.2f} ms"
+                                        for b, (bf, bt) in base.items()))
+                q = k = v = do = mine = leaves = None  # the next config's inputs in their place
+                torch.cuda.empty_cache()
+    if record and rank == 0:
+        tables.RING.upsert(rows)
+    return rows
+
+
+def _single(fn, runs) -> float:
+    """One GPU's time of fn in ms (this rank alone: no barrier), the median over `runs` calls."""
+    import statistics
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(max(3, runs // 2)):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)

@@ -267,6 +267,20 @@ VARIANTS = Table(
     ints=["B", "H", "N", "D"],
     floats=["median_ms", "tflops", "stage_ms", "stage_tflops", "ratio", "max_rel_err"],
     bools=["causal", "check_passed"])
+# Ring attention across `gpus` GPUs of one machine (flashlab.ring.measure, tools/ring_bench.py,
+# launched by torchrun): a row per implementation, pass ("forward", or "training": forward and
+# backward) and config. ms: the slowest rank's time of one call, the median over calls;
+# efficiency: one GPU's time over gpus times this (where one GPU was timed); hidden: the share of
+# the ring's communication that its compute covered (the ring only).
+RING = Table(
+    "ring.csv", key=["gpu", "gpus", "impl", "pass", "dtype", "B", "H", "N", "D", "causal"],
+    columns=["impl", "pass", "gpus", "dtype", "B", "H", "N", "D", "causal", "median_ms", "tflops",
+             "single_ms", "efficiency", "compute_ms", "comm_ms", "hidden", "runs", "gpu",
+             *SOFTWARE],
+    ints=["gpus", "B", "H", "N", "D", "runs"],
+    floats=["median_ms", "tflops", "single_ms", "efficiency", "compute_ms", "comm_ms", "hidden"],
+    bools=["causal"])
+# (RING joins ALL, the tables with recorded rows, once a machine of several GPUs has recorded some.)
 ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL, VARIANTS)
 
 results = RESULTS  # `fl.results.load()`: the shared results table

@@ -82,15 +82,19 @@ def test_a_split_that_cannot_be_made_is_a_clear_value_error():
         ring.ring_attention(q, q[:, :, :4], q)
 
 
-def test_a_stage_without_the_log_sum_exp_or_a_backward_cannot_be_the_local_attention():
+def test_a_stage_without_the_log_sum_exp_cannot_be_the_local_attention_nor_train_without_a_backward():
     class Stage:
-        slug, lse, has_backward = "a_forward_only_stage", False, False
+        slug, lse, has_backward = "a_stage_without_lse", False, False
 
     class Built:
         stage = Stage()
 
-    with pytest.raises(ValueError, match="log-sum-exp and a backward"):
+    with pytest.raises(ValueError, match="log-sum-exps, which this stage"):
         ring.stage_local(Built())
+    Built.stage.lse = True  # a forward-only stage (05-13): the forward runs, training refuses
+    local = ring.stage_local(Built())
+    with pytest.raises(ValueError, match="has no backward pass"):
+        local.backward(*[None] * 8)
 
 
 @pytest.mark.parametrize("N", [48, 47, 41, 5])
