@@ -646,3 +646,44 @@ def _single(fn, runs) -> float:
         b.synchronize()
         times.append(a.elapsed_time(b))
     return statistics.median(times)
+
+
+# --- on paper: when does the ring hide its communication? -------------------------------------------
+
+# What one GPU's transfer to its ring neighbour gets, GB/s each way: NVLink 4 through NVSwitch
+# within an H100 SXM machine (900 GB/s both ways together), one 400 Gb/s InfiniBand NDR port a
+# GPU between machines. A ring over several machines waits on its slowest hop.
+LINKS_GBS = {"nvlink4": 450.0, "ib_ndr": 50.0}
+
+
+def step_model(N, gpus, tflops, link_gbs, heads=16, D=128, causal=False, training=False,
+               bytes_per=2) -> dict:
+    """One ring step on paper, in ms: the local attention's FLOPs (FlashAttention's count, the
+    zig-zag split giving every causal step half a block's work) at `tflops`, against a K/V block's
+    bytes over a link of `link_gbs` each way. With training, the backward's ring too: 2.5 times
+    the FLOPs, and dK, dV (fp32) travelling beside K and V. A step takes the longer of the two
+    (the transfer overlaps the compute); efficiency = compute / step time, what the ring keeps
+    of `gpus` times one GPU. Latency and the merge are left out."""
+    n = N / gpus
+    work = 0.5 if causal else 1.0
+    fwd = 4 * heads * n * n * D * work / (tflops * 1e12) * 1e3
+    kv = heads * n * D * 2 * bytes_per / (link_gbs * 1e9) * 1e3
+    compute, step = fwd, max(fwd, kv)
+    comm = kv
+    if training:
+        bwd = 2.5 * fwd
+        back = heads * n * D * (2 * bytes_per + 2 * 4) / (link_gbs * 1e9) * 1e3
+        compute, step, comm = fwd + bwd, step + max(bwd, back), kv + back
+    return dict(compute_ms=compute, comm_ms=comm, step_ms=step, efficiency=compute / step,
+                hidden=min(1.0, compute / comm) if comm else 1.0)
+
+
+def tokens_to_hide(tflops, link_gbs, causal=False, training=False, bytes_per=2) -> float:
+    """The fewest tokens a GPU must hold for its ring step's compute to cover the transfer (from
+    step_model: the compute grows with n², the bytes with n)."""
+    work = 0.5 if causal else 1.0
+    rate, link = tflops * 1e12, link_gbs * 1e9
+    need = 2 * bytes_per * rate / (4 * work * link)                     # the forward's ring
+    if training:
+        need = max(need, (2 * bytes_per + 8) * rate / (10 * work * link))  # the backward's
+    return need

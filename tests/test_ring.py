@@ -158,3 +158,20 @@ def test_a_stage_as_the_rings_local_attention_is_as_right_as_the_stage(built, sl
         assert err <= 2 * own_err + 1e-4, (name, err, own_err)
     lse = reference_lse(q, k, causal)
     assert rel_err(got[1], lse) < 1e-5
+
+
+def test_the_paper_model_hides_the_transfer_from_the_token_count_it_names():
+    """At tokens_to_hide tokens a GPU, compute equals the transfer (efficiency 1, just); at half
+    of them the step waits on the link; the causal mask halves the work and doubles the need."""
+    for causal in (False, True):
+        for training in (False, True):
+            n = ring.tokens_to_hide(600, ring.LINKS_GBS["nvlink4"], causal, training)
+            at = ring.step_model(8 * n, 8, 600, ring.LINKS_GBS["nvlink4"], causal=causal,
+                                 training=training)
+            assert at["efficiency"] == pytest.approx(1.0) and at["hidden"] >= 1 - 1e-9
+            short = ring.step_model(4 * n, 8, 600, ring.LINKS_GBS["nvlink4"], causal=causal,
+                                    training=training)
+            assert short["efficiency"] < 0.99
+    assert ring.tokens_to_hide(600, 450, causal=True) == pytest.approx(2 * ring.tokens_to_hide(600, 450))
+    # over InfiniBand a GPU needs nine times the tokens it needs over NVLink
+    assert ring.tokens_to_hide(600, 50) == pytest.approx(9 * ring.tokens_to_hide(600, 450))
