@@ -420,43 +420,81 @@ LOCALS = {  # by name, for check()'s processes: the reference and two wrong ones
 }
 
 
-def _check_worker(rank, world, causal, shape, seed, init, results, local):
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+def _check_worker(rank, world, causal, shape, seed, init, results, local, stage, dtype):
+    on_gpu = stage is not None
+    if on_gpu:
+        torch.cuda.set_device(rank)
+    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=init, rank=rank,
+                            world_size=world)
     try:
-        torch.manual_seed(seed)  # every rank draws the same full-sequence inputs
+        gen = torch.Generator().manual_seed(seed)  # every rank draws the same whole sequence
         B, H, N, D = shape
-        q, k, v, do = (torch.randn(B, H, N, D, dtype=torch.float64) for _ in range(4))
+        dev = f"cuda:{rank}" if on_gpu else "cpu"
+        q, k, v, do = (torch.randn(B, H, N, D, generator=gen, dtype=torch.float64).to(dev)
+                       for _ in range(4))
         ref = [t.detach().requires_grad_(True) for t in (q, k, v)]
         o_ref, lse_ref = _ref_forward(*ref, causal, D ** -0.5)
         o_ref.backward(do)
-        mine = [shard(t, world, rank, causal).requires_grad_(True) for t in (q, k, v)]
-        o, lse = ring_attention(*mine, causal=causal, local=LOCALS[local](), return_lse=True,
-                                length=N)
-        o.backward(shard(do, world, rank, causal))
         wanted = [o_ref, lse_ref, *(t.grad for t in ref)]
+        if on_gpu:
+            import flashlab as fl
+            from .inputs import dtype_of
+            attn = fl.stage(stage).build()
+            run = LocalRun(stage_local(attn), dtype_of(dtype))
+            q, k, v, do = (t.to(dtype_of(dtype)) for t in (q, k, v, do))
+        else:
+            run = LocalRun(LOCALS[local](), torch.float64)
+        mine = [shard(t, world, rank, causal).requires_grad_(True) for t in (q, k, v)]
+        o, lse = ring_attention(*mine, causal=causal, local=run.local, return_lse=True, length=N)
+        o.backward(shard(do, world, rank, causal))
         got = [o, lse, *(t.grad for t in mine)]
         real = shard(torch.ones(1, 1, N), world, rank, causal, dim=2)[0, 0] > 0  # not padding
-        errs = {name: float((g.detach() - shard(w.detach(), world, rank, causal))[:, :, real]
-                            .abs().max())
-                for name, g, w in zip(("o", "lse", "dq", "dk", "dv"), got, wanted)}
-        results.put((rank, errs))
+        kept = lambda t: t.detach()[:, :, real.to(t.device)]  # noqa: E731  (a shard's real rows)
+        mine_of = lambda t: kept(shard(t.detach(), world, rank, causal))  # noqa: E731  (whole's)
+        names = ("o", "lse", "dq", "dk", "dv")
+        if not on_gpu:
+            errs = {n: float((kept(g) - mine_of(w)).abs().max()) for n, g, w in zip(names, got, wanted)}
+            results.put((rank, errs))
+            return
+        # a stage: relative errors, beside the stage's own on the whole sequence (one GPU)
+        from .reference import grad_err
+        full = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        with torch.enable_grad():
+            o_own, lse_own = attn(*full, causal=causal, return_lse=True)
+            own = [o_own, lse_own, *torch.autograd.grad(o_own, full, do)]
+        errs = {n: grad_err(kept(g), mine_of(w)) for n, g, w in zip(names, got, wanted)}
+        owns = {n: grad_err(mine_of(g), mine_of(w)) for n, g, w in zip(names, own, wanted)}
+        results.put((rank, {n: (errs[n], owns[n]) for n in names}))
     finally:
         dist.destroy_process_group()
 
 
-def check(world=2, causal=False, shape=(1, 2, 48, 16), seed=0, local="reference") -> dict:
-    """{rank: {o, lse, dq, dk, dv: largest difference}}: `world` CPU processes on the gloo backend
-    run the ring (a LOCALS attention, the float64 reference by default, forward and backward) on
-    their shards of one random float64 sequence and compare each with float64 attention on the
-    whole sequence."""
+@dataclass
+class LocalRun:
+    local: Local
+    dtype: torch.dtype
+
+
+def check(world=2, causal=False, shape=(1, 2, 48, 16), seed=0, local="reference", stage=None,
+          dtype="fp16") -> dict:
+    """The ring against float64 attention on the whole sequence, forward and backward, each rank
+    on its shard of one random sequence. Without `stage`: `world` CPU processes on the gloo
+    backend, a LOCALS attention (the float64 reference by default) in float64; returns {rank:
+    {o, lse, dq, dk, dv: largest difference}}. With `stage` (a built stage's number or slug):
+    one process per GPU on NCCL, the stage as local attention in `dtype`; returns {rank: {name:
+    (the ring's relative error, the stage's own on the whole sequence)}}."""
     import tempfile
     import torch.multiprocessing as mp
     _split(shape[2], world, causal)
+    if stage is not None and torch.cuda.device_count() < world:
+        raise ValueError(f"a ring of {world} GPUs needs {world} GPUs here, found "
+                         f"{torch.cuda.device_count()}")
     ctx = mp.get_context("spawn")
     results = ctx.SimpleQueue()
     with tempfile.TemporaryDirectory() as tmp:
         mp.start_processes(_check_worker, args=(world, causal, shape, seed, f"file://{tmp}/rdzv",
-                                                results, local), nprocs=world, start_method="spawn")
+                                                results, local, stage, dtype),
+                           nprocs=world, start_method="spawn")
         out = dict(results.get() for _ in range(world))
     return out
 

@@ -175,3 +175,24 @@ def test_the_paper_model_hides_the_transfer_from_the_token_count_it_names():
     assert ring.tokens_to_hide(600, 450, causal=True) == pytest.approx(2 * ring.tokens_to_hide(600, 450))
     # over InfiniBand a GPU needs nine times the tokens it needs over NVLink
     assert ring.tokens_to_hide(600, 50) == pytest.approx(9 * ring.tokens_to_hide(600, 450))
+
+
+LAST_BACKWARD = [st.slug for st in fl.stages() if st.lse and st.has_backward][-1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_the_ring_across_gpus_is_as_right_as_its_stage(world, causal, dtype):
+    """One process per GPU on NCCL, the last stage with a backward pass as local attention, a
+    ragged length (padded to whole chunks): each rank's output, log-sum-exp and gradients within
+    twice the stage's own error on the whole sequence (one GPU), plus a hair, against float64."""
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"a ring of {world} GPUs needs {world} GPUs")
+    got = ring.check(world, causal, shape=(1, 4, 4001, 128), seed=3, stage=LAST_BACKWARD,
+                     dtype=dtype)
+    assert sorted(got) == list(range(world))
+    for rank, errs in got.items():
+        for name, (err, own) in errs.items():
+            assert err <= 2 * own + 1e-4, (rank, name, err, own)
