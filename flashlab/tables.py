@@ -571,23 +571,31 @@ def training_match(rows=None, gpu=None, window=20) -> pd.DataFrame:
     seed (SDPA's backends round differently, and training amplifies it); within: distance <=
     noise, a verdict a few large gaps of single batches do not move. shift: the mean over seeds
     of its curve minus SDPA's (a bias, where it is of one sign seed after seed; shift_max the
-    largest of them in size). Beside them its seeds, runs, mean final loss and median step time.
-    One row per implementation, in the order recorded; empty while none is recorded."""
+    largest of them in size). per_seed: the stricter reading, seed by seed: its gap at a seed over
+    SDPA's own largest gap at that seed, the median over seeds (at most 1: as near SDPA's curves as
+    they lie to one another, seed for seed). Beside them its seeds, runs, mean final loss and
+    median step time. One row per implementation, in the order recorded; empty while none is
+    recorded."""
     rows = training_rows(rows, gpu)
-    cols = ["impl", "seeds", "runs", "distance", "noise", "within", "shift", "shift_max",
-            "final_loss", "step_ms"]
+    cols = ["impl", "seeds", "runs", "distance", "noise", "within", "per_seed", "shift",
+            "shift_max", "final_loss", "step_ms"]
     gaps = training_gaps(rows, window=window)
     if gaps.empty:
         return pd.DataFrame(columns=cols)
     own = gaps[gaps["impl"] == SELF]
     noise = float(own["gap"].max()) if len(own) else float("nan")
+    own_at = dict(zip(own["seed"], own["gap"]))
     out = []
     for impl, g in gaps[gaps["impl"] != SELF].groupby("impl", sort=False):
         r = rows[rows["impl"] == impl]
         dist = float(g["gap"].median())
         last = r.sort_values("step").groupby(["seed", "run"])["loss"].last()
+        ratios = [gap / own_at[seed] for seed, gap in zip(g["seed"], g["gap"])
+                  if own_at.get(seed, 0) > 0]
         out.append(dict(impl=impl, seeds=len(g), runs=len(last), distance=dist, noise=noise,
-                        within=bool(dist <= noise), shift=float(g["shift"].mean()),
+                        within=bool(dist <= noise),
+                        per_seed=float(np.median(ratios)) if ratios else float("nan"),
+                        shift=float(g["shift"].mean()),
                         shift_max=float(g["shift"].abs().max()), final_loss=float(last.mean()),
                         step_ms=float(r.groupby(["seed", "run"])["step_ms"].first().median())))
     return pd.DataFrame(out, columns=cols)

@@ -251,6 +251,8 @@ def test_a_stage_is_judged_within_the_spread_of_sdpas_own_curves_over_seeds():
                              "wrong_no_delta"]
     assert m["noise"].tolist() == pytest.approx([0.003] * 5)
     assert m.loc["14_backward", "distance"] == pytest.approx(0.002 / 3)
+    # seed by seed: its gaps over SDPA's own at each seed, 1/3, 2/3 and 6.8: the median 2/3
+    assert m.loc["14_backward", "per_seed"] == pytest.approx(2 / 3)
     assert m.loc["14_backward", "within"] and not m.loc["wrong_no_delta", "within"]
     assert m.loc["wrong_no_delta", "distance"] == pytest.approx(0.028 / 3)
     assert m.loc["wrong_no_delta", "shift"] == pytest.approx(0.01 - 0.004 / 9)
@@ -292,8 +294,8 @@ def test_the_readme_training_table_on_synthetic_rows(empty_data_dir):
     tables.TRAINING.upsert(pd.DataFrame(
         _training_rows(SEEDED) + _training_rows({("sdpa_flash", 0): 0.0}, steps=5, seq=4096, ms=40.0)))
     table = readme.training_table()
-    assert "| wrong_no_delta | 3 × 1 | 9.33e-03 | **no** | +9.6e-03 | 10.0 | – |" in table, table
-    assert "| 14_backward | 3 × 1 | 6.67e-04 | yes | +6.6e-03 | 10.0 | – |" in table, table
+    assert "| wrong_no_delta | 3 × 1 | 9.33e-03 | **no** | 4.50 | +9.6e-03 | 10.0 | – |" in table, table
+    assert "| 14_backward | 3 × 1 | 6.67e-04 | yes | 0.67 | +6.6e-03 | 10.0 | – |" in table, table
     assert "| sdpa_flash | 3 × 1 |" in table and "| 10.0 | 40.0 |" in table, table
     assert "(3.00e-03:" in table and "**G**" in table and "from 3 seeds" in table
 
