@@ -2,7 +2,8 @@
 of a process group, each rank's queries meeting every rank's keys and values as the K/V blocks
 travel around the ring, the partial outputs merged from their log-sum-exps.
 
-Each rank holds a shard of q, k and v, (B, H, n, D) with n = N / world. A step computes the local
+Each rank holds a shard of q, k and v, (B, H, n, D) with n = N / world (a length the split does
+not divide is padded at its end, and ring_attention told the real length). A step computes the local
 attention of the rank's queries against the K/V block it holds, (o_s, lse_s), while the block is
 already on its way to the next rank (point-to-point sends and receives, `dist.batch_isend_irecv`);
 the partial outputs merge in fp32:
@@ -16,9 +17,9 @@ ring: each rank adds its queries' dQ, and dK and dV travel with their K/V block,
 that owns it after a last hop. It needs only the merged o and lse: a block's part of the gradient
 is FlashAttention-2's, P = exp(S - lse) with the global lse and Δ = rowsum(dO ∘ O) with the global O.
 
-The local attention is a `Local`: a flashlab stage with a log-sum-exp and a backward pass
-(`stage_local`), or the float64 reference (`reference_local`), which lets the ring and the merge be
-checked on CPUs with the gloo backend. Stages take queries and keys of one length, so the
+The local attention is a `Local`: a flashlab stage with a log-sum-exp (05 on; 14 on for the
+backward) (`stage_local`), or the float64 reference (`reference_local`), which lets the ring and the
+merge be checked on CPUs with the gloo backend (`check`). Stages take queries and keys of one length, so the
 zig-zag steps that pair one chunk with another run as a batch of chunk-sized problems.
 """
 import math
@@ -440,12 +441,12 @@ def _check_worker(rank, world, causal, shape, seed, init, results, local, stage,
             import flashlab as fl
             from .inputs import dtype_of
             attn = fl.stage(stage).build()
-            run = LocalRun(stage_local(attn), dtype_of(dtype))
+            chosen = stage_local(attn)
             q, k, v, do = (t.to(dtype_of(dtype)) for t in (q, k, v, do))
         else:
-            run = LocalRun(LOCALS[local](), torch.float64)
+            chosen = LOCALS[local]()
         mine = [shard(t, world, rank, causal).requires_grad_(True) for t in (q, k, v)]
-        o, lse = ring_attention(*mine, causal=causal, local=run.local, return_lse=True, length=N)
+        o, lse = ring_attention(*mine, causal=causal, local=chosen, return_lse=True, length=N)
         o.backward(shard(do, world, rank, causal))
         got = [o, lse, *(t.grad for t in mine)]
         real = shard(torch.ones(1, 1, N), world, rank, causal, dim=2)[0, 0] > 0  # not padding
@@ -467,12 +468,6 @@ def _check_worker(rank, world, causal, shape, seed, init, results, local, stage,
         results.put((rank, {n: (errs[n], owns[n]) for n in names}))
     finally:
         dist.destroy_process_group()
-
-
-@dataclass
-class LocalRun:
-    local: Local
-    dtype: torch.dtype
 
 
 def check(world=2, causal=False, shape=(1, 2, 48, 16), seed=0, local="reference", stage=None,
