@@ -326,6 +326,30 @@ def ring_backward(local, q, k, v, o, lse, do, causal=False, scale=None, group=No
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
+def _rank_forward(local, q, block, rank, world, causal, scale, length):
+    """(o, lse) of rank's queries against every rank's block, block(src) -> (k, v), with no
+    communication: the ring's steps one after another, merged in fp32 (float64 stays float64)."""
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o = torch.zeros(q.shape, dtype=acc, device=q.device)
+    lse = torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device)
+    for s in range(world):
+        src = (rank - s) % world
+        o, lse = merge(o, lse, *_local_forward(local, q, *block(src), rank, src, world, causal,
+                                               scale, _keys_in(src, q.shape[2], length, causal)))
+    return o.to(q.dtype), lse
+
+
+def _rank_backward(local, q, o, lse, do, block, rank, world, causal, scale, length):
+    """[(src, (dq, dk, dv))]: rank's share of the gradients against each rank's block, in the
+    ring's order, with no communication."""
+    out = []
+    for s in range(world):
+        src = (rank - s) % world
+        out.append((src, _local_backward(local, q, *block(src), o, lse, do, rank, src, world,
+                                         causal, scale, _keys_in(src, q.shape[2], length, causal))))
+    return out
+
+
 def simulate(local, q, k, v, do, world, causal=False, scale=None):
     """The ring's arithmetic in one process, without communication: every rank's steps in turn on
     full-sequence q, k, v and dO (the shards cut here), as ring_forward and ring_backward take them.
@@ -334,25 +358,16 @@ def simulate(local, q, k, v, do, world, causal=False, scale=None):
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     cut = lambda t, r: shard(t, world, r, causal)  # noqa: E731
+    block = lambda src: (cut(k, src), cut(v, src))  # noqa: E731
     N = q.shape[2]
-    keys = lambda src: _keys_in(src, cut(q, 0).shape[2], N, causal)  # noqa: E731
-    outs = []
-    for r in range(world):
-        o = torch.zeros(cut(q, r).shape, dtype=acc, device=q.device)
-        lse = torch.full(o.shape[:-1], -math.inf, dtype=acc, device=q.device)
-        for s in range(world):
-            src = (r - s) % world
-            o, lse = merge(o, lse, *_local_forward(local, cut(q, r), cut(k, src), cut(v, src), r,
-                                                   src, world, causal, scale, keys(src)))
-        outs.append((o.to(q.dtype), lse))
+    outs = [_rank_forward(local, cut(q, r), block, r, world, causal, scale, N)
+            for r in range(world)]
     dq = [torch.zeros(cut(q, r).shape, dtype=acc, device=q.device) for r in range(world)]
     dk, dv = [torch.zeros_like(t) for t in dq], [torch.zeros_like(t) for t in dq]
     for r in range(world):
         o, lse = outs[r]
-        for s in range(world):
-            src = (r - s) % world
-            g = _local_backward(local, cut(q, r), cut(k, src), cut(v, src), o, lse, cut(do, r), r,
-                                src, world, causal, scale, keys(src))
+        for src, g in _rank_backward(local, cut(q, r), o, lse, cut(do, r), block, r, world,
+                                     causal, scale, N):
             dq[r] += g[0]
             dk[src] += g[1]
             dv[src] += g[2]
@@ -496,23 +511,26 @@ def check(world=2, causal=False, shape=(1, 2, 48, 16), seed=0, local="reference"
 
 # --- measured on the GPUs of one machine (launched by torchrun, NCCL) -------------------------------
 
-def _timed(fn, runs, group, warm=2) -> float:
+def _timed(fn, runs, group, warm=2, alone=False) -> float:
     """The slowest rank's time of one call in ms, the median over `runs` calls (each after a
-    barrier), after `warm` calls."""
+    barrier), after `warm` calls; alone: this rank's own time, no barrier or reduction (one GPU's
+    run while the others wait)."""
     import statistics
     for _ in range(warm):
         fn()
     torch.cuda.synchronize()
     times = []
     for _ in range(runs):
-        dist.barrier(group)
+        if not alone:
+            dist.barrier(group)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         fn()
         b.record()
         b.synchronize()
         t = torch.tensor([a.elapsed_time(b)], device="cuda")
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        if not alone:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
         times.append(float(t))
     return statistics.median(times)
 
@@ -521,20 +539,10 @@ def _compute_only(local, q, k, v, do, causal, length, group, training):
     """The ring's local work with no communication: each step's problem on this rank's own K/V
     (the same shapes as the ring's), merged; with training, each step's backward too."""
     world, rank, _, _ = _peers(group)
-    scale = q.shape[-1] ** -0.5
-    acc = torch.float32
-    o = torch.zeros(q.shape, dtype=acc, device=q.device)
-    lse = torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device)
-    for s in range(world):
-        src = (rank - s) % world
-        o, lse = merge(o, lse, *_local_forward(local, q, k, v, rank, src, world, causal, scale,
-                                               _keys_in(src, q.shape[2], length, causal)))
+    scale, block = q.shape[-1] ** -0.5, lambda src: (k, v)
+    o, lse = _rank_forward(local, q, block, rank, world, causal, scale, length)
     if training:
-        o = o.to(q.dtype)
-        for s in range(world):
-            src = (rank - s) % world
-            _local_backward(local, q, k, v, o, lse, do, rank, src, world, causal, scale,
-                            _keys_in(src, q.shape[2], length, causal))
+        _rank_backward(local, q, o, lse, do, block, rank, world, causal, scale, length)
 
 
 def _comm_only(k, v, group, training):
@@ -627,9 +635,11 @@ def measure(stage="17_wide_warps", lengths=(32768, 131072), dtypes=("fp16",), he
                     t = torch.zeros(2, device="cuda")
                     if rank == 0:
                         with torch.no_grad():
-                            t[0] = _single(lambda: attn(q, k, v, causal=c), runs)
+                            t[0] = _timed(lambda: attn(q, k, v, causal=c), max(3, runs // 2),
+                                          group, warm=1, alone=True)
                         full = [x.detach().requires_grad_(True) for x in (q, k, v)]
-                        t[1] = (_single(lambda: attn(*full, causal=c).backward(do), runs)
+                        t[1] = (_timed(lambda: attn(*full, causal=c).backward(do),
+                                       max(3, runs // 2), group, warm=1, alone=True)
                                 if trains else math.nan)
                     dist.broadcast(t, 0, group)
                     single = {"forward": float(t[0]), "training": float(t[1])}
@@ -664,21 +674,6 @@ def measure(stage="17_wide_warps", lengths=(32768, 131072), dtypes=("fp16",), he
         tables.RING.upsert(rows)
     return rows
 
-
-def _single(fn, runs) -> float:
-    """One GPU's time of fn in ms (this rank alone: no barrier), the median over `runs` calls."""
-    import statistics
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(max(3, runs // 2)):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 # --- on paper: when does the ring hide its communication? -------------------------------------------
