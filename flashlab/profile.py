@@ -44,6 +44,8 @@ NCU = {
     "smem_load_bank_conflicts": ["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum"],
     "smem_store_bank_conflicts": ["l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum"],
     "smem_wavefronts": ["l1tex__data_pipe_lsu_wavefronts_mem_shared.sum"],
+    "red_sectors_per_l2_request": [("lts__t_sectors_srcunit_tex_op_red.sum",
+                                    "lts__t_requests_srcunit_tex_op_red.sum")],
 }
 for _r in STALL_REASONS:
     NCU[f"stall_{_r}"] = [f"smsp__warp_issue_stalled_{_r}_per_warp_active.pct",

@@ -22,6 +22,9 @@ METRICS = {
     "smem_store_bank_conflicts": ("count", "shared-memory store bank conflicts"),
     "smem_wavefronts": ("count", "shared-memory wavefronts, loads and stores (ldmatrix too): "
                                  "the traffic itself"),
+    "red_sectors_per_l2_request": ("sectors", "32-byte sectors per request of global reductions "
+                                              "(RED) reaching L2: 4 when a request is a whole "
+                                              "128-byte line"),
 }
 STALL_REASONS = ("long_scoreboard", "short_scoreboard", "barrier", "mio_throttle", "lg_throttle",
                  "math_pipe_throttle", "wait", "not_selected", "selected", "dispatch_stall",

@@ -465,6 +465,24 @@ _STAGES = (
           backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "RED": True,
                          "LDG.E.128": False},
           builds_on=15),
+    Stage(18, "18_dq_layout", "dQ laid out for its reductions",
+          "dQ's fp32 sum kept in the order the warps add into it: tiles of 16 rows by 64 "
+          "columns in which one warp-wide reduction covers contiguous bytes (two cache lines) "
+          "instead of 8 rows of 32 bytes (eight lines); without the mask each key block starts "
+          "at a different query block, so that a head's blocks add into different tiles",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          kernel="forward_kernel",
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
+          picks=True,
+          # the reductions reach L2 as whole lines: fewer requests for the same sectors
+          idea_metrics=("red_sectors_per_l2_request", "tensor_pipe_pct"),
+          # the forward: stage 14's (stage 08's kernel with the log-sum-exp)
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
+          lse=True, backward="bwd_kernel",
+          # stage 17's instructions; the dQ reductions the same RED, to other addresses
+          backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "RED": True,
+                         "LDG.E.128": False},
+          builds_on=17),
 )
 
 
@@ -501,7 +519,7 @@ def before(key):
 
 
 def backward_ladder(key) -> list:
-    """The stage and every earlier stage with a backward pass, latest first (17: 17, 16, 15, 14;
+    """The stage and every earlier stage with a backward pass, latest first (18: 18, 17, 16, 15, 14;
     [] for a stage without one): what its notebook's evaluate_backward times in one run. The
     results table keeps a key's latest row, so a later backward notebook run live re-times every
     earlier backward beside the same SDPA rows, and each earlier notebook still finds its

@@ -627,17 +627,18 @@ def sweep_at(N, D, causal, dtype="fp16", gpu=None, df=None) -> pd.Series:
 
 
 def versus(df=None, stage=None, others=COMPARED, gpu=None,
-           dtype="fp16") -> pd.DataFrame:
+           dtype="fp16", pass_="forward") -> pd.DataFrame:
     """`stage` (default: the last) against `others` over the sweep: TFLOP/s of each and the
     stage's ratio to each ("÷ other"), rows (D, causal, N); others not recorded are left out.
-    NotRecorded if the stage has no sweep rows on the GPU shown."""
+    pass_: "forward" or "backward". NotRecorded if the stage has no sweep rows on the GPU shown."""
     df = RESULTS.load() if df is None else df
     stage = getattr(stage, "slug", stage) or _fastest().slug
     gpu = gpu or gpu_shown(df=df)
-    wide = sweep_rows(df, gpu, dtype).pivot_table(index=["D", "causal", "N"], columns="stage",
+    wide = sweep_rows(df, gpu, dtype, pass_).pivot_table(index=["D", "causal", "N"], columns="stage",
                                                   values="tflops")
     if stage not in wide:
-        raise not_recorded(stage, f" over the {dtype} FlashAttention sweep", gpu=gpu)
+        what = "" if pass_ == "forward" else f" ({pass_})"
+        raise not_recorded(stage, f" over the {dtype} FlashAttention sweep{what}", gpu=gpu)
     out = wide[[stage, *[o for o in others if o in wide]]].copy()
     for o in others:
         if o in wide:
@@ -645,9 +646,10 @@ def versus(df=None, stage=None, others=COMPARED, gpu=None,
     return out
 
 
-def sweep_ratio(new, old, dtype="fp16", df=None, gpu=None) -> pd.DataFrame:
-    """new's TFLOP/s over old's at every point of the sweep: rows (D, causal), columns N."""
-    vs = versus(df, new, (old,), gpu, dtype)
+def sweep_ratio(new, old, dtype="fp16", df=None, gpu=None, pass_="forward") -> pd.DataFrame:
+    """new's TFLOP/s over old's at every point of the sweep (of `pass_`): rows (D, causal),
+    columns N."""
+    vs = versus(df, new, (old,), gpu, dtype, pass_)
     if f"÷ {old}" not in vs:
         raise not_recorded(old, f" over the {dtype} FlashAttention sweep", gpu=gpu)
     return vs[f"÷ {old}"].unstack("N")

@@ -216,10 +216,10 @@ def compare(dtype="fp32", names=None) -> pd.DataFrame:
     return df.sort_values("median_ms", ascending=False)[cols].reset_index(drop=True)
 
 
-def sweep_ratio(new, old, dtype="fp16") -> pd.DataFrame:
+def sweep_ratio(new, old, dtype="fp16", pass_="forward") -> pd.DataFrame:
     """new's TFLOP/s over old's at every recorded point of the FlashAttention sweep on the
-    notebook's GPU: rows (D, causal), columns N."""
-    return tables.sweep_ratio(new, old, dtype, gpu=view.gpu())
+    notebook's GPU, forward or backward (pass_): rows (D, causal), columns N."""
+    return tables.sweep_ratio(new, old, dtype, gpu=view.gpu(), pass_=pass_)
 
 
 # A row whose p80 is more than WIDE times its p20: its median is not the kernel's time.
