@@ -631,7 +631,7 @@ def versus(df=None, stage=None, others=COMPARED, gpu=None,
     """`stage` (default: the last) against `others` over the sweep: TFLOP/s of each and the
     stage's ratio to each ("÷ other"), rows (D, causal, N); others not recorded are left out.
     pass_: "forward" or "backward". NotRecorded if the stage has no sweep rows on the GPU shown."""
-    df = RESULTS.load() if df is None else df
+    df = RESULTS.load(every=pass_ != "forward") if df is None else df
     stage = getattr(stage, "slug", stage) or _fastest().slug
     gpu = gpu or gpu_shown(df=df)
     wide = sweep_rows(df, gpu, dtype, pass_).pivot_table(index=["D", "causal", "N"], columns="stage",
