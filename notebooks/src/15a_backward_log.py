@@ -21,7 +21,7 @@
 # **Prerequisites:** notebooks 14 and 15 (the backward, its model and its profile), notebook 16's
 # section 1 (atomics in no fixed order).
 #
-# **Time:** about 19 min to read, 20 min to work through.
+# **Time:** about 21 min to read, 20 min to work through.
 
 # %%
 from IPython.display import display
@@ -155,6 +155,15 @@ with nb.unless_missing():
 # Staging a block's dQ in shared memory for one bulk reduction (`cp.reduce.async.bulk`) ran
 # 0.97–0.99 times. Starting each key block at a different query block, so that the blocks of a
 # head add into different rows of dQ, gained 0.4–1.9 % (`stage-17-d128-variants-h200-20261129T1204Z.log`).
+#
+# What FlashAttention-2 does differently is where its reductions land: it keeps its fp32 sum in
+# the order of its atomic adds, so that one instruction covers consecutive floats, where each of
+# stage 17's `float2` reductions covered 8 rows × 32 bytes, eight lines. The same sum in tiles
+# ordered like the fragments (two lines an instruction), zeroed by the Δ pass and converted a tile
+# a block, with the staggered start, ran 1.12–1.13 times stage 17 at D = 128 and 1.05–1.09 times
+# at D = 64 (`stage-17-dq-layout-h200-20261129T1547Z.log`, with `float4` and `float` versions):
+# stage 18, notebook 18. Launching the causal blocks heaviest first, which a scheduling model
+# said would save 1–7 %, ran 0.94–1.03 times stage 18 (`stage-18-heaviest-first-h200-20261129T1628Z.log`).
 
 # %% [markdown]
 # ## 5 · Training within SDPA's own spread
@@ -222,7 +231,8 @@ with nb.unless_missing():
 #   carry larger tiles.
 # - Thirty-two keys a warp at D = 64 runs 1.02–1.24 times SDPA's flash backward over the sweep:
 #   the same instructions a product, twice the work in flight. At D = 128, a pair of warps
-#   sharing 32 keys gains 9–21 % on stage 15 but stays up to 13 % behind SDPA's.
+#   sharing 32 keys gains 9–21 % on stage 15 but stays up to 13 % behind SDPA's, until stage 18
+#   keeps dQ's sum in the order its reductions add into it.
 # - Judged over five seeds by the median gap, every stage trains within the spread of SDPA's own
 #   curves, and a backward that leaves Δ out lies 69 times as far; a dQ merely scaled by 0.9
 #   does not, most likely because AdamW sizes each step by its gradient.
