@@ -589,7 +589,7 @@ def _context_parallel_times(backend, q, k, v, causal, runs, group, do_seed):
     return fwd, trn
 
 
-def measure(stage="17_wide_warps", lengths=(32768, 131072), dtypes=("fp16",), heads=16, D=128,
+def measure(stage=None, lengths=(32768, 131072), dtypes=("fp16",), heads=16, D=128,
             causal=(False, True), runs=10, single_up_to=262144, baselines=("sdpa_cudnn", "sdpa_flash"),
             record=True, log=print, group=None) -> list:
     """Ring attention with `stage` as local attention on this machine's GPUs, beside PyTorch's
@@ -597,8 +597,11 @@ def measure(stage="17_wide_warps", lengths=(32768, 131072), dtypes=("fp16",), he
     (for a stage with a backward pass) training step, forward and backward, timed in turn, with the ring's compute alone and its
     communication alone (the share hidden), and one GPU's time where N <= single_up_to (the
     scaling efficiency). Call in every rank of a torchrun launch (NCCL initialised, this rank's
-    GPU set). Rows go to data/ring.csv on rank 0 (tables.RING). Returns rank 0's rows."""
+    GPU set). Rows go to data/ring.csv on rank 0 (tables.RING). Returns rank 0's rows. stage:
+    default the last stage with a backward pass."""
     import flashlab as fl
+    if stage is None:
+        stage = [st for st in fl.stages() if st.lse and st.has_backward][-1].slug
     from . import configs, tables
     from .env import environment
     from .inputs import dtype_of

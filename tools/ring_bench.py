@@ -5,7 +5,7 @@ dtype and mask; the ring's compute alone and communication alone (the share hidd
 time up to --single-up-to tokens (the scaling efficiency). Rows to data/ring.csv (rank 0).
 
 Usage (one process per GPU):
-  torchrun --nproc-per-node=G tools/ring_bench.py [--lengths 32768,131072,...] [--stage 17]
+  torchrun --nproc-per-node=G tools/ring_bench.py [--lengths 32768,131072,...] [--stage NN]
       [--dtypes fp16,bf16] [--heads 16] [--runs 10] [--single-up-to 262144] [--no-record]
 """
 import argparse
@@ -19,7 +19,8 @@ from flashlab import ring
 
 p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 p.add_argument("--lengths", default="32768,131072,524288,1048576")
-p.add_argument("--stage", default="17")
+p.add_argument("--stage", default=None,
+               help="the local attention (default: the last stage with a backward pass)")
 p.add_argument("--dtypes", default="fp16,bf16")
 p.add_argument("--heads", type=int, default=16)
 p.add_argument("--runs", type=int, default=10)
@@ -34,8 +35,8 @@ dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
 try:
     if dist.get_rank() == 0:
         print(f"{dist.get_world_size()} x {torch.cuda.get_device_name()}  torch {torch.__version__}  "
-              f"CUDA {torch.version.cuda}  stage {fl.stage(args.stage).slug}", flush=True)
-    ring.measure(fl.stage(args.stage).slug, lengths=[int(n) for n in args.lengths.split(",")],
+              f"CUDA {torch.version.cuda}  stage {args.stage or 'the last with a backward'}", flush=True)
+    ring.measure(args.stage and fl.stage(args.stage).slug, lengths=[int(n) for n in args.lengths.split(",")],
                  dtypes=args.dtypes.split(","), heads=args.heads, runs=args.runs,
                  single_up_to=args.single_up_to,
                  baselines=[b for b in args.baselines.split(",") if b],
