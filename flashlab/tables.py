@@ -280,8 +280,7 @@ RING = Table(
     ints=["gpus", "B", "H", "N", "D", "runs"],
     floats=["median_ms", "tflops", "single_ms", "efficiency", "compute_ms", "comm_ms", "hidden"],
     bools=["causal"])
-# (RING joins ALL, the tables with recorded rows, once a machine of several GPUs has recorded some.)
-ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL, VARIANTS)
+ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL, VARIANTS, RING)
 
 results = RESULTS  # `fl.results.load()`: the shared results table
 
