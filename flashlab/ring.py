@@ -303,26 +303,27 @@ def ring_forward(local, q, k, v, causal=False, scale=None, group=None, length=No
 
 def ring_backward(local, q, k, v, o, lse, do, causal=False, scale=None, group=None, length=None):
     """(dq, dk, dv) of this rank's shard: dQ added here, dK and dV travelling with their block
-    and handed back to its owner after the last step."""
+    and handed back to its owner after the last step. A block's running dK and dV arrive from
+    the previous rank while this rank's step computes its share, one step behind the block."""
     world, rank, _, _ = _peers(group)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     kv = [k.contiguous(), v.contiguous()]
-    dkv = [torch.zeros(k.shape, dtype=acc, device=k.device),
-           torch.zeros(v.shape, dtype=acc, device=v.device)]
+    back = None  # the running dK and dV of the block held, on their way from the previous rank
     for s in range(world):
         nxt = _Pass(kv, group) if s + 1 < world else None
         src = (rank - s) % world
         g_q, g_k, g_v = _local_backward(local, q, kv[0], kv[1], o, lse, do, rank, src, world,
                                         causal, scale, _keys_in(src, q.shape[2], length, causal))
         dq += g_q
-        dkv[0] += g_k
-        dkv[1] += g_v
-        back = _Pass(dkv, group)  # the block's gradients follow it (the last hop: to its owner)
+        dkv = [g_k.to(acc), g_v.to(acc)]
+        if back is not None:
+            dkv = [a + b for a, b in zip(back.wait(), dkv)]
+        back = _Pass(dkv, group)  # on to the next rank (the last hop: to the block's owner)
         if nxt is not None:
             kv = nxt.wait()
-        dkv = back.wait()
+    dkv = back.wait()
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
