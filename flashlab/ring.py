@@ -710,6 +710,35 @@ def step_model(N, gpus, tflops, link_gbs, heads=16, D=128, causal=False, trainin
                 hidden=min(1.0, compute / comm) if comm else 1.0)
 
 
+def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
+    """The paper model (step_model) against the recorded ring runs (tables.ring_rows), a row
+    each: the communication alone, measured and on paper at `link_gbs` (the link each way, its
+    speed as the bandwidth the model assumes), and where the efficiency went: `compute_ideal`,
+    one GPU's time over the GPUs against the ring's compute alone (the local attention on
+    shards: smaller problems, the causal split's chunk pairs), and `exposed`, the step's time
+    beyond its compute alone, against the communication alone. The model takes the compute at
+    the rate one GPU ran the whole sequence (single_ms), so it predicts efficiency 1 wherever
+    the transfer hides; what the runs lose besides is the ring's own compute and overheads."""
+    import pandas as pd
+    from . import tables
+    rows = tables.ring_rows(rows, gpu)
+    out = []
+    for _, r in rows.iterrows():
+        training = r["pass"] == "training"
+        flops = 4 * r["H"] * r["N"] ** 2 * r["D"] * (0.5 if r["causal"] else 1.0) * (3.5 if training else 1)
+        rate = flops / (r["single_ms"] * 1e9) if r["single_ms"] == r["single_ms"] else float("nan")
+        m = step_model(r["N"], r["gpus"], rate, link_gbs, heads=r["H"], D=r["D"],
+                       causal=r["causal"], training=training,
+                       bytes_per=2 if r["dtype"] in ("fp16", "bf16") else 4)
+        steps = r["gpus"] - 1
+        out.append({"gpus": r["gpus"], "pass": r["pass"], "N": r["N"], "causal": r["causal"],
+                    "comm_ms": r["comm_ms"], "comm_ms_paper": m["comm_ms"] * steps,
+                    "efficiency": r["efficiency"], "efficiency_paper": m["efficiency"],
+                    "compute_ideal": r["single_ms"] / r["gpus"] / r["compute_ms"],
+                    "exposed_ms": max(0.0, r["median_ms"] - r["compute_ms"])})
+    return pd.DataFrame(out)
+
+
 def tokens_to_hide(tflops, link_gbs, causal=False, training=False, bytes_per=2) -> float:
     """The fewest tokens a GPU must hold for its ring step's compute to cover the transfer (from
     step_model: the compute grows with n², the bytes with n)."""

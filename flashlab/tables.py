@@ -500,6 +500,18 @@ def smoothed_loss(losses, window=20) -> pd.Series:
     return pd.Series(list(losses), dtype=float).rolling(window, min_periods=1).mean()
 
 
+def ring_rows(rows=None, gpu=None, impl="ring") -> pd.DataFrame:
+    """The recorded ring runs (data/ring.csv) of one GPU model (default: the last that recorded),
+    of the implementations whose name starts with `impl` ("ring", "context_parallel", "" for
+    all). Empty while none is recorded."""
+    rows = RING.load() if rows is None else rows
+    if rows.empty:
+        return rows
+    gpu = gpu or rows.sort_values("time")["gpu"].iloc[-1]
+    rows = rows[(rows["gpu"] == gpu) & rows["impl"].str.startswith(impl)]
+    return rows.reset_index(drop=True)
+
+
 def training_rows(rows=None, gpu=None) -> pd.DataFrame:
     """The recorded training (data/training.csv) of one GPU (default: the last that recorded) and
     one model and run length, every seed: the one with the most steps, the loss comparison

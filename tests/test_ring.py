@@ -196,3 +196,31 @@ def test_the_ring_across_gpus_is_as_right_as_its_stage(world, causal, dtype):
     for rank, errs in got.items():
         for name, (err, own) in errs.items():
             assert err <= 2 * own + 1e-4, (rank, name, err, own)
+
+
+def test_the_paper_model_is_set_beside_the_recorded_runs():
+    """model_vs_runs reads the ring's rows (tables.ring_rows: one GPU model, the ring's own rows)
+    and puts the model's communication and efficiency beside the measured ones; where the ring's
+    compute alone is its whole step, nothing is exposed and the ideal share is one GPU's time over
+    the GPUs against it."""
+    import pandas as pd
+    from flashlab import tables
+    base = dict(pass_="forward", gpus=2, dtype="fp16", B=1, H=16, N=32768, D=128, causal=False,
+                median_ms=12.0, tflops=1.0, single_ms=24.0, efficiency=1.0, compute_ms=12.0,
+                comm_ms=0.5, hidden=1.0, runs=10, gpu="G", compute_capability="9.0",
+                torch="2", cuda="13", commit="abc", time="2026-01-01T00:00:00Z")
+    rows = pd.DataFrame([{**{k: v for k, v in base.items() if k != "pass_"}, "pass": "forward",
+                          "impl": "ring:18_dq_layout"},
+                         {**{k: v for k, v in base.items() if k != "pass_"}, "pass": "forward",
+                          "impl": "context_parallel:sdpa_cudnn", "gpu": "G"},
+                         {**{k: v for k, v in base.items() if k != "pass_"}, "pass": "forward",
+                          "impl": "ring:18_dq_layout", "gpu": "other", "time": "2025-01-01T00:00:00Z"}])
+    assert len(tables.ring_rows(rows)) == 1 and len(tables.ring_rows(rows, impl="")) == 2
+    got = ring.model_vs_runs(rows)
+    assert len(got) == 1
+    r = got.iloc[0]
+    assert r["compute_ideal"] == pytest.approx(1.0) and r["exposed_ms"] == 0.0
+    assert r["efficiency_paper"] == pytest.approx(1.0)  # 16k tokens a GPU hide a transfer on NVLink
+    kv = 16 * 16384 * 128 * 2 * 2 / (ring.LINKS_GBS["nvlink4"] * 1e9) * 1e3
+    assert r["comm_ms_paper"] == pytest.approx(kv)
+    assert ring.model_vs_runs(rows.iloc[:0]).empty
