@@ -38,7 +38,8 @@ print(here)
 # key block adds its share into an fp32 sum in global memory with reduction instructions (`RED`,
 # an `atomicAdd` whose old value is not read). L2 performs the additions, so no block waits for
 # another. A query block of 64 rows at D = 128 receives 64 × 128 × 4 bytes = 32 KB from each key
-# block: at N = 16k that is 4 GB of reductions for one head's backward.
+# block: at N = 16k, 256 query blocks from 128 key blocks, that is 1 GiB of reductions for one
+# head's backward.
 #
 # How much time do they take? One way to find out: a kernel with the products kept and the
 # reductions left out (its dQ wrong on purpose). At D = 128 on the H200, that kernel ran 1.11–1.18
