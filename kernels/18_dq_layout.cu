@@ -502,16 +502,20 @@ __device__ __forceinline__ int dq_slot(int n, int e, int lane) {
 // The other way: the row r and column c, inside its tile, of the element that float p of a tile
 // (0 <= p < 1024, in memory order) holds. The conversion pass reads a tile in memory order.
 __device__ __forceinline__ void dq_unslot(int p, int& r, int& c) {
-  // BEGIN EXERCISE 18.dq_unslot: r and c of the element at float p of a tile, the inverse of
-  // dq_slot for this build's DQ_VEC (2 on sm_90, 1 before it): an exact inverse, or dQ is wrong.
-  const int lane = p / DQ_VEC % 32, q = p / DQ_VEC / 32;
-  const int n = q / (4 / DQ_VEC), e = q % (4 / DQ_VEC) * DQ_VEC + p % DQ_VEC;
-  r = lane / 4 + 8 * (e / 2);
-  c = 8 * n + 2 * (lane % 4) + e % 2;
-  // STUB: // TODO: the tile read as if it were row-major: dQ comes out scrambled (18.dq_unslot).
-  // STUB: r = p / 64;
-  // STUB: c = p % 64;
+  int n, e, lane;
+  // BEGIN EXERCISE 18.dq_unslot: the n-tile n, the element e and the lane whose accumulator
+  // float p of a tile holds: the inverse of dq_slot for this build's DQ_VEC (2 on sm_90, 1
+  // before it). An exact inverse, or dQ is wrong.
+  lane = p / DQ_VEC % 32;
+  const int q = p / DQ_VEC / 32;
+  n = q / (4 / DQ_VEC);
+  e = q % (4 / DQ_VEC) * DQ_VEC + p % DQ_VEC;
+  // STUB: // TODO: every float read as n-tile 0, element 0 of lane 0: dQ comes out wrong (18.dq_unslot).
+  // STUB: n = e = lane = 0;
+  // STUB: (void)p;
   // END EXERCISE 18.dq_unslot
+  r = lane / 4 + 8 * (e / 2);  // where that lane's element sits in the C fragment (notebook 05)
+  c = 8 * n + 2 * (lane % 4) + e % 2;
 }
 
 // 1. Δ_i = rowsum(dO_i ∘ O_i) in fp32, one warp per row of every (batch, head), and dQ's fp32 sum

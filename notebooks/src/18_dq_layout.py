@@ -192,13 +192,13 @@ with nb.unless_missing():
 #
 # **Where:** in `dq_unslot` (`kernels/18_dq_layout.cu`), which the conversion pass calls for
 # every float of a tile it reads: between `// BEGIN EXERCISE 18.dq_unslot` and
-# `// END EXERCISE 18.dq_unslot`. The stub reads the tile as if it were row-major, so dK and dV
-# are right and dQ comes out scrambled.
+# `// END EXERCISE 18.dq_unslot`. The stub reads every float as the same accumulator element, so
+# dK and dV are right and dQ comes out wrong.
 #
 # **What to write:** given p, the position of a float in a tile in memory order (0 ≤ p < 1024),
-# set r and c to the row and column, inside the tile's 16 × 64 block of dQ, of the element stored
-# there: the inverse of `dq_slot`, for the build's `DQ_VEC` (2 on `sm_90`, 1 before it). Work it
-# out from `dq_slot` and the C fragment of `mma_m16n8k16` (notebook 05).
+# set n, e and lane to the n-tile, the accumulator element and the lane whose value is stored
+# there: the inverse of `dq_slot`, for the build's `DQ_VEC` (2 on `sm_90`, 1 before it). The
+# lines after the region turn them into the row and column of the tile.
 #
 # **How it is judged.** `flashlab grade` builds stage 18 from your region, checks its forward and
 # log-sum-exp, then dQ, dK and dV against float64 autograd: N = 1, 17, 1000 and 4096, D = 64 and
