@@ -602,7 +602,8 @@ def measure(stage=None, lengths=(32768, 131072), dtypes=("fp16",), heads=16, D=1
     default the last stage with a backward pass."""
     import flashlab as fl
     if stage is None:
-        stage = [st for st in fl.stages() if st.lse and st.has_backward][-1].slug
+        from .stages import last_backward
+        stage = last_backward().slug
     from . import configs, tables
     from .env import environment
     from .inputs import dtype_of

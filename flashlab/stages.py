@@ -497,6 +497,12 @@ def fastest_forward() -> Stage:
     return [st for st in _STAGES if st.fast][-1]
 
 
+def last_backward() -> Stage:
+    """The last stage with a backward pass (and the log-sum-exp it needs): what a model trains
+    through, and ring attention's default local attention."""
+    return [st for st in _STAGES if st.lse and st.has_backward][-1]
+
+
 def introduced_through(key) -> set:
     """The machine-code categories the workbook has met by stage `key`: those some stage up to it
     names as present in its kernels, and the shared ones every stage asserts (no spills, ...)."""

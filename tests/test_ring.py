@@ -9,6 +9,7 @@ import torch
 
 import flashlab as fl
 from flashlab import ring
+from flashlab.stages import last_backward
 from flashlab.reference import reference, reference_backward, reference_lse, rel_err, grad_err
 
 
@@ -177,7 +178,7 @@ def test_the_paper_model_hides_the_transfer_from_the_token_count_it_names():
     assert ring.tokens_to_hide(600, 50) == pytest.approx(9 * ring.tokens_to_hide(600, 450))
 
 
-LAST_BACKWARD = [st.slug for st in fl.stages() if st.lse and st.has_backward][-1]
+LAST_BACKWARD = last_backward().slug
 
 
 @pytest.mark.gpu
