@@ -483,6 +483,23 @@ _STAGES = (
           backward_sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "RED": True,
                          "LDG.E.128": False},
           builds_on=17),
+    Stage(19, "19_wgmma_backward", "wgmma backward",
+          "the backward's five products on warpgroup wgmma: Sᵀ and dPᵀ with both operands from "
+          "shared memory, dV and dK with Pᵀ and dSᵀ from registers, dQ from the dSᵀ tile and K "
+          "both read transposed; two warpgroups of 64 keys a block",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          kernel="forward_kernel",
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
+          picks=True, min_cc=(9, 0), arch_specific=True,
+          # bigger asynchronous instructions fed from shared memory: the tensor pipe busier, far
+          # fewer instructions issued for the same products
+          idea_metrics=("tensor_pipe_pct", "sm_throughput_pct"),
+          # the forward: stage 18's (stage 08's kernel with the log-sum-exp)
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
+          lse=True, backward="bwd_kernel",
+          # every product on wgmma: no mma.sync and no ldmatrix left in the backward
+          backward_sass={"HGMMA": True, "HMMA": False, "LDSM": False, "LDGSTS": True, "RED": True},
+          builds_on=18),
 )
 
 

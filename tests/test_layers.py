@@ -28,7 +28,8 @@ LAYERS = {
               "autotune", "model", "cells", "scaffold", "ring"],
     "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning",
                 "hopper_common", "wgmma", "tma", "warpspec", "tma_store", "lazy_rescale",
-                "backward", "backward_mma", "deterministic", "wide_warps", "dq_layout"],
+                "backward", "backward_mma", "deterministic", "wide_warps", "dq_layout",
+                "wgmma_backward"],
     "course": ["course", "__main__"],
 }
 RANK = {name: i for i, name in enumerate(LAYERS)}
