@@ -85,6 +85,16 @@ display(wgmma_backward.products(D=128)[["M x N x K", "A from", "B from", "wgmma"
 display(wgmma_backward.instructions())
 
 # %% [markdown]
+# In the machine code (static counts, fp16; stage 18's kernel at D = 128 is its pairs of warps,
+# at D = 64 its warps of 32 keys):
+
+# %%
+with nb.unless_missing():
+    mix = nb.instruction_mix("18_dq_layout", "19_wgmma_backward")
+    bwd = mix[mix.index.get_level_values("kernel").str.startswith("bwd_kernel<__half")]
+    display(bwd.droplevel("stage").T.loc[["HMMA", "LDSM", "HGMMA", "RED", "MUFU.EX2", "total"]])
+
+# %% [markdown]
 # Forty times fewer tensor-core instructions, and no `ldmatrix` at all, for the same arithmetic.
 # That count does not say how fast the kernel will be: the tensor cores take as long for the
 # multiply-adds whichever instruction asked for them. It says that issuing them, and loading their
