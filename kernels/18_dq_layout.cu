@@ -442,9 +442,9 @@ static const char* pick(const FlashlabProblem* p, cudaStream_t s) {
 
 extern "C" const char* flashlab_unsupported(const FlashlabProblem* p) {
   if (p->dtype != FLASHLAB_F16 && p->dtype != FLASHLAB_BF16)
-    return "stage 17 runs in fp16 or bf16 only, not float32";
+    return "stage 18 runs in fp16 or bf16 only, not float32";
   if (p->D != 64 && p->D != 128)
-    return flashlab_say("stage 17 is compiled for head dims 64 and 128, not %d", p->D);
+    return flashlab_say("stage 18 is compiled for head dims 64 and 128, not %d", p->D);
   return nullptr;
 }
 
@@ -1071,7 +1071,7 @@ static const char* backward(const FlashlabProblem* p, cudaStream_t s) {
     return launch_backward<T, 128, C::BC, C::BYTES>(p, s, bwd_kernel<T, 128, C::WARPS, 2, true>,
                                                     C::THREADS);
   }
-  return "stage 17's backward is compiled for head dims 64 and 128";
+  return "stage 18's backward is compiled for head dims 64 and 128";
 }
 
 // Scratch: the fp32 dQ sum (B H rows D floats, rows = N padded to a multiple of 64), then Δ (B H N floats).
