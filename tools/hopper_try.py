@@ -30,8 +30,9 @@ from flashlab.variants import with_pick
 
 def unregistered_stage(path):
     """The registry entry a kernel not yet in the registry is built and checked with: the last
-    Hopper stage's (dtypes, head dims, target), under the file's own name."""
-    return dataclasses.replace([st for st in fl.stages() if st.arch_specific][-1],
+    Hopper forward stage's (dtypes, head dims, target; timed over the sweep: fast), under the
+    file's own name."""
+    return dataclasses.replace([st for st in fl.stages() if st.arch_specific and st.fast][-1],
                                slug=Path(path).stem)
 
 
