@@ -31,20 +31,25 @@ def query_rows(D) -> int:
     return 128 if D == 64 else 64
 
 
-def products(D=128) -> pd.DataFrame:
-    """The five products of one warpgroup against one query block: M x N x K, where its A and B
-    come from, and the wgmma (64 x N x 16 each) it takes."""
+def _products(D):
+    """(name, M, N, K, A, where A comes from, B, where B comes from, result) of each product of
+    one warpgroup against one query block; the sources are keys of SOURCES."""
     BR = query_rows(D)
     dq_n = 64  # a warpgroup's share of dQ_i: 64 x 64 (columns 64w.. at D = 128, rows 64w.. at 64)
-    rows = [
+    return [
         ("S^T = K_w Q_i^T", 64, BR, D, "K_w", "smem", "Q_i^T", "smem", "registers (P^T after exp)"),
         ("dP^T = V_w dO_i^T", 64, BR, D, "V_w", "smem", "dO_i^T", "smem", "registers (dS^T after Δ)"),
         ("dV_w += P^T dO_i", 64, D, BR, "P^T", "regs", "dO_i", "smem_t", "registers, all blocks"),
         ("dK_w += dS^T Q_i", 64, D, BR, "dS^T", "regs", "Q_i", "smem_t", "registers, all blocks"),
         ("dQ_i += dS K_j", 64, dq_n, BC, "dS", "smem_t", "K_j", "smem_t", "RED into dQ's fp32 sum"),
     ]
+
+
+def products(D=128) -> pd.DataFrame:
+    """The five products of one warpgroup against one query block: M x N x K, where its A and B
+    come from, and the wgmma (64 x N x 16 each) it takes."""
     out = []
-    for name, M, N, K, a, a_src, b, b_src, c in rows:
+    for name, M, N, K, a, a_src, b, b_src, c in _products(D):
         out.append({"product": name, "M x N x K": f"{M} x {N} x {K}", "A": a,
                     "A from": SOURCES[a_src][1], "B": b, "B from": SOURCES[b_src][1],
                     "result": c, "wgmma": K // 16, "N of each": N})
@@ -76,23 +81,21 @@ def figure(D=128) -> Figure:
     ax.set_axis_off()
     s = 1 / 90  # drawing units per element
     y = 0.0
-    for name, row in products(D).iterrows():
-        M, N, K = (int(v) for v in row["M x N x K"].split(" x "))
+    for name, M, N, K, a, a_src, b, b_src, result in _products(D):
         h = max(M, K) * s
         mid = y - h / 2
         ax.text(0, mid, name, ha="left", va="center", fontsize=LABEL, family="monospace")
         x = 2.6
-        for label, w, hh, src in ((row["A"], K * s, M * s, row["A from"]), (row["B"], N * s, K * s, row["B from"])):
-            key = next(k for k, v in SOURCES.items() if v[1] == src)
+        for label, w, hh, key in ((a, K * s, M * s, a_src), (b, N * s, K * s, b_src)):
             ax.add_patch(Rectangle((x, mid - hh / 2), w, hh, facecolor=SOURCES[key][0], edgecolor="black",
                                    hatch="//" if key == "smem_t" else None, alpha=0.9))
             ax.text(x + w / 2, mid, label, ha="center", va="center", fontsize=TEXT,
                     color="white" if key == "smem" else "black",
                     bbox=dict(facecolor="white", alpha=0.7, lw=0) if key == "smem_t" else None)
             x += w + 0.3
-            if label == row["A"]:
+            if label == a:
                 ax.text(x - 0.15, mid, "×", ha="center", va="center", fontsize=LABEL)
-        ax.text(6.0, mid, f"{M} x {N} x {K}: {row['wgmma']} wgmma of 64 x {N} x 16\n→ {row['result']}",
+        ax.text(6.0, mid, f"{M} x {N} x {K}: {K // 16} wgmma of 64 x {N} x 16\n→ {result}",
                 ha="left", va="center", fontsize=TEXT)
         y -= h + 0.35
     for i, (key, (color, text)) in enumerate(SOURCES.items()):
