@@ -38,6 +38,9 @@ CATEGORIES = {
     "LDGSTS": "cp.async: global to shared memory without passing through registers",
     "UTMALDG": "cp.async.bulk.tensor: a TMA copy of a whole box, global to shared memory",
     "UTMASTG": "cp.async.bulk.tensor: a TMA copy of a whole box, shared to global memory",
+    "UBLKCP": "cp.async.bulk: a 1-D bulk copy of contiguous bytes by the TMA, no tensor map",
+    "UBLKRED": "cp.reduce.async.bulk: contiguous bytes of shared memory added into global memory "
+               "by the TMA",
     "SYNCS": "mbarrier operations (init, arrive, expect_tx, try_wait on a phase)",
     "USETMAXREG": "setmaxnreg: a warpgroup gives registers back to the SM or takes more",
     "LDG.E.128": "16-byte global loads (float4)",

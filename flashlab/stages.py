@@ -500,6 +500,26 @@ _STAGES = (
           # every product on wgmma: no mma.sync and no ldmatrix left in the backward
           backward_sass={"HGMMA": True, "HMMA": False, "LDSM": False, "LDGSTS": True, "RED": True},
           builds_on=18),
+    Stage(20, "20_warpspec_backward", "Warp-specialized backward",
+          "a producer warpgroup moves the backward's bytes: one thread brings K, V, Q, dO, the "
+          "log-sum-exps and Δ with the TMA onto an mbarrier ring, another adds each query "
+          "block's dQ into the fp32 sum with one bulk reduction from shared memory; the two "
+          "consumer warpgroups, given its registers by setmaxnreg, only multiply",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          kernel="forward_kernel",
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
+          picks=True, min_cc=(9, 0), arch_specific=True,
+          # the multiplying warps no longer wait on their own loads and reductions: the tensor
+          # pipe busier, the barrier and memory stalls of stage 19 gone from them
+          idea_metrics=("tensor_pipe_pct", "sm_throughput_pct"),
+          # the forward: stage 19's (stage 08's kernel with the log-sum-exp)
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
+          lse=True, backward="bwd_kernel",
+          # stage 19's products; the tiles by the TMA (tensor and 1-D bulk copies), dQ by bulk
+          # reductions, registers moved by setmaxnreg; no cp.async and no per-lane reduction left
+          backward_sass={"HGMMA": True, "UTMALDG": True, "UBLKCP": True, "UBLKRED": True,
+                         "USETMAXREG": True, "LDGSTS": False, "RED": False, "HMMA": False},
+          builds_on=19),
 )
 
 

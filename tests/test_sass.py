@@ -130,6 +130,7 @@ def test_parse_canned_sass():
     ("STG.E.128", "STG"), ("HMMA.16816.F32", "HMMA"), ("HFMA2.MMA", None), ("MUFU.EX2", "MUFU.EX2"),
     ("MUFU.RCP", None), ("FFMA", "FFMA"), ("FFMA.RM", "FFMA"), ("SHFL.BFLY", "SHFL"),
     ("BAR.SYNC.DEFER_BLOCKING", "BAR"), ("LDL", "LDL"), ("STL.64", "STL"), ("LDC.64", None),
+    ("UBLKCP.S.G", "UBLKCP"), ("UBLKRED.G.S.ADD.F32.RN", "UBLKRED"),
 ])
 def test_category(opcode, cat):
     assert sass.category(opcode) == cat
