@@ -8,7 +8,7 @@
 //  * one thread brings K_j and V_j once, then Q_i, dO_i (the TMA: a box of 64 columns x rows,
 //    swizzled as wgmma reads it) and the query rows' log-sum-exps and Δs (a 1-D bulk copy each)
 //    into a ring of two buffers, counted in by q_full[s]; the consumers hand a buffer back on
-//    q_empty[s] once their products have read it;
+//    q_empty[s] once their products have read it (every consumer thread arrives);
 //  * another thread adds each query block's dQ into the fp32 sum with one bulk reduction
 //    (cp.reduce.async.bulk .add.f32) from shared memory: the consumers write their dQ
 //    accumulators into dq[b] (stage 18's tiled layout, in which a query block's rows are one
@@ -735,8 +735,8 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
     mbar_init(kv_full, 1);
     for (int s = 0; s < 2; s++) {
       mbar_init(q_full + 8 * s, 1);      // the producer's arrive.expect_tx, then the bytes
-      mbar_init(q_empty + 8 * s, 8);     // one arrival per consumer warp
-      mbar_init(dq_full + 8 * s, 8);     // one arrival per consumer warp
+      mbar_init(q_empty + 8 * s, 256);   // one arrival per consumer thread
+      mbar_init(dq_full + 8 * s, 256);   // one arrival per consumer thread
       mbar_init(dq_empty + 8 * s, 1);    // the dQ thread, once its reduction has read the buffer
     }
     fence_mbar_init();
@@ -863,9 +863,10 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
       wgmma_ss_mn<T, 64>(dq_acc_r, a, b, kk > 0);
     }
     wgmma_commit();
-    wgmma_wait<1>();  // dV and dK done: Q_i, dO_i and the rows' numbers go back to the producer
-    __syncwarp();
-    if (lane == 0) mbar_arrive(q_empty + 8 * s);
+    // dV and dK done: Q_i, dO_i and the rows' numbers go back to the producer. Every thread
+    // arrives (its own reads of the rows' numbers released), as for dq_full below.
+    wgmma_wait<1>();
+    mbar_arrive(q_empty + 8 * s);
     wgmma_wait<0>();
 
     // dQ_i into dq[i % 2], where the dQ thread adds it to the sum with one bulk reduction: warp
@@ -882,8 +883,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
       *reinterpret_cast<float2*>(tile + dq_slot(n, 2, lane)) = make_float2(dq[n][2], dq[n][3]);
     }
     fence_proxy_async();  // this thread's stores, published to the bulk reduction (async proxy)
-    __syncwarp();
-    if (lane == 0) mbar_arrive(dq_full + 8 * t);
+    mbar_arrive(dq_full + 8 * t);
   }
 
   store_dk_dv<T, D, 1, D / 8>(dK, dV, dk, dv, (size_t)bh * N, k0 + kw + 16 * warp, 0, N, scale, lane);

@@ -56,8 +56,8 @@ display(warpspec_backward.traffic(D=64))
 # K_j and V_j once, then for each query block Q_i and dO_i as boxes of 64 columns, swizzled as
 # `wgmma` reads them, and the rows' log-sum-exps and Δs as two 1-D bulk copies. All four land on
 # one mbarrier, `q_full[s]`, which counts the bytes in. There are two buffers, so the copies of
-# block i + 1 run while block i is multiplied; a consumer warp hands its buffer back by arriving
-# on `q_empty[s]` once the products that read it are done.
+# block i + 1 run while block i is multiplied; every consumer thread hands its buffer back by
+# arriving on `q_empty[s]` once the products that read it are done.
 #
 # A second thread of the producer takes dQ. The consumers write their dQ_i accumulators into a
 # shared-memory buffer, in the tiled layout of stage 18, and arrive on `dq_full`. That thread
