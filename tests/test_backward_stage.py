@@ -75,8 +75,9 @@ def test_each_kernel_of_a_backward_stage_is_held_to_its_own_evidence(st):
     fwd = st.evidence_for(f"{st.kernel}<__half, 64>")
     assert fwd == st.sass_evidence and fwd["HMMA"] is not None
     bwd = st.evidence_for(f"void {st.backward}<__half, 64>(const __half*)")
-    # dQ added across key blocks: reductions, or (fenced, in a deterministic stage) atomics
-    assert (bwd.get("RED") or bwd.get("ATOM")) is True
+    # dQ added across key blocks: per-lane reductions, (fenced, in a deterministic stage) atomics,
+    # or the TMA's bulk reductions from shared memory
+    assert (bwd.get("RED") or bwd.get("ATOM") or bwd.get("UBLKRED")) is True
     assert bwd["LDL"] is False and bwd["MUFU.EX2"] is True
     assert st.evidence_for("bwd_dq_kernel<__half>") == {"LDL": False, "STL": False}
     assert st.is_forward(f"void {st.kernel}<__half, 64, 128>(...)")
