@@ -83,8 +83,9 @@ display(warpspec_backward.registers())
 # 240 is fewer than the 255 a stage 19 thread may hold. The products fit, with no spills, but a
 # lower cap changes more than spills. With the mask test inside the loop that turns S^T into P,
 # the compiler at 240 registers put a branch around each element's log-sum-exp load and
-# exponential: 64 `BSSY`/`BSYNC` pairs per query block at D = 64, where stage 19 has none. That
-# version ran at 0.7 times stage 19. The kernel below compiles the loop twice, once for edge
+# exponential: 66 `BSSY`/`BSYNC` pairs in the kernel at D = 64, one for each of the 64 scores a
+# thread holds and two elsewhere, where stage 19 has none. That version ran at 0.7–0.9 times
+# stage 19. The kernel below compiles the loop twice, once for edge
 # blocks (where the mask applies) and once for the rest, where every element is seen and no
 # test remains. Read the machine code after every change to a register budget.
 #
@@ -215,7 +216,7 @@ with nb.unless_missing():
 #
 # So the memory work left the consumers, and the ceiling was never in reach: the copies'
 # latency is hidden only as far as the ring is deep, and the warpgroups still take turns at the
-# dS^T tile. Deeper rings need shared memory the block has spent (195 KB at D = 64). The
+# dS^T tile. Deeper rings need shared memory the block has spent (194 KB at D = 64). The
 # overlap that remains is inside a warpgroup: exponentials while a product runs.
 
 # %% [markdown]
@@ -276,7 +277,7 @@ with nb.unless_missing():
 # still reads it (the first barrier), and must not read it before the other has written its rows
 # (the second). With two buffers, alternating by query block, the first barrier goes: a warpgroup
 # writes buffer (i mod 2) while the other may still read the other one. At D = 64 a dS^T tile is
-# 128 × 128 × 2 bytes = 32 KB, and the block already uses 195 KB of the 227 available.
+# 128 × 128 × 2 bytes = 32 KB, and the block already uses 194 KB of the 227 available.
 
 # %% [markdown]
 # ## Summary
