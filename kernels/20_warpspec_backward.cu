@@ -717,8 +717,9 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
   const uint32_t kv_full = base_u + C::BARS, q_full = kv_full + 8, q_empty = q_full + 16;
   const uint32_t dq_full = q_empty + 16, dq_empty = dq_full + 16;
 
-  // the warpgroup index from lane 0: uniform, so the descriptors built from it are too (stage 09)
-  const int wg = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
+  // the warpgroup's role from lane 0: uniform, so the descriptors built from it are too (stage
+  // 09): 0 the producer, 1 and 2 the consumers
+  const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
   const int key_tiles = (N + BC - 1) / BC, bh = blockIdx.x / key_tiles, b = bh / H, h = bh % H;
   const int k0 = (blockIdx.x % key_tiles) * BC, Np = dq_rows(N);
@@ -743,7 +744,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
   }
   __syncthreads();
 
-  if (wg == 0) {  // ---- the producer
+  if (role == 0) {  // ---- the producer
     setmaxnreg_dec<C::PRODUCER_REGS>();
     if (warp == 0 && lane == 0) {  // the loads
       tma_prefetch_map(&maps.q); tma_prefetch_map(&maps.k);
@@ -783,16 +784,16 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
     return;
   }
 
-  // ---- the consumers: warpgroup wg - 1 owns keys 64 (wg - 1).. of the block
+  // ---- the consumers: consumer warpgroup wg (0 or 1) owns keys 64 wg.. of the block
   setmaxnreg_inc<C::CONSUMER_REGS>();
-  const int cw = wg - 1, g = lane / 4;
+  const int wg = role - 1, g = lane / 4;
   const float scale_log2 = scale * 1.4426950408889634f;
   float* Ls = reinterpret_cast<float*>(base_p + C::LS);  // [STAGES][BR], log2 units
   float* Ds = reinterpret_cast<float*>(base_p + C::DL);
   float dv[1][D / 8][4] = {}, dk[1][D / 8][4] = {};
   auto& dv_acc = reinterpret_cast<float(&)[D / 2]>(dv);  // the same floats, as wgmma lists them
   auto& dk_acc = reinterpret_cast<float(&)[D / 2]>(dk);
-  const int kw = 64 * cw;  // this warpgroup's first key in the block
+  const int kw = 64 * wg;  // this warpgroup's first key in the block
   mbar_wait(kv_full, 0);
   for (int i = 0; i < blocks; i++) {
     const int q0 = q_start(i), s = i % C::STAGES;
@@ -856,8 +857,8 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
     for (int kk = 0; kk < KK; kk++) {
       // BEGIN CARRIED 19.dq_descriptors: the descriptors of k-step kk (keys 16 kk..) of this
       // warpgroup's dQ_i += dS K_j, stage 19's
-      const uint32_t a_at = dSs + (D == 64 ? cw : 0) * BC * 128 + kk * 16 * 128;
-      const uint32_t b_at = Ks + (D == 128 ? cw : 0) * BC * 128 + kk * 16 * 128;
+      const uint32_t a_at = dSs + (D == 64 ? wg : 0) * BC * 128 + kk * 16 * 128;
+      const uint32_t b_at = Ks + (D == 128 ? wg : 0) * BC * 128 + kk * 16 * 128;
       const uint64_t a = wgmma_desc(a_at, BC * 128, 1024), b = wgmma_desc(b_at, BC * 128, 1024);
       // END CARRIED 19.dq_descriptors
       wgmma_ss_mn<T, 64>(dq_acc_r, a, b, kk > 0);
@@ -874,7 +875,7 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
     // lane for each pair of its accumulators
     const int t = i % C::DQ_STAGES;
     if (i >= C::DQ_STAGES) mbar_wait(dq_empty + 8 * t, (i / C::DQ_STAGES - 1) & 1);
-    const int row16 = (D == 64 ? 64 * cw : 0) + 16 * warp, col0 = D == 128 ? 64 * cw : 0;
+    const int row16 = (D == 64 ? 64 * wg : 0) + 16 * warp, col0 = D == 128 ? 64 * wg : 0;
     float* tile = reinterpret_cast<float*>(base_p + C::DQ + t * C::DQ_BYTES) +
                   ((row16 / 16) * (D / 64) + col0 / 64) * 1024;
 #pragma unroll
