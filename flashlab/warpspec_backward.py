@@ -17,18 +17,12 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from .wgmma_backward import query_rows  # stage 20 keeps stage 19's query blocks
+
 TITLE, LABEL, TEXT = 15, 12, 11     # font sizes, as the other lessons' figures
-BC = 128                            # keys of a block
 CONSUMER_THREADS = 256              # two warpgroups multiply
 REGISTERS = 65536                   # 32-bit registers of an SM (sm_90)
 PRODUCER_REGS = 24                  # what the producer keeps after setmaxnreg.dec
-
-
-def query_rows(D) -> int:
-    """BR, the rows of a query block (stage 19's and 20's): 128 at D = 64, 64 at D = 128."""
-    if D not in (64, 128):
-        raise ValueError(f"stages 19 and 20 are compiled for head dims 64 and 128, not {D}")
-    return 128 if D == 64 else 64
 
 
 def traffic(D=64) -> pd.DataFrame:
