@@ -520,6 +520,27 @@ _STAGES = (
           backward_sass={"HGMMA": True, "UTMALDG": True, "UBLKCP": True, "UBLKRED": True,
                          "USETMAXREG": True, "LDGSTS": False, "RED": False, "HMMA": False},
           builds_on=19),
+    Stage(21, "21_deterministic_hopper", "Deterministic warp-specialized backward",
+          "dQ added in a fixed order on Hopper: before each bulk reduction the producer's dQ "
+          "thread waits on a counter for its block's turn at the query block, and passes the turn "
+          "on once its addition is complete in L2, so that the gradients are the same bits on "
+          "every run while the consumers keep multiplying",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          kernel="forward_kernel",
+          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
+          picks=True, min_cc=(9, 0), arch_specific=True,
+          # the turns cost the consumers only when both dQ buffers wait behind a turn: the tensor
+          # pipe about as busy as stage 20's, the long scoreboard (mbarrier waits) what grows
+          idea_metrics=("tensor_pipe_pct", "stall_long_scoreboard"),
+          # the forward: stage 20's (stage 08's kernel with the log-sum-exp)
+          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
+          lse=True, backward="bwd_kernel", deterministic=True,
+          # stage 20's instructions, and the turns: a GPU-wide fence before the releasing store
+          # (MEMBAR), the bulk reductions the same UBLKRED
+          backward_sass={"HGMMA": True, "UTMALDG": True, "UBLKCP": True, "UBLKRED": True,
+                         "USETMAXREG": True, "MEMBAR": True, "LDGSTS": False, "RED": False,
+                         "HMMA": False},
+          builds_on=20),
 )
 
 
@@ -535,9 +556,10 @@ def fastest_forward() -> Stage:
 
 
 def last_backward() -> Stage:
-    """The last stage with a backward pass (and the log-sum-exp it needs): what a model trains
-    through, and ring attention's default local attention."""
-    return [st for st in _STAGES if st.lse and st.has_backward][-1]
+    """The last stage with a backward pass (and the log-sum-exp it needs) that is not a
+    deterministic variant (those trade speed for the same bits on every run, and are chosen by
+    name): what a model trains through, and ring attention's default local attention."""
+    return [st for st in _STAGES if st.lse and st.has_backward and not st.deterministic][-1]
 
 
 def introduced_through(key) -> set:
