@@ -23,7 +23,7 @@
 # **Prerequisites:** notebook 20 (the producer warpgroup and its bulk reduction); notebook 16
 # (turns, their order, and why a block may only wait for blocks launched before it).
 #
-# **Time:** about 14 min to read, 30 min to work through.
+# **Time:** about 22 min to read, 30 min to work through.
 
 # %%
 # %matplotlib inline
@@ -182,7 +182,32 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# (after the run)
+# At the teaching config stage 21 ran at 246 TFLOP/s without the mask and 175 with it: 0.84 and
+# 0.96 of stage 20's speed, timed in turn. The model said 0.75 and 0.98. It missed most at the
+# one config where the skew weighs most. Over the sweep it did better: at its first estimate,
+# hold = 0.55, it came within 0.04 of every measured ratio, and the best hold, 0.6, brings the
+# root-mean-square difference to 0.02. The shape held too. Without the mask, D = 64 costs the
+# most (0.86–0.89 up to N = 4096), D = 128 less (0.91–0.93), and long sequences little
+# (0.95–0.99).
+#
+# Where the model missed, it missed for reasons it leaves out:
+#
+# - **The teaching config, four waves.** In the model every block takes exactly the same time,
+#   so each wave's heads start in step and pay the skew again. On the GPU, blocks of one wave
+#   finish at different times (they share the L2 and the memory), so the next wave starts spread
+#   out, and part of the skew is absorbed as in a long launch.
+# - **The mask, short sequences.** The model said the turns cost nothing there; the GPU lost
+#   1–4 %. The model gives stage 20's dQ thread the same `hold` as stage 21's. But stage 20 hands
+#   a buffer back as soon as its reduction has read it, without waiting for the additions or for
+#   a turn. Stage 21's consumers get their buffer back later even where no turn is waited for.
+# - **The mask at 16k** is where model and measurement agree best: launching the shortest key
+#   blocks first leaves the longest to end the launch (0.97 at D = 64, 0.94 at D = 128).
+#
+# So determinism on Hopper costs 0–14 %, where stage 16 cost 26–44 %. Stage 21 is faster than the
+# fastest non-deterministic `mma.sync` backward (stage 18) at every config, 1.06–1.91 times. In
+# bf16 over the same sweep it ran 1.72–3.67 times stage 16, the deterministic backward it
+# replaces. Against cuDNN's backward it reaches 0.80–1.04, ahead on the long causal sequences at
+# D = 64.
 
 # %% [markdown]
 # ## 5 · The profile
@@ -216,7 +241,17 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# (after the run)
+# The backward took 0.146 ms against stage 20's 0.119 (0.82; timed in turn, 0.84). The tensor
+# pipe was busy 35.9 % of it against 41.2 %. The long scoreboard, under which the profile counts
+# the consumers' waits on mbarriers, grew from 22.7 % to 28.9 %: the consumers waiting for a dQ
+# buffer. That is the only place the turns can reach them. The barrier stalls, at the dS^T tile,
+# barely moved (16.5 % to 15.7 %). The LG throttle fell, 8.0 % to 4.4 %: the consumers' stores
+# of dK and dV are spread over a longer kernel. "Sleeping", 1.0 %, is the dQ thread between two
+# reads of its counter, one thread's samples among 256 consumers'.
+#
+# The machine code shows each link of the chain: the spinning loads as strong loads at GPU scope
+# with the sleep between them, a proxy fence on each side of the bulk reduction, and the passing
+# store as a strong store behind a GPU-wide fence.
 
 # %% [markdown]
 # ## Exercises
@@ -284,7 +319,19 @@ with nb.unless_missing():
 # %% [markdown]
 # ## Summary
 #
-# - (after the run)
+# - Stage 20's dQ sum is not repeatable: its key blocks' bulk reductions reach a query block in
+#   timing order. Stage 21 makes the producer's dQ thread take turns, with stage 16's counters
+#   and orders, and every run gives the same bits.
+# - Only that thread waits. The consumers keep multiplying into the second dQ buffer, and wait
+#   only when both are queued behind a turn.
+# - Ordering bulk reductions between blocks takes every link: the reduction complete (not only
+#   read), proxy fences around it, and a releasing store and acquiring load of the counter.
+# - A model of the blocks on the SMs in launch order predicted the cost over the sweep within
+#   0.04 (a turn about 0.55–0.6 of a query block's work). The skew is paid once per wave while a
+#   head's blocks start together, so short sequences without the mask pay the most.
+# - On the H200 stage 21 kept 0.86–1.00 of stage 20's speed (stage 16 kept 0.56–0.74 of 15's).
+#   It ran 1.06–1.91 times stage 18 and 0.80–1.04 times cuDNN's backward in fp16, and 1.72–3.67
+#   times stage 16 in bf16.
 
 # %%
 nb.reached("21_deterministic_hopper")  # its backward, beside the stages before it and SDPA's
