@@ -57,9 +57,11 @@ def simulate(key_blocks, heads, hold=0.5, causal=False, turns=True, ratio=1, buf
     """One launch: `heads` heads of `key_blocks` key blocks each, launched head by head onto
     `sms` SMs (a block starts when an SM frees, in launch order). A block walks its query blocks
     (all `key_blocks * ratio` without the mask; with it, those from its own keys on); its
-    consumers take 1 unit a query block, but only with one of `buffers` dQ buffers free; its dQ
-    thread adds a query block once the consumers are done with it, its previous add is complete
-    and (turns) the block before it in turn has passed it on, and holds the turn `hold` units.
+    consumers take 1 unit for a query block's products, then wait until one of `buffers` dQ
+    buffers is free to hand dQ over (the buffer of `buffers` query blocks before: free once that
+    add is done); its dQ thread adds a query block once the consumers have handed it over, its
+    previous add is done and (turns) the block before it in turn has passed it on, and holds the
+    buffer (and the turn) `hold` units.
     Turns as stage 21 takes them: without the mask in launch order, key block 0 first; with it,
     the blocks launched last first (launch_last_first, default: causal and turns), taking turns as
     they arrive. Returns the launch's time, or with trace=True also [(block, SM, start, [(query
@@ -81,7 +83,7 @@ def simulate(key_blocks, heads, hold=0.5, causal=False, turns=True, ratio=1, buf
             steps, adds = [], [start] * buffers  # a buffer is free from the block's start
             done = last = start
             for i in range(j * ratio if causal else 0, nq):
-                done = max(done, adds[-buffers]) + 1.0
+                done = max(done + 1.0, adds[-buffers])  # its products, then a free buffer
                 begin = max(done, last, passed[i]) if turns else max(done, last)
                 last = begin + hold
                 adds.append(last)
@@ -151,10 +153,10 @@ def figure(key_blocks=8, hold=0.5, sms=8):
         for (_, j), _, start, steps in log:
             prev = start
             for i, done, begin, finish in steps:
-                if done - 1.0 > prev + 1e-9:  # waited for a buffer
-                    ax.barh(j + 0.2, done - 1.0 - prev, left=prev, height=0.35, color="#d62728")
-                ax.barh(j + 0.2, 1.0, left=done - 1.0, height=0.35, color="#bbbbbb",
-                        edgecolor="white")
+                ax.barh(j + 0.2, 1.0, left=prev, height=0.35, color="#bbbbbb", edgecolor="white")
+                if done > prev + 1.0 + 1e-9:  # products done, waiting for a buffer
+                    ax.barh(j + 0.2, done - prev - 1.0, left=prev + 1.0, height=0.35,
+                            color="#d62728")
                 ax.barh(j - 0.2, finish - begin, left=begin, height=0.35, color="#1f77b4")
                 prev = done
         ax.set_ylim(key_blocks - 0.4, -0.6)
