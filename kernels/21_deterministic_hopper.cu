@@ -8,7 +8,7 @@
 // zeroed before the launch, says whose turn it is. Only the producer's dQ thread takes part:
 // it waits until the counter reads its block's turn (an acquiring load), adds query block i's
 // dQ with the same bulk reduction, waits until that reduction is complete in L2 (not only its
-// read of shared memory, as stage 20 waits), and passes the turn on (a releasing add). The
+// read of shared memory, as stage 20 waits), and passes the turn on (a releasing store). The
 // consumers wait only when both dQ buffers are still queued behind a turn. The order is
 // chosen so that a block only ever waits for blocks launched before it: without the mask every
 // key block walks the query blocks from the first (stage 18's staggered start is given up: its

@@ -249,9 +249,9 @@ with nb.unless_missing():
 # of dK and dV are spread over a longer kernel. "Sleeping", 1.0 %, is the dQ thread between two
 # reads of its counter, one thread's samples among 256 consumers'.
 #
-# The machine code shows each link of the chain: the spinning loads as strong loads at GPU scope
-# with the sleep between them, a proxy fence on each side of the bulk reduction, and the passing
-# store as a strong store behind a GPU-wide fence.
+# The cell above lists the turn's instructions where `cuobjdump` is installed (`pip install
+# nvidia-cuda-cuobjdump`). Each ordering the kernel asks for is an instruction of its own there,
+# and costs the dQ thread, not the consumers.
 
 # %% [markdown]
 # ## Exercises
@@ -260,8 +260,9 @@ with nb.unless_missing():
 #
 # **Where:** `kernels/21_deterministic_hopper.cu`, the two functions `wait_my_turn` and
 # `pass_my_turn` between `// BEGIN EXERCISE 21.turns` and `// END EXERCISE 21.turns`; the dQ
-# thread already calls them around its bulk reduction. The stub takes no turns: the gradients are
-# right, and dQ's last bits vary from run to run.
+# thread already calls them around its bulk reduction. The stub takes no turns: once this
+# stage's copies of your earlier regions are in (it carries `19.dq_descriptors` and `20.dq_span`,
+# marked `// BEGIN CARRIED`), the gradients are right and dQ's last bits vary from run to run.
 #
 # **What to write:** the wait (spin until the counter reads this block's turn, then order what
 # follows after the load) and the pass (make this thread's reductions complete, order them
