@@ -97,13 +97,16 @@ nb.show_lines("21_deterministic_hopper", r"// This block's turn at the query blo
 # %% [markdown]
 # ## 3 · Prediction
 #
-# A single head's figure overstates the cost. A launch has thousands of blocks, one per SM at a
-# time, and a block starts when an SM frees. Later blocks start at different times, and a later
-# block is usually behind its predecessor in turn anyway. So the skew is paid once per launch,
-# plus once per wave while the blocks of a head still start together. `dh.simulate` runs a
-# launch this way: the blocks of the sweep's configs in launch order over 132 SMs, each query
-# block one unit of the consumers' time, each turn `hold` units of the dQ thread's. Without turns
-# and in stage 20's launch order it is stage 20.
+# The figure is one head in one wave. A launch has thousands of blocks, one per SM at a time, and
+# a block starts when an SM frees, in launch order. How often the skew is paid depends on how the
+# SMs free. At long N one head's key blocks fill most of the GPU. They end one turn apart, in
+# turn order, so the next head's blocks start one turn apart in the same order and wait for
+# nothing: the skew is paid about once. At short N a wave holds many heads of a few blocks each.
+# Their first blocks end together, the SMs they free go to the next heads' blocks at once, and
+# those start together and pay the skew again. `dh.simulate` runs a launch this way: the blocks
+# of the sweep's configs in launch order over 132 SMs, each query block one unit of the
+# consumers' time, each turn `hold` units of the dQ thread's. Without turns and in stage 20's
+# launch order it is stage 20.
 #
 # `hold` is a turn's time over a query block's. A query block is five products, about 10 MFLOP,
 # some 3 µs at an SM's share of 450 TFLOP/s. A turn is the reduction's 32 KB plus three trips
@@ -124,8 +127,8 @@ predicted = dh.sweep_model(holds=(hold,)).droplevel("hold")
 display(predicted.round(3))
 
 # %% [markdown]
-# And at the teaching config (B = 4, H = 16, N = 1024, D = 64), whose 512 blocks are only four
-# waves, so that each wave pays the skew again:
+# And at the teaching config (B = 4, H = 16, N = 1024, D = 64), whose 512 blocks make only four
+# waves:
 
 # %%
 t = fl.teaching("fp16")
@@ -136,9 +139,10 @@ for causal in (False, True):
 # %% [markdown]
 # **Prediction.** Without the mask, stage 21 keeps 0.84–0.89 of stage 20's speed at D = 64 up to
 # N = 4096, and 0.91–0.96 at D = 128. There a key block walks twice as many query blocks (64
-# rows each), so the same skew is a smaller share of its work. From 8k a launch has many waves,
-# and the loss falls to 0–3 %. At the teaching config, four waves of short blocks, it keeps only
-# 0.75. With the mask the turns follow arrival and cost almost nothing. But launching the key
+# rows each), so the same skew is a smaller share of its work. From 8k a head's key blocks fill
+# most of the GPU, the skew is paid about once, and the loss falls to 0–3 %. At the teaching
+# config it keeps only 0.75: in a launch of four waves the skews of the first and the last weigh
+# more. With the mask the turns follow arrival and cost almost nothing. But launching the key
 # blocks last first starts the shortest blocks first, so the longest ones end the launch. At 16k
 # that tail costs 3 % at D = 64 and 6 % at D = 128. All of it far less than stage 16's 0.56–0.74.
 #
