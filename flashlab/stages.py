@@ -529,8 +529,8 @@ _STAGES = (
           kernel="forward_kernel",
           template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
           picks=True, min_cc=(9, 0), arch_specific=True,
-          # the turns cost the consumers only when both dQ buffers wait behind a turn: the tensor
-          # pipe about as busy as stage 20's, the long scoreboard (mbarrier waits) what grows
+          # the turns reach the consumers only when both dQ buffers wait behind a turn: the
+          # tensor pipe less busy by those waits, which the long scoreboard (mbarriers) counts
           idea_metrics=("tensor_pipe_pct", "stall_long_scoreboard"),
           # the forward: stage 20's (stage 08's kernel with the log-sum-exp)
           sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},

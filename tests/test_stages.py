@@ -103,6 +103,17 @@ def test_the_stage_before():
     assert len(plain) >= 12 and all(before(st) is prev for st, prev in plain)
 
 
+def test_the_last_backward_is_the_last_one_that_is_not_a_deterministic_variant():
+    """What a model trains through and ring attention runs by default: the last stage with a
+    backward and a log-sum-exp, passing over a deterministic stage after it (slower by design)."""
+    from flashlab.stages import last_backward
+    st = last_backward()
+    assert st.has_backward and st.lse and not st.deterministic
+    later = [s for s in STAGES if s.number > st.number and s.has_backward]
+    assert all(s.deterministic for s in later)
+    assert any(s.deterministic for s in STAGES if s.has_backward)
+
+
 def test_a_stage_can_build_on_one_that_is_not_the_previous_number(monkeypatch):
     """builds_on names the stage a stage improves on where it is not the one before it (a
     backward stage building on a forward one, say)."""
