@@ -24,15 +24,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .deterministic import turns  # noqa: F401  (stage 16's orders, which stage 21 keeps)
+from .wgmma_backward import query_rows  # stage 21 keeps stage 19's query blocks
 
 TITLE, LABEL, TEXT = 15, 12, 11   # font sizes, as the other lessons' figures
 BC = 128                          # keys a block (stages 19-21)
 SMS = 132                         # the H100's and H200's SMs
-
-
-def query_rows(D: int) -> int:
-    """The rows of a query block: 128 at D = 64, 64 at D = 128 (stage 19's shapes)."""
-    return 128 if D == 64 else 64
 
 
 def turn_time(D=64, tflops=450.0, sms=SMS, reduce_gbps=150.0, trip_us=0.5, trips=3) -> pd.Series:
