@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .paths import KERNELS
+from .paths import KERNELS, kernel_inputs
 
 BINDING = r"""
 #include <cstdint>
@@ -166,6 +166,9 @@ def build_module(source, verbose=False, arch=None, include_dir=None):
     bind = binding(has_backward(text))
     for part in [text, bind, repr(flags), torch.__version__, *_headers(include_dir).values()]:
         digest.update(part.encode())
+    for included in kernel_inputs(source, include_dir)[1:]:  # stage files it includes whole
+        if included.suffix == ".cu":
+            digest.update(included.read_bytes())
     stem = re.sub(r"\W", "_", os.path.splitext(os.path.basename(source))[0])
     name = f"flashlab_{stem}_{digest.hexdigest()[:12]}"
     # '#line' makes nvcc report errors against the real file, not the copy in the build folder.

@@ -205,7 +205,7 @@ def shape(slug, D, causal, N=None):
     longest), by name and as numbers where they are (launched_by_name). None where the stage has
     no pick() or it launches nothing for D."""
     st = stage(slug)
-    named = launched_by_name(st.source.read_text(), st.template, D, causal, N)
+    named = launched_by_name(st.text, st.template, D, causal, N)
     if named is None:
         return None
     return {name: int(v) if v.lstrip("-").isdigit() else v for name, v in named.items()}

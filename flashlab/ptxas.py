@@ -115,7 +115,7 @@ def source_digest(source, arch) -> str:
     no absolute path, so a clone anywhere agrees. Recorded beside static evidence
     (data/sass.csv) to tell when a kernel has changed since."""
     digest = hashlib.sha256(repr((NVCC_FLAGS, arch)).encode())
-    for p in [Path(source), *sorted(KERNELS.glob("*.h")), *sorted(KERNELS.glob("*.cuh"))]:
+    for p in paths.kernel_inputs(source, KERNELS):  # the .cu, stages it includes, headers
         digest.update(p.name.encode() + b"\0" + p.read_bytes())
     return digest.hexdigest()[:16]
 
@@ -163,7 +163,7 @@ def kernel_at(stage, kernels, cfg, lse=False):
     the forward asked for the log-sum-exp (a stage whose template has WITH_LSE runs another
     instantiation then)."""
     want = {"T": CTYPES[cfg.dtype], "D": str(cfg.D), "WITH_LSE": "true" if lse else "false"}
-    named = _picks().launched_by_name(stage.source.read_text(), stage.template, cfg.D,
+    named = _picks().launched_by_name(stage.text, stage.template, cfg.D,
                                       cfg.causal, cfg.N)
     want.update(named or {})  # what pick() launches at D, mask and N, defaults included
     want = {k: v for k, v in want.items() if k in stage.template}

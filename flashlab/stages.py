@@ -5,7 +5,7 @@ has) is in flashlab.runtime, which a Stage's build() and unavailable() reach whe
 import re
 from dataclasses import dataclass, field
 
-from .paths import KERNELS
+from .paths import KERNELS, kernel_inputs
 
 # Machine-code facts every stage shares (flashlab.sass categories: True = present in every kernel
 # of the stage, False = absent from all): exp through MUFU.EX2, fp32 FMAs, nothing spilled.
@@ -96,6 +96,12 @@ class Stage:
     @property
     def source(self):
         return KERNELS / f"{self.slug}.cu"
+
+    @property
+    def text(self) -> str:
+        """Its .cu file's text, then that of each stage file it includes whole (stages 19-21
+        include stage 13's for their forward): where its kernels and pick() tables are found."""
+        return "\n".join(p.read_text() for p in kernel_inputs(self.source) if p.suffix == ".cu")
 
     def takes(self, cfg) -> bool:
         """Whether the stage runs at this config: its dtype, its head dim and its mask."""
@@ -251,6 +257,15 @@ class Stage:
 
 # A scalar fp32 stage does no tensor-core work.
 _SCALAR = {"HMMA": False}
+# Stage 13's forward kernel: its name, template and machine-code evidence, which stages 19-21
+# share (their .cu files include stage 13's whole: a Hopper backward saves the log-sum-exp with
+# the fastest forward).
+_HOPPER_FORWARD = dict(
+    kernel="lazy_rescale_kernel",
+    template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS", "WITH_LSE"),
+    sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "UTMASTG": True, "STG": False,
+          "STS": True, "SYNCS": True, "USETMAXREG": True, "LDL": False, "STL": False})
+
 _STAGES = (
     Stage(1, "01_naive", "Naive (flash-attention-minimal)",
           "FlashAttention-1 loop order, one thread per query row, m and l in global memory",
@@ -390,14 +405,10 @@ _STAGES = (
           "maximum as it stands, without waiting for the tile's own; O is rescaled only when a "
           "row's maximum grows by more than 2^8, and that tile is then taken the classic way",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, fast=True, row_strides=True,
-          kernel="lazy_rescale_kernel", lse=True,
-          template=("T", "D", "BC", "STAGES", "CONSUMERS", "BLOCKS", "WITH_LSE"),
-          min_cc=(9, 0), arch_specific=True,
+          **_HOPPER_FORWARD, lse=True, min_cc=(9, 0), arch_specific=True,
           # the exponentials no longer wait behind the shuffles of the row maximum, and a tile
           # has no rescale of O: less waiting on the short scoreboard, the tensor pipe busier
-          idea_metrics=("stall_short_scoreboard", "tensor_pipe_pct"),
-          sass={"HGMMA": True, "HMMA": False, "UTMALDG": True, "UTMASTG": True, "STG": False,
-                "STS": True, "SYNCS": True, "USETMAXREG": True, "LDL": False, "STL": False}),
+          idea_metrics=("stall_short_scoreboard", "tensor_pipe_pct")),
     Stage(14, "14_backward", "Backward pass (FlashAttention-2's Algorithm 2)",
           "the backward pass: the forward saves each row's log-sum-exp; a preprocessing pass "
           "takes Δ = rowsum(dO ∘ O); per key/value block P is recomputed from Q, K and the "
@@ -488,14 +499,10 @@ _STAGES = (
           "shared memory, dV and dK with Pᵀ and dSᵀ from registers, dQ from the dSᵀ tile and K "
           "both read transposed; two warpgroups of 64 keys a block",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
-          kernel="forward_kernel",
-          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
-          picks=True, min_cc=(9, 0), arch_specific=True,
+          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True,
           # bigger asynchronous instructions fed from shared memory: the tensor pipe busier, far
           # fewer instructions issued for the same products
           idea_metrics=("tensor_pipe_pct", "sm_throughput_pct"),
-          # the forward: stage 18's (stage 08's kernel with the log-sum-exp)
-          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
           lse=True, backward="bwd_kernel",
           # every product on wgmma: no mma.sync and no ldmatrix left in the backward
           backward_sass={"HGMMA": True, "HMMA": False, "LDSM": False, "LDGSTS": True, "RED": True},
@@ -506,14 +513,10 @@ _STAGES = (
           "block's dQ into the fp32 sum with one bulk reduction from shared memory; the two "
           "consumer warpgroups, given its registers by setmaxnreg, only multiply",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
-          kernel="forward_kernel",
-          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
-          picks=True, min_cc=(9, 0), arch_specific=True,
+          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True,
           # the multiplying warps no longer wait on their own loads and reductions: the tensor
           # pipe busier, the barrier and memory stalls of stage 19 gone from them
           idea_metrics=("tensor_pipe_pct", "sm_throughput_pct"),
-          # the forward: stage 19's (stage 08's kernel with the log-sum-exp)
-          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
           lse=True, backward="bwd_kernel",
           # stage 19's products; the tiles by the TMA (tensor and 1-D bulk copies), dQ by bulk
           # reductions, registers moved by setmaxnreg; no cp.async and no per-lane reduction left
@@ -526,14 +529,10 @@ _STAGES = (
           "on once its addition is complete in L2, so that the gradients are the same bits on "
           "every run while the consumers keep multiplying",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
-          kernel="forward_kernel",
-          template=("T", "D", "BC", "WARPS", "WM", "STAGES", "Q_REGS", "OPTS", "WITH_LSE"),
-          picks=True, min_cc=(9, 0), arch_specific=True,
+          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True,
           # the turns reach the consumers only when both dQ buffers wait behind a turn: the
           # tensor pipe less busy by those waits, which the long scoreboard (mbarriers) counts
           idea_metrics=("tensor_pipe_pct", "stall_long_scoreboard"),
-          # the forward: stage 20's (stage 08's kernel with the log-sum-exp)
-          sass={"HMMA": True, "LDSM": True, "LDGSTS": True, "LDG.E.128": False},
           lse=True, backward="bwd_kernel", deterministic=True,
           # stage 20's instructions, and the turns: a GPU-wide fence before the releasing store
           # (MEMBAR), the bulk reductions the same UBLKRED

@@ -32,7 +32,7 @@ def test_stage_matches_reference(built, slug):
     assert {c.N for c in result.cases} >= {1, 17, 1000, 4096}
 
 
-PICKED_BY_N = [st.slug for st in fl.stages() if picks.boundary_probes(st.source.read_text())]
+PICKED_BY_N = [st.slug for st in fl.stages() if picks.boundary_probes(st.text)]
 
 
 @pytest.mark.parametrize("slug", PICKED_BY_N)
@@ -40,7 +40,7 @@ def test_every_shape_pick_launches_is_checked_at_a_ragged_length_it_serves(built
     """A stage whose pick() changes shape with N: each side of every boundary against float64
     (the standard N above may all fall on one side)."""
     attn = attn_for(built, slug)
-    for D, causal, N in picks.boundary_probes(fl.stage(slug).source.read_text()):
+    for D, causal, N in picks.boundary_probes(fl.stage(slug).text):
         result = fl.check(attn, head_dims=(D,), shapes=((1, 2, N),), causal=(causal,))
         print(result)
         assert result.passed, str(result)

@@ -43,7 +43,7 @@ def test_parse_raw_csv_without_a_profile_is_an_error():
 @pytest.mark.parametrize("st", fl.stages(), ids=lambda s: s.slug)
 def test_every_stage_defines_the_kernel_its_registry_entry_names(st):
     """ncu and compute-sanitizer select the stage's kernel by this name."""
-    assert re.search(rf"__global__[^;{{]*\b{st.kernel}\s*\(", st.source.read_text(), re.S)
+    assert re.search(rf"__global__[^;{{]*\b{st.kernel}\s*\(", st.text, re.S)
 
 
 @pytest.mark.parametrize("st", fl.stages(), ids=lambda s: s.slug)

@@ -70,7 +70,7 @@ def test_stage_accepts_a_stage():
 @pytest.mark.parametrize("st", STAGES, ids=lambda st: st.slug)
 def test_every_stage_carries_its_facts(st):
     """What tools and tests need to know of a stage lives in its registry entry."""
-    assert st.kernel.endswith("_kernel") and st.kernel in st.source.read_text()
+    assert st.kernel.endswith("_kernel") and st.kernel in st.text
     assert len(st.min_cc) == 2 and tuple(st.min_cc) >= (7, 0)
     assert st.unavailable(st.min_cc, toolkit=False) is None
     assert st.unavailable((st.min_cc[0], st.min_cc[1] - 1) if st.min_cc[1] else

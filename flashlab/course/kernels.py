@@ -320,10 +320,8 @@ _REPORTS = {}
 
 def _digest(root, slug) -> str:
     h = hashlib.sha256()
-    kernels = Path(root) / "kernels"
-    for p in [_source(root, slug), *sorted(kernels.glob("*.h")), *sorted(kernels.glob("*.cuh"))]:
-        if p.exists():
-            h.update(p.name.encode() + b"\0" + p.read_bytes())
+    for p in paths.kernel_inputs(_source(root, slug), Path(root) / "kernels"):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
 
 

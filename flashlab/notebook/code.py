@@ -88,9 +88,39 @@ def diff(old, new, context=3) -> str:
     (a stub where an exercise is handed out, their own code once written), so it never shows a
     solution the edition leaves out."""
     a, b = _stage(old), _stage(new)
-    return "\n".join(difflib.unified_diff(
+    return "\n".join(_elide_removals(list(difflib.unified_diff(
         strip_markers(_source_text(a)).splitlines(), strip_markers(_source_text(b)).splitlines(),
-        f"kernels/{a.slug}.cu", f"kernels/{b.slug}.cu", n=context, lineterm=""))
+        f"kernels/{a.slug}.cu", f"kernels/{b.slug}.cu", n=context, lineterm=""))))
+
+
+# A removal longer than this many lines (a whole kernel that the newer stage takes from another
+# stage's file instead, say) is shown by its first and last lines and a count.
+LONG_REMOVAL = 24
+
+
+def _elide_removals(lines, keep=(4, 2)) -> list:
+    """A unified diff's lines with each run of more than LONG_REMOVAL removed lines cut to its
+    first keep[0] and last keep[1], a line saying how many lie between. Only removals: every
+    added line is shown."""
+    out, run = [], []
+
+    def flush():
+        if len(run) > LONG_REMOVAL:
+            out.extend(run[:keep[0]])
+            out.append(f"-… {len(run) - sum(keep)} more lines removed …")
+            out.extend(run[-keep[1]:])
+        else:
+            out.extend(run)
+        run.clear()
+
+    for line in lines:
+        if line.startswith("-") and not line.startswith("---"):
+            run.append(line)
+        else:
+            flush()
+            out.append(line)
+    flush()
+    return out
 
 
 def show_diff(old, new, context=3):
