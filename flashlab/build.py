@@ -68,20 +68,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     FlashlabProblem p = problem(0, 0, 0, 0, 0, B, H, N, D, dtype, causal, 1.f);
     return flashlab_backward_workspace_bytes(&p);
   });
-  // q, k, v as `layout` says; o, dout, dq, dk, dv contiguous; lse (B, H, N) fp32.
+  // q, k, v as `layout` says; o, dout contiguous; dq, dk, dv as `grad_layout` (their (B, H, N)
+  // strides) says, contiguous without one; lse (B, H, N) fp32.
   m.def("backward", [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
                        uintptr_t dout, uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t ws,
                        int B, int H, int N, int D, int dtype, bool causal, float scale,
-                       uintptr_t stream, py::object layout) {
+                       uintptr_t stream, py::object layout, py::object grad_layout) {
     FlashlabProblem p = problem(q, k, v, o, ws, B, H, N, D, dtype, causal, scale, layout);
     p.lse = (float*)lse;
     p.dout = (const void*)dout;
     p.dq = (void*)dq;
     p.dk = (void*)dk;
     p.dv = (void*)dv;
+    p.dq_strides = p.dk_strides = p.dv_strides =
+        FlashlabStrides{(int)((long long)H * N * D), (int)((long long)N * D), D};
+    if (!grad_layout.is_none()) {
+      py::tuple g = grad_layout.cast<py::tuple>();
+      p.dq_strides = strides(g[0]);
+      p.dk_strides = strides(g[1]);
+      p.dv_strides = strides(g[2]);
+    }
     const char* err = flashlab_backward_launch(&p, (void*)stream);
     if (err) throw std::runtime_error(err);
-  });
+  }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("o"), py::arg("lse"), py::arg("dout"),
+     py::arg("dq"), py::arg("dk"), py::arg("dv"), py::arg("ws"), py::arg("B"), py::arg("H"),
+     py::arg("N"), py::arg("D"), py::arg("dtype"), py::arg("causal"), py::arg("scale"),
+     py::arg("stream"), py::arg("layout") = py::none(), py::arg("grad_layout") = py::none());
 #else
   m.attr("has_backward") = false;
 #endif

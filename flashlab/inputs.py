@@ -37,6 +37,15 @@ def strides(t) -> tuple:
     return (sb if B > 1 else 0, sh if H > 1 else 0, sn if N > 1 else 0)
 
 
+def empty_in_order(t):
+    """A new dense tensor of t's shape, dtype and device whose (batch, head, row) dims lie in
+    memory in the order t's do (the last dim contiguous): contiguous for a contiguous t, and for
+    the (B, H, N, D) view of a (B, N, H, D) projection the (B, H, N, D) view of a new (B, N, H, D)
+    tensor. A gradient made so flows back into the projection without a permuting copy."""
+    order = sorted(range(3), key=lambda i: (-t.stride(i) if t.shape[i] > 1 else 0, i))
+    return torch.empty_permuted(tuple(t.shape), (*order, 3), dtype=t.dtype, device=t.device)
+
+
 def span(t) -> int:
     """1 + the largest element offset of t from its first element (numel for a contiguous t)."""
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))

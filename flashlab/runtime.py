@@ -6,7 +6,7 @@ import math
 import torch
 
 from . import build as _build
-from .inputs import DTYPE_CODES, DTYPE_NAMES, REMEMBERED, strides, validate
+from .inputs import DTYPE_CODES, DTYPE_NAMES, REMEMBERED, empty_in_order, strides, validate
 
 
 def capability():
@@ -170,8 +170,10 @@ class Attention:
     def backward(self, q, k, v, o, lse, do, causal=False, dq=None, dk=None, dv=None, scale=None):
         """The stage's backward pass: (dq, dk, dv), the gradients of a loss L with dL/dO = do,
         for o = attn(q, k, v, causal, scale) and its lse (return_lse=True). dq, dk, dv, if given,
-        are written (contiguous, the inputs' dtype); else new tensors. q, k, v may be any view
-        the forward reads; o and do are made contiguous where they are not."""
+        are written (contiguous, the inputs' dtype); else new tensors, laid out as q, k and v are
+        where the stage writes any strides (registry: grad_strides; inputs.empty_in_order), else
+        contiguous. q, k, v may be any view the forward reads; o and do are made contiguous where
+        they are not."""
         st = self.stage
         if not st.has_backward:
             raise ValueError(f"{st.slug} has no backward pass")
@@ -187,9 +189,10 @@ class Attention:
             raise ValueError(f"{st.slug} backward: lse must be a float32 tensor of shape "
                              f"{(B, H, N)} on {q.device} (the forward's return_lse=True)")
         grads = []
-        for name, t in (("dq", dq), ("dk", dk), ("dv", dv)):
-            if t is None:
-                t = torch.empty(B, H, N, D, dtype=q.dtype, device=q.device)
+        for name, t, like in (("dq", dq, q), ("dk", dk, k), ("dv", dv, v)):
+            if t is None:  # a stage with grad_strides writes each in its input's order
+                t = (empty_in_order(like) if st.grad_strides
+                     else torch.empty(B, H, N, D, dtype=q.dtype, device=q.device))
             elif (not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype
                   or t.device != q.device or not t.is_contiguous()):
                 raise ValueError(f"{st.slug} backward: {name} must be a contiguous {q.dtype} "
@@ -202,10 +205,12 @@ class Attention:
         ws_bytes = self.module.backward_workspace_bytes(B, H, N, D, code, causal)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
         layout = tuple(strides(t) for t in (q, k, v, o)) if st.row_strides else None
+        grad_layout = tuple(strides(t) for t in grads) if st.grad_strides else None
         ptrs = [t.data_ptr() for t in (q, k, v, o, lse, do, *grads)]
         with torch.cuda.device(q.device):
             self.module.backward(*ptrs, ws.data_ptr() if ws is not None else 0, B, H, N, D, code,
-                                 causal, scale, _current_stream(q.get_device()), layout)
+                                 causal, scale, _current_stream(q.get_device()), layout,
+                                 grad_layout)
         return tuple(grads)
 
     def _launch(self, q, k, v, out, ws, B, H, N, D, code, causal, scale, layout, lse=None):

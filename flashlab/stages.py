@@ -88,6 +88,10 @@ class Stage:
     #                        the backward kernel beyond COMMON_SASS (`sass` is the forward's)
     deterministic: bool = False  # its backward gives the same bits on every run (the checks
     #                        run it again and compare)
+    grad_strides: bool = False  # its backward writes dq, dk and dv with any row strides (the
+    #                        problem's dq_strides..): new gradients come in the order of q, k and
+    #                        v (inputs.empty_in_order), so a model's need no permuting copy;
+    #                        False: contiguous gradients
 
     @property
     def name(self) -> str:
@@ -499,7 +503,7 @@ _STAGES = (
           "shared memory, dV and dK with Pᵀ and dSᵀ from registers, dQ from the dSᵀ tile and K "
           "both read transposed; two warpgroups of 64 keys a block",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
-          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True,
+          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True, grad_strides=True,
           # bigger asynchronous instructions fed from shared memory: the tensor pipe busier, far
           # fewer instructions issued for the same products
           idea_metrics=("tensor_pipe_pct", "sm_throughput_pct"),
@@ -513,7 +517,7 @@ _STAGES = (
           "block's dQ into the fp32 sum with one bulk reduction from shared memory; the two "
           "consumer warpgroups, given its registers by setmaxnreg, only multiply",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
-          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True,
+          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True, grad_strides=True,
           # the multiplying warps no longer wait on their own loads and reductions: the tensor
           # pipe busier, the barrier and memory stalls of stage 19 gone from them
           idea_metrics=("tensor_pipe_pct", "sm_throughput_pct"),
@@ -529,7 +533,7 @@ _STAGES = (
           "on once its addition is complete in L2, so that the gradients are the same bits on "
           "every run while the consumers keep multiplying",
           ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
-          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True,
+          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True, grad_strides=True,
           # the turns reach the consumers only when both dQ buffers wait behind a turn: the
           # tensor pipe less busy by those waits, which the long scoreboard (mbarriers) counts
           idea_metrics=("tensor_pipe_pct", "stall_long_scoreboard"),

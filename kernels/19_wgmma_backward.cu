@@ -158,11 +158,13 @@ __device__ __forceinline__ void tile_p_and_ds(float (&stm)[WK][NQ][4], float (&d
 
 // dK and dV of a warp's WK m-tiles of 16 keys (key0 + 16m..), head-dim columns col0 + 8n.. of
 // NC n-tiles, in the inputs' dtype; dK carries the scale of S = scale Q K^T (dQ gets it in
-// bwd_dq_kernel).
+// bwd_dq_kernel). dK and dV point at the block's (batch, head), their rows k_rows and v_rows
+// elements apart (the problem's dk_strides and dv_strides: a model's gradients come back in the
+// order of its q, k and v, with no copy to make).
 template <typename T, int D, int WK, int NC>
 __device__ __forceinline__ void store_dk_dv(T* dK, T* dV, const float (&dk)[WK][NC][4],
-                                            const float (&dv)[WK][NC][4], size_t base, int key0,
-                                            int col0, int N, float scale, int lane) {
+                                            const float (&dv)[WK][NC][4], int k_rows, int v_rows,
+                                            int key0, int col0, int N, float scale, int lane) {
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int m = 0; m < WK; m++)
@@ -172,9 +174,10 @@ __device__ __forceinline__ void store_dk_dv(T* dK, T* dV, const float (&dk)[WK][
       if (key >= N) continue;
 #pragma unroll
       for (int n = 0; n < NC; n++) {
-        const size_t at = (base + key) * D + col0 + 8 * n + 2 * t;
-        *reinterpret_cast<uint32_t*>(dK + at) = pack2<T>(dk[m][n][2 * hh] * scale, dk[m][n][2 * hh + 1] * scale);
-        *reinterpret_cast<uint32_t*>(dV + at) = pack2<T>(dv[m][n][2 * hh], dv[m][n][2 * hh + 1]);
+        const int c = col0 + 8 * n + 2 * t;
+        *reinterpret_cast<uint32_t*>(dK + (size_t)key * k_rows + c) =
+            pack2<T>(dk[m][n][2 * hh] * scale, dk[m][n][2 * hh + 1] * scale);
+        *reinterpret_cast<uint32_t*>(dV + (size_t)key * v_rows + c) = pack2<T>(dv[m][n][2 * hh], dv[m][n][2 * hh + 1]);
       }
     }
 }
@@ -236,7 +239,8 @@ __global__ void __launch_bounds__(256, 1)
 bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
            const T* __restrict__ dO, const float* __restrict__ LSE, const float* __restrict__ delta,
            float* __restrict__ dq_acc, T* __restrict__ dK, T* __restrict__ dV,
-           const FlashlabLayout L, int N, float scale, int causal) {
+           const FlashlabLayout L, const FlashlabStrides gk, const FlashlabStrides gv, int N,
+           float scale, int causal) {
   using C = WgTiles<D>;
   constexpr int BC = C::BC, BR = C::BR, NQ = BR / 8, KD = D / 16, KQ = BR / 16, KK = BC / 16;
   extern __shared__ uint8_t smem_raw[];  // as stage 13 declares it
@@ -374,14 +378,17 @@ bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
     }
   }
 
-  store_dk_dv<T, D, 1, D / 8>(dK, dV, dk, dv, base, k0 + kw + 16 * warp, 0, N, scale, lane);
+  const int bh = blockIdx.x / ((N + BC - 1) / BC), b = bh / L.H, h = bh % L.H;
+  store_dk_dv<T, D, 1, D / 8>(dK + (size_t)b * gk.b + (size_t)h * gk.h, dV + (size_t)b * gv.b + (size_t)h * gv.h,
+                              dk, dv, gk.n, gv.n, k0 + kw + 16 * warp, 0, N, scale, lane);
 }
 
 // 3. dQ = scale · (the fp32 sum), in the inputs' dtype: a block per tile of the sum, read whole in
 //    memory order, put back in row order in shared memory, written a row of 64 columns at a time.
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
-bwd_dq_kernel(const float* __restrict__ dq_acc, T* __restrict__ dQ, float scale, int N) {
+bwd_dq_kernel(const float* __restrict__ dq_acc, T* __restrict__ dQ, const FlashlabStrides gq, int H,
+              float scale, int N) {
   __shared__ float tile[16][64 + 4];
   constexpr int CT = D / 64;
   const int Np = dq_rows(N), per_head = Np / 16 * CT;
@@ -397,7 +404,7 @@ bwd_dq_kernel(const float* __restrict__ dq_acc, T* __restrict__ dQ, float scale,
   __syncthreads();
   const int r = threadIdx.x / 16, c = threadIdx.x % 16 * 4;
   if (row0 + r < N) {
-    T* out = dQ + ((size_t)bh * N + row0 + r) * D + col0 + c;
+    T* out = dQ + (size_t)(bh / H) * gq.b + (size_t)(bh % H) * gq.h + (size_t)(row0 + r) * gq.n + col0 + c;
     *reinterpret_cast<uint32_t*>(out) = pack2<T>(tile[r][c] * scale, tile[r][c + 1] * scale);
     *reinterpret_cast<uint32_t*>(out + 2) = pack2<T>(tile[r][c + 2] * scale, tile[r][c + 3] * scale);
   }
@@ -418,9 +425,10 @@ static const char* launch_backward(const FlashlabProblem* p, cudaStream_t stream
   dim3 grid(flashlab_cdiv(p->N, BC) * p->B * p->H);
   kernel<<<grid, threads, BYTES, stream>>>(
       (const T*)p->q, (const T*)p->k, (const T*)p->v, (const T*)p->dout, p->lse, delta, dq_acc,
-      (T*)p->dk, (T*)p->dv, p->layout, p->N, p->scale, p->causal);
+      (T*)p->dk, (T*)p->dv, p->layout, p->dk_strides, p->dv_strides, p->N, p->scale, p->causal);
   FLASHLAB_TRY(cudaGetLastError());
-  bwd_dq_kernel<T, D><<<(unsigned)(scratch / 1024), 256, 0, stream>>>(dq_acc, (T*)p->dq, p->scale, p->N);
+  bwd_dq_kernel<T, D><<<(unsigned)(scratch / 1024), 256, 0, stream>>>(dq_acc, (T*)p->dq, p->dq_strides,
+                                                               p->H, p->scale, p->N);
   FLASHLAB_TRY(cudaGetLastError());
   return nullptr;
 }

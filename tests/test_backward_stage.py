@@ -297,3 +297,14 @@ def test_a_backward_notebook_times_its_whole_ladder_in_one_run(monkeypatch):
     last = BACKWARD[-1]
     measured.evaluate_backward(last.slug)
     assert seen["timed"] == backward_ladder(last)
+
+
+@pytest.mark.parametrize("st", [s for s in fl.stages() if s.has_backward], ids=lambda s: s.slug)
+def test_a_stage_that_says_grad_strides_reads_them(st):
+    """The registry's grad_strides and the .cu agree: a stage given gradients laid out as its
+    model's q, k and v must write every one of them with the problem's strides (a stage that
+    ignored them would write a contiguous gradient into a tensor laid out otherwise)."""
+    reads = [name for name in ("dq_strides", "dk_strides", "dv_strides") if name in st.text]
+    assert reads == (["dq_strides", "dk_strides", "dv_strides"] if st.grad_strides else []), st.slug
+    if st.grad_strides:
+        assert st.row_strides  # its inputs are views a model hands over too

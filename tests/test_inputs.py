@@ -262,3 +262,14 @@ def test_every_rule_reads_only_what_the_description_holds():
         seen = inputs._description("03_coarsened", tensors, ("fp32",), False, cuda_only=False)
         if what != "cpu tensors":  # the device rule is kept out of the cache by cuda_only
             assert seen != good, what
+
+
+def test_a_new_tensor_in_an_inputs_order():
+    """inputs.empty_in_order: dense, the (batch, head, row) dims in the memory order of its model."""
+    from flashlab.inputs import empty_in_order
+    qkv = torch.empty(2, 7, 3, 4, 8)
+    q = qkv[:, :, 0].transpose(1, 2)  # (B, H, N, D) view of a (B, N, 3, H, D) projection
+    g = empty_in_order(q)
+    assert g.shape == q.shape and g.stride() == (7 * 4 * 8, 8, 4 * 8, 1)
+    assert empty_in_order(torch.empty(2, 4, 7, 8)).is_contiguous()
+    assert empty_in_order(torch.empty(1, 4, 1, 8, dtype=torch.float16)).dtype == torch.float16
