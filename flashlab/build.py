@@ -68,7 +68,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     FlashlabProblem p = problem(0, 0, 0, 0, 0, B, H, N, D, dtype, causal, 1.f);
     return flashlab_backward_workspace_bytes(&p);
   });
-  // q, k, v as `layout` says; o, dout contiguous; dq, dk, dv as `grad_layout` (their (B, H, N)
+  // q, k, v as `layout` says; o contiguous; dq, dk, dv and dout as `grad_layout` (their (B, H, N)
   // strides) says, contiguous without one; lse (B, H, N) fp32.
   m.def("backward", [](uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t o, uintptr_t lse,
                        uintptr_t dout, uintptr_t dq, uintptr_t dk, uintptr_t dv, uintptr_t ws,
@@ -80,13 +80,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     p.dq = (void*)dq;
     p.dk = (void*)dk;
     p.dv = (void*)dv;
-    p.dq_strides = p.dk_strides = p.dv_strides =
+    p.dq_strides = p.dk_strides = p.dv_strides = p.dout_strides =
         FlashlabStrides{(int)((long long)H * N * D), (int)((long long)N * D), D};
     if (!grad_layout.is_none()) {
       py::tuple g = grad_layout.cast<py::tuple>();
       p.dq_strides = strides(g[0]);
       p.dk_strides = strides(g[1]);
       p.dv_strides = strides(g[2]);
+      p.dout_strides = strides(g[3]);
     }
     const char* err = flashlab_backward_launch(&p, (void*)stream);
     if (err) throw std::runtime_error(err);

@@ -6,7 +6,8 @@ import math
 import torch
 
 from . import build as _build
-from .inputs import DTYPE_CODES, DTYPE_NAMES, REMEMBERED, empty_in_order, strides, validate
+from .inputs import (DTYPE_CODES, DTYPE_NAMES, REMEMBERED, empty_in_order, reads_in_place, span,
+                     strides, validate)
 
 
 def capability():
@@ -172,8 +173,8 @@ class Attention:
         for o = attn(q, k, v, causal, scale) and its lse (return_lse=True). dq, dk, dv, if given,
         are written (contiguous, the inputs' dtype); else new tensors, laid out as q, k and v are
         where the stage writes any strides (registry: grad_strides; inputs.empty_in_order), else
-        contiguous. q, k, v may be any view the forward reads; o and do are made contiguous where
-        they are not."""
+        contiguous. q, k, v may be any view the forward reads; o is made contiguous where it is not,
+        and so is do unless the stage has grad_strides and reads it in place."""
         st = self.stage
         if not st.has_backward:
             raise ValueError(f"{st.slug} has no backward pass")
@@ -201,11 +202,14 @@ class Attention:
         causal = bool(causal)
         code, _ = self._problem(q, causal)
         scale = self._scale(D, scale)
-        o, do, lse = o.contiguous(), do.contiguous(), lse.contiguous()
+        o, lse = o.contiguous(), lse.contiguous()
+        if not (st.grad_strides and span(do) < 2**31
+                and reads_in_place(st.slug, "do", do, row_strides=True)):
+            do = do.contiguous()  # a stage with grad_strides reads a model's dO where it lies
         ws_bytes = self.module.backward_workspace_bytes(B, H, N, D, code, causal)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
         layout = tuple(strides(t) for t in (q, k, v, o)) if st.row_strides else None
-        grad_layout = tuple(strides(t) for t in grads) if st.grad_strides else None
+        grad_layout = tuple(strides(t) for t in (*grads, do)) if st.grad_strides else None
         ptrs = [t.data_ptr() for t in (q, k, v, o, lse, do, *grads)]
         with torch.cuda.device(q.device):
             self.module.backward(*ptrs, ws.data_ptr() if ws is not None else 0, B, H, N, D, code,

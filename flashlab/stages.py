@@ -88,10 +88,11 @@ class Stage:
     #                        the backward kernel beyond COMMON_SASS (`sass` is the forward's)
     deterministic: bool = False  # its backward gives the same bits on every run (the checks
     #                        run it again and compare)
-    grad_strides: bool = False  # its backward writes dq, dk and dv with any row strides (the
-    #                        problem's dq_strides..): new gradients come in the order of q, k and
-    #                        v (inputs.empty_in_order), so a model's need no permuting copy;
-    #                        False: contiguous gradients
+    grad_strides: bool = False  # its backward reads dO and writes dq, dk and dv with any row
+    #                        strides (the problem's dout_strides, dq_strides..): a model's dO is
+    #                        read where it lies and new gradients come in the order of q, k and v
+    #                        (inputs.empty_in_order), no permuting copy either way; False: dO and
+    #                        the gradients contiguous
 
     @property
     def name(self) -> str:

@@ -77,7 +77,8 @@ __device__ __forceinline__ void dq_unslot(int p, int& r, int& c) {
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
 bwd_preprocess_kernel(const T* __restrict__ O, const T* __restrict__ dO, float* __restrict__ delta,
-                      float* __restrict__ dq_acc, int heads, int N) {
+                      float* __restrict__ dq_acc, const FlashlabStrides gdo, int H, int heads,
+                      int N) {
   const int rp = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32, Np = dq_rows(N);
   if (rp >= heads * Np) return;
 #pragma unroll
@@ -85,9 +86,11 @@ bwd_preprocess_kernel(const T* __restrict__ O, const T* __restrict__ dO, float* 
     *reinterpret_cast<float4*>(dq_acc + (size_t)rp * D + d) = make_float4(0.f, 0.f, 0.f, 0.f);
   if (rp % Np >= N) return;
   const int row = rp / Np * N + rp % Np;
+  const T* dOr = dO + (size_t)(rp / Np / H) * gdo.b + (size_t)(rp / Np % H) * gdo.h +
+                 (size_t)(rp % Np) * gdo.n;  // dO's row, as its strides lay it out
   float sum = 0.f;
 #pragma unroll
-  for (int d = lane; d < D; d += 32) sum += f32(O[(size_t)row * D + d]) * f32(dO[(size_t)row * D + d]);
+  for (int d = lane; d < D; d += 32) sum += f32(O[(size_t)row * D + d]) * f32(dOr[d]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (lane == 0) delta[row] = sum;
@@ -121,14 +124,15 @@ __device__ __forceinline__ void block_origin(const T* __restrict__& Q, const T* 
                                              const float* __restrict__& LSE,
                                              const float* __restrict__& delta,
                                              float* __restrict__& dq_acc, const FlashlabLayout& L,
-                                             int N, int& k0, size_t& base) {
+                                             const FlashlabStrides& G, int N, int& k0,
+                                             size_t& base) {
   const int key_tiles = (N + BC - 1) / BC;
   const int bh = blockIdx.x / key_tiles;
   const int b = bh / L.H, h = bh % L.H;
   k0 = (blockIdx.x % key_tiles) * BC;
   Q += b * L.q.b + h * L.q.h; K += b * L.k.b + h * L.k.h; V += b * L.v.b + h * L.v.h;
   base = (size_t)bh * N;
-  dO += base * D; LSE += base; delta += base; dq_acc += (size_t)bh * dq_rows(N) * D;
+  dO += b * G.b + h * G.h; LSE += base; delta += base; dq_acc += (size_t)bh * dq_rows(N) * D;
 }
 
 
@@ -239,7 +243,8 @@ __global__ void __launch_bounds__(256, 1)
 bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict__ V,
            const T* __restrict__ dO, const float* __restrict__ LSE, const float* __restrict__ delta,
            float* __restrict__ dq_acc, T* __restrict__ dK, T* __restrict__ dV,
-           const FlashlabLayout L, const FlashlabStrides gk, const FlashlabStrides gv, int N,
+           const FlashlabLayout L, const FlashlabStrides gdo, const FlashlabStrides gk,
+           const FlashlabStrides gv, int N,
            float scale, int causal) {
   using C = WgTiles<D>;
   constexpr int BC = C::BC, BR = C::BR, NQ = BR / 8, KD = D / 16, KQ = BR / 16, KK = BC / 16;
@@ -255,7 +260,7 @@ bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
   const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   int k0;
   size_t base;
-  block_origin<T, D, BC>(Q, K, V, dO, LSE, delta, dq_acc, L, N, k0, base);
+  block_origin<T, D, BC>(Q, K, V, dO, LSE, delta, dq_acc, L, gdo, N, k0, base);
   const float scale_log2 = scale * 1.4426950408889634f;
 
   // K_j and V_j once; then query blocks from the first that sees a key of this block, without
@@ -269,7 +274,7 @@ bwd_kernel(const T* __restrict__ Q, const T* __restrict__ K, const T* __restrict
   auto queries_in = [&](int i) {
     const int q0 = q_start(i), s = i % C::STAGES;
     load_tile_sw128<BR, D, C::THREADS>(base_u + C::Q + s * C::QO_BYTES, Q, L.q.n, q0, N);
-    load_tile_sw128<BR, D, C::THREADS>(base_u + C::DO + s * C::QO_BYTES, dO, D, q0, N);
+    load_tile_sw128<BR, D, C::THREADS>(base_u + C::DO + s * C::QO_BYTES, dO, gdo.n, q0, N);
     cp_async_commit();
     for (int r = threadIdx.x; r < BR; r += C::THREADS) {
       Ls[s * BR + r] = q0 + r < N ? LSE[q0 + r] * 1.4426950408889634f : 0.f;
@@ -419,13 +424,14 @@ static const char* launch_backward(const FlashlabProblem* p, cudaStream_t stream
   const size_t scratch = (size_t)p->B * p->H * dq_rows(p->N) * D;
   float* delta = dq_acc + scratch;
   bwd_preprocess_kernel<T, D><<<flashlab_cdiv(p->B * p->H * dq_rows(p->N), 8), 256, 0, stream>>>(
-      (const T*)p->o, (const T*)p->dout, delta, dq_acc, p->B * p->H, p->N);
+      (const T*)p->o, (const T*)p->dout, delta, dq_acc, p->dout_strides, p->H, p->B * p->H, p->N);
   FLASHLAB_TRY(cudaGetLastError());
   FLASHLAB_TRY(flashlab_allow_smem(kernel, BYTES));
   dim3 grid(flashlab_cdiv(p->N, BC) * p->B * p->H);
   kernel<<<grid, threads, BYTES, stream>>>(
       (const T*)p->q, (const T*)p->k, (const T*)p->v, (const T*)p->dout, p->lse, delta, dq_acc,
-      (T*)p->dk, (T*)p->dv, p->layout, p->dk_strides, p->dv_strides, p->N, p->scale, p->causal);
+      (T*)p->dk, (T*)p->dv, p->layout, p->dout_strides, p->dk_strides, p->dv_strides, p->N,
+      p->scale, p->causal);
   FLASHLAB_TRY(cudaGetLastError());
   bwd_dq_kernel<T, D><<<(unsigned)(scratch / 1024), 256, 0, stream>>>(dq_acc, (T*)p->dq, p->dq_strides,
                                                                p->H, p->scale, p->N);

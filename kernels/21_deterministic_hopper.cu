@@ -75,7 +75,8 @@ template <typename T, int D>
 __global__ void __launch_bounds__(256)
 bwd_preprocess_kernel(const T* __restrict__ O, const T* __restrict__ dO, const float* __restrict__ LSE,
                       float* __restrict__ lse2, float* __restrict__ delta,
-                      float* __restrict__ dq_acc, int heads, int N) {
+                      float* __restrict__ dq_acc, const FlashlabStrides gdo, int H, int heads,
+                      int N) {
   const int rp = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32, Np = dq_rows(N);
   if (rp >= heads * Np) return;
 #pragma unroll
@@ -86,9 +87,11 @@ bwd_preprocess_kernel(const T* __restrict__ O, const T* __restrict__ dO, const f
     return;
   }
   const int row = rp / Np * N + rp % Np;
+  const T* dOr = dO + (size_t)(rp / Np / H) * gdo.b + (size_t)(rp / Np % H) * gdo.h +
+                 (size_t)(rp % Np) * gdo.n;  // dO's row, as its strides lay it out
   float sum = 0.f;
 #pragma unroll
-  for (int d = lane; d < D; d += 32) sum += f32(O[(size_t)row * D + d]) * f32(dO[(size_t)row * D + d]);
+  for (int d = lane; d < D; d += 32) sum += f32(O[(size_t)row * D + d]) * f32(dOr[d]);
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   if (lane == 0) {
@@ -529,15 +532,15 @@ static const char* launch_backward(const FlashlabProblem* p, cudaStream_t stream
   int* turns = reinterpret_cast<int*>(delta + rows);
   FLASHLAB_TRY(cudaMemsetAsync(turns, 0, turn_bytes(p, C::BR), stream));
   bwd_preprocess_kernel<T, D><<<(unsigned)flashlab_cdiv(rows, 8), 256, 0, stream>>>(
-      (const T*)p->o, (const T*)p->dout, p->lse, lse2, delta, dq_acc, p->B * p->H, p->N);
+      (const T*)p->o, (const T*)p->dout, p->lse, lse2, delta, dq_acc, p->dout_strides, p->H,
+      p->B * p->H, p->N);
   FLASHLAB_TRY(cudaGetLastError());
   BwdMaps maps;
-  const FlashlabStrides dense = {p->H * p->N * D, p->N * D, D};  // dO: contiguous
   const char* err;
   if ((err = make_map(&maps.q, p->q, p->dtype, p, p->layout.q, C::BR, &maps.oq))) return err;
   if ((err = make_map(&maps.k, p->k, p->dtype, p, p->layout.k, C::BC, &maps.ok))) return err;
   if ((err = make_map(&maps.v, p->v, p->dtype, p, p->layout.v, C::BC, &maps.ov))) return err;
-  if ((err = make_map(&maps.dout, p->dout, p->dtype, p, dense, C::BR, &maps.odo))) return err;
+  if ((err = make_map(&maps.dout, p->dout, p->dtype, p, p->dout_strides, C::BR, &maps.odo))) return err;
   auto kernel = bwd_kernel<T, D>;
   FLASHLAB_TRY(flashlab_allow_smem(kernel, C::BYTES));
   dim3 grid(flashlab_cdiv(p->N, C::BC) * p->B * p->H);

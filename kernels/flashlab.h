@@ -36,16 +36,17 @@ struct FlashlabProblem {
   // over the keys row i attends to, natural log. Forward: written where not null (stages whose
   // registry entry has `lse`; null costs nothing). Backward: read, as the forward wrote it.
   float* lse;
-  // Backward only: dL/dO (contiguous, like o), and the gradients dq, dk, dv to write ((B, H, N, D),
-  // the inputs' dtype). o, the forward's output, is contiguous here too.
+  // Backward only: dL/dO ((B, H, N, D), like o), and the gradients dq, dk, dv to write ((B, H, N,
+  // D), the inputs' dtype). o, the forward's output, is contiguous here.
   const void* dout;
   void* dq;
   void* dk;
   void* dv;
-  // The strides of dq, dk and dv. Stages whose registry entry has grad_strides write them so: a
-  // model whose q, k, v are (B, H, N, D) views of (B, N, H, D) projections gets its gradients in
-  // that order, with no copy left to make. The others are only ever given contiguous gradients.
-  FlashlabStrides dq_strides, dk_strides, dv_strides;
+  // The strides of dq, dk, dv and dout. Stages whose registry entry has grad_strides read dout
+  // and write the gradients so: a model whose q, k, v are (B, H, N, D) views of (B, N, H, D)
+  // projections hands over dO in that order and takes its gradients back in it, with no copy
+  // either way. The others are only ever given contiguous ones.
+  FlashlabStrides dq_strides, dk_strides, dv_strides, dout_strides;
 };
 
 extern "C" {

@@ -135,18 +135,20 @@ def test_the_repeat_check_catches_atomics_in_any_order(built, slug):
 @pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.grad_strides])
 def test_new_gradients_come_in_the_order_of_a_models_views(built, slug):
     """q, k, v the (B, H, N, D) views of one (B, N, 3, H, D) projection, as a model hands them
-    over: a stage with grad_strides writes each new gradient in its input's order (dense, rows
-    H·D apart), with the values of contiguous gradients and against float64."""
+    over, and dO the view of a (B, N, H, D) gradient: a stage with grad_strides reads dO where it
+    lies and writes each new gradient in its input's order (dense, rows H·D apart), with the
+    values of contiguous gradients and against float64."""
     from flashlab.inputs import empty_in_order
     attn = attn_for(built, slug)
     B, H, N, D = 2, 3, 333, 64
     qkv = torch.randn(B, N, 3, H, D, device="cuda", dtype=torch.float16)
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     o, lse = attn(q, k, v, causal=True, return_lse=True)
-    do = torch.randn_like(o)
+    do = torch.randn(B, N, H, D, device="cuda", dtype=torch.float16).transpose(1, 2)  # a model's
     grads = attn.backward(q, k, v, o, lse, do, causal=True)
     want = reference_backward(q, k, v, do, causal=True)
-    plain = attn.backward(q.contiguous(), k.contiguous(), v.contiguous(), o, lse, do, causal=True)
+    plain = attn.backward(q.contiguous(), k.contiguous(), v.contiguous(), o, lse, do.contiguous(),
+                          causal=True)
     for g, x, w, c in zip(grads, (q, k, v), want, plain):
         assert g.stride() == empty_in_order(x).stride() == (N * H * D, D, H * D, 1)
         assert c.is_contiguous()

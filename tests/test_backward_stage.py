@@ -301,10 +301,11 @@ def test_a_backward_notebook_times_its_whole_ladder_in_one_run(monkeypatch):
 
 @pytest.mark.parametrize("st", [s for s in fl.stages() if s.has_backward], ids=lambda s: s.slug)
 def test_a_stage_that_says_grad_strides_reads_them(st):
-    """The registry's grad_strides and the .cu agree: a stage given gradients laid out as its
-    model's q, k and v must write every one of them with the problem's strides (a stage that
-    ignored them would write a contiguous gradient into a tensor laid out otherwise)."""
-    reads = [name for name in ("dq_strides", "dk_strides", "dv_strides") if name in st.text]
-    assert reads == (["dq_strides", "dk_strides", "dv_strides"] if st.grad_strides else []), st.slug
+    """The registry's grad_strides and the .cu agree: a stage given dO and gradients laid out as
+    its model's tensors must read dO and write every gradient with the problem's strides (a stage
+    that ignored them would read or write a contiguous tensor where it lies otherwise)."""
+    names = ["dq_strides", "dk_strides", "dv_strides", "dout_strides"]
+    reads = [name for name in names if name in st.text]
+    assert reads == (names if st.grad_strides else []), st.slug
     if st.grad_strides:
         assert st.row_strides  # its inputs are views a model hands over too
