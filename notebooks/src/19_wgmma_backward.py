@@ -106,8 +106,12 @@ with nb.unless_missing():
 nb.show_diff("18_dq_layout", "19_wgmma_backward", context=1)
 
 # %% [markdown]
-# The forward, the Δ pass, the masks and arithmetic of P and dS, the staggered start and dQ's
-# tiled sum are stage 18's. The block is new: two warpgroups, the tiles in the 128-byte swizzle
+# The long removal at the top is stage 08's forward, which stages 14 to 18 carry: the forward is
+# now stage 13's Hopper kernel, its file included whole, so that a model trained through this
+# stage saves the log-sum-exp with the fastest forward. The Δ pass, the masks and arithmetic of P
+# and dS, the staggered start and dQ's tiled sum are stage 18's; so is everything but how dO and
+# the gradients are addressed (their rows as far apart as the model's tensors lay them, which
+# saves a model two permuting copies). The block is new: two warpgroups, the tiles in the 128-byte swizzle
 # that `wgmma`'s descriptors name (notebook 09's `sw128`), and the products one after another,
 # each a short loop of `wgmma` over its k-steps. Between dK's products and dQ's, both warpgroups
 # write their rows of dS^T and meet at a named barrier, since each reads the other's rows.
