@@ -238,6 +238,8 @@ def test_wgmma_descriptors_are_built_once_not_moved_every_tile(slug):
     again after a failed vote) may move one value for that second S."""
     st = fl.stage(slug)
     for kernel, kv in sass.kv_loops(sass.loops(st.source, "sm_90a")).iterrows():
+        if kernel.split("<")[0].split()[-1] != st.kernel:
+            continue  # the forward's K/V loop (stages 19-21 include stage 13's; not the backward's)
         args = dict(zip(st.template, ptxas.template_args(kernel)))
         D, BC = int(args["D"]), int(args["BC"])
         per_tile = D // 16 + BC // 16  # S's k-steps, then P V's
