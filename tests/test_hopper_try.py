@@ -10,8 +10,8 @@ from flashlab import picks
 hopper_try = load_tool("hopper_try")
 
 
-# The Hopper forward stages, whose pick() the tool rewrites (stage 19's forward is stage 08's,
-# with tools/tune08.py's table; the tool times forwards over the sweep: fast stages)
+# The Hopper forward stages, whose pick() the tool rewrites (the tool times forwards over the
+# sweep: fast stages; stages 19-21 take stage 13's forward by including its file, pick() and all)
 @pytest.mark.parametrize("slug", [st.slug for st in fl.stages() if st.arch_specific and st.fast])
 def test_a_variant_launches_the_shapes_it_names(slug):
     text = hopper_try.variant_source(fl.stage(slug), "D64:128,3,3;D64c:64,2,4;D128:64,2,5")
