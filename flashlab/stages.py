@@ -106,7 +106,8 @@ class Stage:
     def text(self) -> str:
         """Its .cu file's text, then that of each stage file it includes whole (stages 19-21
         include stage 13's for their forward): where its kernels and pick() tables are found."""
-        return "\n".join(p.read_text() for p in kernel_inputs(self.source) if p.suffix == ".cu")
+        included = [p for p in kernel_inputs(self.source)[1:] if p.suffix == ".cu"]
+        return "\n".join([self.source.read_text(), *(p.read_text() for p in included)])
 
     def takes(self, cfg) -> bool:
         """Whether the stage runs at this config: its dtype, its head dim and its mask."""

@@ -319,7 +319,8 @@ def test_two_kernels_that_differ_only_in_an_argument_pick_leaves_out_are_told_ap
         "static const char* pick(const FlashlabProblem* p, cudaStream_t s) {\n"
         "  if (p->causal && p->N < 1024) return launch<T, 128, 64, 1, 3, 1, 1>(p, s);\n"
         "  return launch<T, 128, 64, 1, 3>(p, s);\n}\n")
-    st = types.SimpleNamespace(slug="09_defaults", source=src, template=fl.stage("09").template)
+    st = types.SimpleNamespace(slug="09_defaults", source=src, text=src.read_text(),
+                               template=fl.stage("09").template)
     kernels = [ptxas.KernelResources(f"wgmma_kernel<__half, 128, 64, 1, 3, 1, {r}, false>(int)",
                                      "sm_90a", 120 + r, 0, 0, 0, 0) for r in (0, 1)]
     at = {N: ptxas.kernel_at(st, kernels, fl.Config(1, 1, N, 128, True, "fp16")).registers
