@@ -73,36 +73,41 @@ __device__ __forceinline__ void dq_unslot(int p, int& r, int& c) {
 }
 
 
-// 1. Δ_i = rowsum(dO_i ∘ O_i) in fp32, one warp per row of every (batch, head) padded to dQ's
-//    rows; on the way dQ's fp32 sum is zeroed (warp rp zeroes D floats of it) and the row's
-//    log-sum-exp copied in log2 units (what P = exp2(S scale log2(e) - L) takes). A padded row
-//    gets Δ = L = 0, so the producer copies whole query blocks. dO, O and the sum are contiguous.
+// 1. Δ_i = rowsum(dO_i ∘ O_i) in fp32 for every row of every (batch, head) padded to dQ's rows,
+//    D / 8 threads a row, each reading 16 bytes of O's row and of dO's (as dO's strides lay it
+//    out) and zeroing 8 floats of dQ's fp32 sum; the row's log-sum-exp copied in log2 units
+//    (what P = exp2(S scale log2(e) - L) takes). A padded row gets Δ = L = 0, so the producer
+//    copies whole query blocks. (The pass only moves bytes: one warp a row, each lane reading 2
+//    bytes at a time, kept too few of them in flight.)
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
 bwd_preprocess_kernel(const T* __restrict__ O, const T* __restrict__ dO, const float* __restrict__ LSE,
                       float* __restrict__ lse2, float* __restrict__ delta,
                       float* __restrict__ dq_acc, const FlashlabStrides gdo, int H, int heads,
                       int N) {
-  const int rp = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32, Np = dq_rows(N);
-  if (rp >= heads * Np) return;
-#pragma unroll
-  for (int d = 4 * lane; d < D; d += 128)
-    *reinterpret_cast<float4*>(dq_acc + (size_t)rp * D + d) = make_float4(0.f, 0.f, 0.f, 0.f);
-  if (rp % Np >= N) {
-    if (lane == 0) delta[rp] = lse2[rp] = 0.f;
-    return;
-  }
+  constexpr int TPR = D / 8;  // threads a row, 8 elements (16 bytes) each
+  const int rp = blockIdx.x * (256 / TPR) + threadIdx.x / TPR, c = threadIdx.x % TPR, Np = dq_rows(N);
+  if (rp >= heads * Np) return;  // whole blocks only: rows are a multiple of 128
+  float4* z = reinterpret_cast<float4*>(dq_acc + (size_t)rp * D + 8 * c);
+  z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+  const bool real = rp % Np < N;
   const int row = rp / Np * N + rp % Np;
-  const T* dOr = dO + (size_t)(rp / Np / H) * gdo.b + (size_t)(rp / Np % H) * gdo.h +
-                 (size_t)(rp % Np) * gdo.n;  // dO's row, as its strides lay it out
   float sum = 0.f;
+  if (real) {
+    const T* dOr = dO + (size_t)(rp / Np / H) * gdo.b + (size_t)(rp / Np % H) * gdo.h +
+                   (size_t)(rp % Np) * gdo.n;  // dO's row, as its strides lay it out
+    const uint4 ov = *reinterpret_cast<const uint4*>(O + (size_t)row * D + 8 * c);
+    const uint4 dv = *reinterpret_cast<const uint4*>(dOr + 8 * c);
+    const T* oe = reinterpret_cast<const T*>(&ov);
+    const T* de = reinterpret_cast<const T*>(&dv);
 #pragma unroll
-  for (int d = lane; d < D; d += 32) sum += f32(O[(size_t)row * D + d]) * f32(dOr[d]);
+    for (int j = 0; j < 8; j++) sum += f32(oe[j]) * f32(de[j]);
+  }
 #pragma unroll
-  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  if (lane == 0) {
-    delta[rp] = sum;
-    lse2[rp] = LSE[row] * 1.4426950408889634f;
+  for (int off = TPR / 2; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  if (c == 0) {
+    delta[rp] = real ? sum : 0.f;
+    lse2[rp] = real ? LSE[row] * 1.4426950408889634f : 0.f;
   }
 }
 
@@ -447,30 +452,43 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
                               dk, dv, gk.n, gv.n, k0 + kw + 16 * warp, 0, N, scale, lane);
 }
 
-// 3. dQ = scale · (the fp32 sum), in the inputs' dtype: a block per tile of the sum, read whole in
-//    memory order, put back in row order in shared memory, written a row of 64 columns at a time.
+// 3. dQ = scale · (the fp32 sum), in the inputs' dtype: a block per four tiles of the sum, each
+//    read whole in memory order (all four loads in flight at once), put back in row order in
+//    shared memory, written a row of 64 columns at a time.
 template <typename T, int D>
 __global__ void __launch_bounds__(256)
 bwd_dq_kernel(const float* __restrict__ dq_acc, T* __restrict__ dQ, const FlashlabStrides gq, int H,
               float scale, int N) {
-  __shared__ float tile[16][64 + 4];
-  constexpr int CT = D / 64;
+  constexpr int CT = D / 64, TILES = 4;
+  __shared__ float tile[TILES][16][64 + 4];
   const int Np = dq_rows(N), per_head = Np / 16 * CT;
-  const int bh = blockIdx.x / per_head, tt = blockIdx.x % per_head, row0 = tt / CT * 16, col0 = tt % CT * 64;
-  const float4 v = reinterpret_cast<const float4*>(dq_acc + (size_t)blockIdx.x * 1024)[threadIdx.x];
-  const float vals[4] = {v.x, v.y, v.z, v.w};
+  float4 v[TILES];
 #pragma unroll
-  for (int j = 0; j < 4; j++) {
-    int r, c;
-    dq_unslot(4 * threadIdx.x + j, r, c);
-    tile[r][c] = vals[j];
+  for (int u = 0; u < TILES; u++)
+    v[u] = reinterpret_cast<const float4*>(dq_acc + ((size_t)blockIdx.x * TILES + u) * 1024)[threadIdx.x];
+#pragma unroll
+  for (int u = 0; u < TILES; u++) {
+    const float vals[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      int r, c;
+      dq_unslot(4 * threadIdx.x + j, r, c);
+      tile[u][r][c] = vals[j];
+    }
   }
   __syncthreads();
   const int r = threadIdx.x / 16, c = threadIdx.x % 16 * 4;
-  if (row0 + r < N) {
-    T* out = dQ + (size_t)(bh / H) * gq.b + (size_t)(bh % H) * gq.h + (size_t)(row0 + r) * gq.n + col0 + c;
-    *reinterpret_cast<uint32_t*>(out) = pack2<T>(tile[r][c] * scale, tile[r][c + 1] * scale);
-    *reinterpret_cast<uint32_t*>(out + 2) = pack2<T>(tile[r][c + 2] * scale, tile[r][c + 3] * scale);
+#pragma unroll
+  for (int u = 0; u < TILES; u++) {
+    const int id = blockIdx.x * TILES + u, bh = id / per_head, tt = id % per_head;
+    const int row0 = tt / CT * 16, col0 = tt % CT * 64;
+    if (row0 + r < N) {
+      T* out = dQ + (size_t)(bh / H) * gq.b + (size_t)(bh % H) * gq.h + (size_t)(row0 + r) * gq.n + col0 + c;
+      uint2 w;
+      w.x = pack2<T>(tile[u][r][c] * scale, tile[u][r][c + 1] * scale);
+      w.y = pack2<T>(tile[u][r][c + 2] * scale, tile[u][r][c + 3] * scale);
+      *reinterpret_cast<uint2*>(out) = w;
+    }
   }
 }
 
@@ -483,7 +501,7 @@ static const char* launch_backward(const FlashlabProblem* p, cudaStream_t stream
   float* dq_acc = static_cast<float*>(p->workspace);
   float* lse2 = dq_acc + rows * D;
   float* delta = lse2 + rows;
-  bwd_preprocess_kernel<T, D><<<(unsigned)flashlab_cdiv(rows, 8), 256, 0, stream>>>(
+  bwd_preprocess_kernel<T, D><<<(unsigned)(rows / (256 / (D / 8))), 256, 0, stream>>>(
       (const T*)p->o, (const T*)p->dout, p->lse, lse2, delta, dq_acc, p->dout_strides, p->H,
       p->B * p->H, p->N);
   FLASHLAB_TRY(cudaGetLastError());
@@ -500,7 +518,7 @@ static const char* launch_backward(const FlashlabProblem* p, cudaStream_t stream
                                                  p->dk_strides, p->dv_strides, p->H, p->N, p->scale,
                                                  p->causal);
   FLASHLAB_TRY(cudaGetLastError());
-  bwd_dq_kernel<T, D><<<(unsigned)(rows * D / 1024), 256, 0, stream>>>(dq_acc, (T*)p->dq, p->dq_strides,
+  bwd_dq_kernel<T, D><<<(unsigned)(rows * D / 4096), 256, 0, stream>>>(dq_acc, (T*)p->dq, p->dq_strides,
                                                                p->H, p->scale, p->N);
   FLASHLAB_TRY(cudaGetLastError());
   return nullptr;
