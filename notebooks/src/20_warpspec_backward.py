@@ -95,11 +95,15 @@ display(warpspec_backward.registers())
 nb.show_diff("19_wgmma_backward", "20_warpspec_backward", context=1)
 
 # %% [markdown]
-# The products, the masks, P and dS, the staggered start and the conversion pass are stage 19's.
+# The products, the masks, P and dS and the staggered start are stage 19's.
 # New: the roles, the mbarriers, the TMA's tensor maps (built on the host, as in stage 10) and
 # its bulk copies, dQ through shared memory, and a preprocessing pass that writes the
 # log-sum-exps (in log2 units) and Δs with each head's rows padded as dQ's sum is, so that every
-# bulk copy is whole. The SASS shows the roles' instructions:
+# bulk copy is whole. The two passes around the kernel also read wider: a row of the
+# preprocessing pass has D / 8 threads that load 16 bytes each (a warp of 2-byte loads in stage
+# 19), and a block of the conversion converts four tiles of dQ's sum, their loads in flight
+# together. They only move bytes, and more bytes in flight move faster. The SASS shows the
+# roles' instructions:
 
 # %%
 with nb.unless_missing():
@@ -172,18 +176,20 @@ with nb.unless_missing():
 # and at 181 TFLOP/s with it, 1.04 times stage 19. The prediction held in its direction and
 # missed in its size: the ceiling was 1.50, and the gain at this config is about a tenth of it.
 #
-# Over the sweep the gain grows with N, to 1.14 at D = 64 and 1.23 at D = 128; at N = 512 with
-# the mask it is nil. That half of the prediction held. The other half did not: D = 128 gained
-# more than D = 64. Both head dims do the same multiply-adds per query block (128 keys × 128
+# Over the sweep the gain grows with N, to 1.15 at D = 64 and 1.29 at D = 128. Not all of it is
+# the producer's: the wider passes around the kernel save about 60 µs of each backward at D = 64
+# and 25 µs at D = 128 (a profile on the H200), the same at every N here, since the sweep's B·N
+# is fixed. At N = 512 and D = 64 that is almost the whole gain; at 16k it is under 1 %. The
+# part of the prediction about N held. The other half did not: D = 128 gained more than D = 64. Both head dims do the same multiply-adds per query block (128 keys × 128
 # queries × 64, or 128 × 64 × 128) and move the same bytes. What differs is the work this stage
 # cannot touch: at D = 64 a query block has twice the scores, so each consumer takes twice the
 # exponentials and computes twice the elements of P and dS for the same products. A larger share
 # of D = 64's time is the consumers' own arithmetic, and moving the memory work saves a smaller
 # share.
 #
-# Against cuDNN's backward stage 20 reaches 0.93–1.06 at D = 64 and 0.90–1.00 at D = 128. It is
-# level or ahead on the long causal sequences, and behind on short ones, where each key block
-# sees only a few query blocks. There a block's start (K and V copied in, the first Q_i awaited)
+# Against cuDNN's backward stage 20 reaches 0.97–1.07 at D = 64 and 0.92–1.03 at D = 128. It is
+# level or ahead from N = 8k (with the mask at D = 64, from 1k), and behind on short sequences,
+# where each key block sees only a few query blocks. There a block's start (K and V copied in, the first Q_i awaited)
 # and its end (dK and dV stored) weigh the most, and nothing in this stage overlaps them with
 # another block's work.
 

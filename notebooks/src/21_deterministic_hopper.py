@@ -189,10 +189,10 @@ with nb.unless_missing():
 # At the teaching config stage 21 ran at 246 TFLOP/s without the mask and 175 with it: 0.84 and
 # 0.96 of stage 20's speed, timed in turn. The model said 0.75 and 0.98. It missed most at the
 # one config where the skew weighs most. Over the sweep it did better: at its first estimate,
-# hold = 0.55, it came within 0.04 of every measured ratio, and the best hold, 0.6, brings the
-# root-mean-square difference to 0.02. The shape held too. Without the mask, D = 64 costs the
-# most (0.86–0.89 up to N = 4096), D = 128 less (0.91–0.93), and long sequences little
-# (0.95–0.99).
+# hold = 0.55, it came within 0.05 of every measured ratio (root-mean-square difference 0.02),
+# and no other hold does much better (the fit's best, 0.5, gives 0.019). The shape held too.
+# Without the mask, D = 64 costs the most (0.86–0.90 up to N = 4096), D = 128 less (0.91–0.93),
+# and long sequences little (0.94–0.99).
 #
 # Where the model missed, it missed for reasons it leaves out:
 #
@@ -208,9 +208,11 @@ with nb.unless_missing():
 #   blocks first leaves the longest to end the launch (0.97 at D = 64, 0.94 at D = 128).
 #
 # So determinism on Hopper costs 0–14 %, where stage 16 cost 26–44 %. Stage 21 is faster than the
-# fastest non-deterministic `mma.sync` backward (stage 18) at every config, 1.06–1.91 times. In
+# fastest non-deterministic `mma.sync` backward (stage 18) at every config: 1.06–1.91 times when
+# the two were timed in turn (stage 18's rows above are of that earlier run, on the same H200;
+# stages 20 and 21 were timed again after their passes around the kernel were widened). In
 # bf16 over the same sweep it ran 1.72–3.67 times stage 16, the deterministic backward it
-# replaces. Against cuDNN's backward it reaches 0.80–1.04, ahead on the long causal sequences at
+# replaces. Against cuDNN's backward it reaches 0.84–1.05, ahead on the long causal sequences at
 # D = 64.
 
 # %% [markdown]
