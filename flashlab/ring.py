@@ -719,7 +719,8 @@ def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
     shards: smaller problems, the causal split's chunk pairs), and `exposed`, the step's time
     beyond its compute alone, against the communication alone. The model takes the compute at
     the rate one GPU ran the whole sequence (single_ms), so it predicts efficiency 1 wherever
-    the transfer hides; what the runs lose besides is the ring's own compute and overheads."""
+    the transfer hides; what the runs lose besides is the ring's own compute and overheads.
+    A row each recorded run: `impl` names its local attention ("ring:20_warpspec_backward")."""
     import pandas as pd
     from . import tables
     rows = tables.ring_rows(rows, gpu)
@@ -732,7 +733,8 @@ def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
                        causal=r["causal"], training=training,
                        bytes_per=2 if r["dtype"] in ("fp16", "bf16") else 4)
         steps = r["gpus"] - 1
-        out.append({"gpus": r["gpus"], "pass": r["pass"], "N": r["N"], "causal": r["causal"],
+        out.append({"impl": r["impl"], "gpus": r["gpus"], "pass": r["pass"], "N": r["N"],
+                    "causal": r["causal"],
                     "comm_ms": r["comm_ms"], "comm_ms_paper": m["comm_ms"] * steps,
                     "efficiency": r["efficiency"], "efficiency_paper": m["efficiency"],
                     "compute_ideal": r["single_ms"] / r["gpus"] / r["compute_ms"],

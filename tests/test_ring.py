@@ -220,6 +220,7 @@ def test_the_paper_model_is_set_beside_the_recorded_runs():
     got = ring.model_vs_runs(rows)
     assert len(got) == 1
     r = got.iloc[0]
+    assert r["impl"] == "ring:18_dq_layout"  # which local attention, where several are recorded
     assert r["compute_ideal"] == pytest.approx(1.0) and r["exposed_ms"] == 0.0
     assert r["efficiency_paper"] == pytest.approx(1.0)  # 16k tokens a GPU hide a transfer on NVLink
     kv = 16 * 16384 * 128 * 2 * 2 / (ring.LINKS_GBS["nvlink4"] * 1e9) * 1e3

@@ -294,9 +294,10 @@ with nb.unless_missing():
 # - The consumers only multiply: no copies, no reductions and no `__syncthreads` in their loop;
 #   `setmaxnreg` gives them 240 registers a thread.
 # - A lower register cap changed the compiled code without spilling: read the SASS.
-# - On the H200 stage 20 ran 1.00–1.14 times stage 19 at D = 64 and 1.07–1.23 at D = 128 over the
-#   sweep, 1.49–1.96 times SDPA's flash backward and 0.90–1.06 times cuDNN's: level with or ahead
-#   of cuDNN on the longest causal sequences, behind on short ones.
+# - On the H200 stage 20 ran 1.10–1.15 times stage 19 at D = 64 and 1.13–1.29 at D = 128 over the
+#   sweep (the wider passes around the kernel part of it), 1.59–2.13 times SDPA's flash backward
+#   and 0.92–1.07 times cuDNN's: level with or ahead of cuDNN from N = 8k, behind on short
+#   sequences.
 # - The stalls moved: the consumers now wait on the producer's mbarriers, not on memory.
 
 # %%
