@@ -46,6 +46,26 @@ def empty_in_order(t):
     return torch.empty_permuted(tuple(t.shape), (*order, 3), dtype=t.dtype, device=t.device)
 
 
+def aligned(t):
+    """t, or a copy of it where its data does not start on a 16-byte boundary: what a backward
+    reads (o, do) it may read 16 bytes at a time. (A contiguous tensor can start anywhere, a view
+    of a larger buffer say; PyTorch's own allocations start on 512-byte boundaries.)"""
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def gradient_problem(who, name, t, q):
+    """Why a given gradient tensor (dq, dk or dv) cannot be written as `who`'s backward writes
+    it, or None: it must be a contiguous tensor of q's shape, dtype and device, on a 16-byte
+    boundary (the kernels store several elements at once)."""
+    if (not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype
+            or t.device != q.device or not t.is_contiguous()):
+        return f"{who} backward: {name} must be a contiguous {q.dtype} tensor of shape " \
+               f"{tuple(q.shape)} on {q.device}"
+    if t.data_ptr() % 16:
+        return f"{who} backward: {name} does not start on a 16-byte boundary; pass a new tensor"
+    return None
+
+
 def span(t) -> int:
     """1 + the largest element offset of t from its first element (numel for a contiguous t)."""
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))

@@ -6,8 +6,8 @@ import math
 import torch
 
 from . import build as _build
-from .inputs import (DTYPE_CODES, DTYPE_NAMES, REMEMBERED, empty_in_order, reads_in_place, span,
-                     strides, validate)
+from .inputs import (DTYPE_CODES, DTYPE_NAMES, REMEMBERED, aligned, empty_in_order,
+                     gradient_problem, reads_in_place, span, strides, validate)
 
 
 def capability():
@@ -171,10 +171,11 @@ class Attention:
     def backward(self, q, k, v, o, lse, do, causal=False, dq=None, dk=None, dv=None, scale=None):
         """The stage's backward pass: (dq, dk, dv), the gradients of a loss L with dL/dO = do,
         for o = attn(q, k, v, causal, scale) and its lse (return_lse=True). dq, dk, dv, if given,
-        are written (contiguous, the inputs' dtype); else new tensors, laid out as q, k and v are
-        where the stage writes any strides (registry: grad_strides; inputs.empty_in_order), else
-        contiguous. q, k, v may be any view the forward reads; o is made contiguous where it is not,
-        and so is do unless the stage has grad_strides and reads it in place."""
+        are written (contiguous, the inputs' dtype, on a 16-byte boundary); else new tensors, laid
+        out as q, k and v are where the stage writes any strides (registry: grad_strides;
+        inputs.empty_in_order), else contiguous. q, k, v may be any view the forward reads; o is
+        made contiguous and 16-byte aligned where it is not, and so is do unless the stage has
+        grad_strides and reads it in place."""
         st = self.stage
         if not st.has_backward:
             raise ValueError(f"{st.slug} has no backward pass")
@@ -194,18 +195,16 @@ class Attention:
             if t is None:  # a stage with grad_strides writes each in its input's order
                 t = (empty_in_order(like) if st.grad_strides
                      else torch.empty(B, H, N, D, dtype=q.dtype, device=q.device))
-            elif (not isinstance(t, torch.Tensor) or t.shape != q.shape or t.dtype != q.dtype
-                  or t.device != q.device or not t.is_contiguous()):
-                raise ValueError(f"{st.slug} backward: {name} must be a contiguous {q.dtype} "
-                                 f"tensor of shape {tuple(q.shape)} on {q.device}")
+            elif (why := gradient_problem(st.slug, name, t, q)) is not None:
+                raise ValueError(why)
             grads.append(t)
         causal = bool(causal)
         code, _ = self._problem(q, causal)
         scale = self._scale(D, scale)
-        o, lse = o.contiguous(), lse.contiguous()
+        o, lse = aligned(o.contiguous()), lse.contiguous()
         if not (st.grad_strides and span(do) < 2**31
                 and reads_in_place(st.slug, "do", do, row_strides=True)):
-            do = do.contiguous()  # a stage with grad_strides reads a model's dO where it lies
+            do = aligned(do.contiguous())  # a stage with grad_strides reads a model's dO in place
         ws_bytes = self.module.backward_workspace_bytes(B, H, N, D, code, causal)
         ws = torch.empty(ws_bytes, dtype=torch.uint8, device=q.device) if ws_bytes else None
         layout = tuple(strides(t) for t in (q, k, v, o)) if st.row_strides else None

@@ -273,3 +273,29 @@ def test_a_new_tensor_in_an_inputs_order():
     assert g.shape == q.shape and g.stride() == (7 * 4 * 8, 8, 4 * 8, 1)
     assert empty_in_order(torch.empty(2, 4, 7, 8)).is_contiguous()
     assert empty_in_order(torch.empty(1, 4, 1, 8, dtype=torch.float16)).dtype == torch.float16
+
+
+def test_a_backward_reads_o_and_do_from_a_16_byte_boundary():
+    """Stages 20 and 21 read O and dO 16 bytes at a time: a contiguous tensor that starts
+    elsewhere (a view into a larger buffer) is copied first, the same numbers where they can be
+    read; one that starts on a boundary is passed as it is."""
+    from flashlab.inputs import aligned
+    buf = torch.arange(33, dtype=torch.float16)
+    odd = buf[1:].view(2, 16)                          # contiguous, 2 bytes past a boundary
+    assert odd.is_contiguous() and odd.data_ptr() % 16 == 2
+    fixed = aligned(odd)
+    assert fixed.data_ptr() % 16 == 0 and torch.equal(fixed, odd)
+    even = buf[:32].view(2, 16)
+    assert aligned(even) is even
+
+
+def test_a_given_gradient_off_a_16_byte_boundary_is_a_value_error():
+    """dq, dk and dv a caller hands over are written in place, several elements a store: one that
+    does not start on a 16-byte boundary is refused with a ValueError, not a misaligned store."""
+    from flashlab.inputs import gradient_problem
+    q = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
+    assert gradient_problem("20_warpspec_backward", "dq", torch.zeros_like(q), q) is None
+    odd = torch.zeros(q.numel() + 1, dtype=torch.float16)[1:].view(q.shape)
+    assert "16-byte boundary" in gradient_problem("20_warpspec_backward", "dq", odd, q)
+    assert "contiguous" in gradient_problem("20_warpspec_backward", "dk", q.transpose(2, 3), q)
+    assert "contiguous" in gradient_problem("20_warpspec_backward", "dv", q.float(), q)
