@@ -56,12 +56,13 @@ def traffic(D=64) -> pd.DataFrame:
 def registers() -> pd.DataFrame:
     """The register file of an SM split by setmaxnreg: stage 19's 256 threads may each hold 255;
     in stage 20 the launch gives 384 threads 168 each, then the producer gives back all but
-    PRODUCER_REGS and the two consumer warpgroups take the rest, in steps of 8."""
-    consumer = (REGISTERS - 128 * PRODUCER_REGS) // CONSUMER_THREADS // 8 * 8
+    PRODUCER_REGS and the two consumer warpgroups take what it gave back, in steps of 8. (Only
+    what was given back: the 1 024 registers 384 x 168 leaves of the SM's 65 536 are no one's.)"""
+    entry = REGISTERS // 384 // 8 * 8
+    consumer = entry + 128 * (entry - PRODUCER_REGS) // CONSUMER_THREADS // 8 * 8
     return pd.DataFrame(
         [("19: two warpgroups", 256, 255, "-", 255),
-         ("20: at launch", 384, REGISTERS // 384 // 8 * 8, REGISTERS // 384 // 8 * 8,
-          REGISTERS // 384 // 8 * 8),
+         ("20: at launch", 384, entry, entry, entry),
          ("20: after setmaxnreg", 384, consumer, PRODUCER_REGS, consumer)],
         columns=["", "threads", "a consumer thread", "a producer thread", "most a thread holds"],
     ).set_index("")

@@ -250,9 +250,13 @@ template <int D>
 struct WsTiles {
   static constexpr int BC = 128, BR = D == 64 ? 128 : 64, STAGES = 2, DQ_STAGES = 2;
   static constexpr int THREADS = 384;
-  // setmaxnreg: the producer keeps 24 registers a thread, so each consumer thread may hold 240
-  // ((65536 - 128 x 24) / 256, down to a multiple of 8)
+  // setmaxnreg: a thread holds ENTRY_REGS = 168 registers at launch (65536 / 384, down to a
+  // multiple of 8), and the consumers can take only what the producer gives back: 128 x (168 -
+  // 24) = 256 x (240 - 168). One register more for either, and setmaxnreg.inc waits forever.
+  static constexpr int ENTRY_REGS = 65536 / THREADS / 8 * 8;
   static constexpr int PRODUCER_REGS = 24, CONSUMER_REGS = 240;
+  static_assert(128 * PRODUCER_REGS + (THREADS - 128) * CONSUMER_REGS <= THREADS * ENTRY_REGS,
+                "the consumers would wait for registers the producer does not give back");
   static constexpr int KV_BYTES = BC * D * 2, QO_BYTES = BR * D * 2, DQ_BYTES = BR * D * 4;
   static constexpr int K = 0, V = K + KV_BYTES, Q = V + KV_BYTES, DO = Q + STAGES * QO_BYTES;
   static constexpr int DS = DO + STAGES * QO_BYTES, DQ = DS + BC * BR * 2;

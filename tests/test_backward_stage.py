@@ -309,3 +309,43 @@ def test_a_stage_that_says_grad_strides_reads_them(st):
     assert reads == (names if st.grad_strides else []), st.slug
     if st.grad_strides:
         assert st.row_strides  # its inputs are views a model hands over too
+
+
+def _setmaxnreg_budget(text):
+    """(threads, producer, consumer registers) of a warp-specialized backward's block, as its .cu
+    sets them, or None where it sets none."""
+    threads = re.search(r"static constexpr int THREADS = (\d+);", text)
+    regs = re.search(r"static constexpr int PRODUCER_REGS = (\d+), CONSUMER_REGS = (\d+);", text)
+    return (int(threads[1]), int(regs[1]), int(regs[2])) if threads and regs else None
+
+
+def _consumers_get_their_registers(threads, producer, consumer):
+    """setmaxnreg.inc only takes what setmaxnreg.dec gave back: the launch holds `threads` x
+    (65536 / threads, down to a multiple of 8) registers, and nothing more is ever added. A block
+    that asks for more waits forever (stage 20 with a 32-register producer and 240-register
+    consumers hung on the H200)."""
+    entry = 65536 // threads // 8 * 8
+    return 128 * producer + (threads - 128) * consumer <= threads * entry
+
+
+def test_the_setmaxnreg_rule_tells_a_block_that_would_hang():
+    assert _consumers_get_their_registers(384, 24, 240)
+    assert _consumers_get_their_registers(384, 56, 224)
+    assert not _consumers_get_their_registers(384, 32, 240)  # (65536 - 128 x 32) / 256 is 240
+    assert not _consumers_get_their_registers(384, 48, 232)
+
+
+@pytest.mark.parametrize("st", [st for st in BACKWARD if "setmaxnreg_inc" in st.source.read_text()],
+                         ids=lambda st: st.slug)
+def test_a_warp_specialized_backward_gives_its_consumers_only_what_its_producer_gave_back(st):
+    budget = _setmaxnreg_budget(st.source.read_text())
+    assert budget, f"{st.slug}: THREADS, PRODUCER_REGS and CONSUMER_REGS not found in its block"
+    assert _consumers_get_their_registers(*budget), f"{st.slug}: setmaxnreg.inc would wait forever"
+    assert "the consumers would wait for registers" in st.source.read_text()  # and nvcc says so too
+
+
+def test_the_lesson_splits_the_registers_as_stage_20_does():
+    from flashlab import warpspec_backward
+    threads, producer, consumer = _setmaxnreg_budget(fl.stage(20).source.read_text())
+    after = warpspec_backward.registers().loc["20: after setmaxnreg"]
+    assert (after["a producer thread"], after["a consumer thread"]) == (producer, consumer)
