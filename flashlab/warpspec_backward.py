@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
+from .warpspec import consumer_registers, entry_registers  # setmaxnreg's rule, stage 11's
 from .wgmma_backward import query_rows  # stage 20 keeps stage 19's query blocks
 
 TITLE, LABEL, TEXT = 15, 12, 11     # font sizes, as the other lessons' figures
@@ -58,8 +59,8 @@ def registers() -> pd.DataFrame:
     in stage 20 the launch gives 384 threads 168 each, then the producer gives back all but
     PRODUCER_REGS and the two consumer warpgroups take what it gave back, in steps of 8. (Only
     what was given back: the 1 024 registers 384 x 168 leaves of the SM's 65 536 are no one's.)"""
-    entry = REGISTERS // 384 // 8 * 8
-    consumer = entry + 128 * (entry - PRODUCER_REGS) // CONSUMER_THREADS // 8 * 8
+    entry = entry_registers(384, REGISTERS)
+    consumer = consumer_registers(CONSUMER_THREADS // 128, PRODUCER_REGS, REGISTERS)
     return pd.DataFrame(
         [("19: two warpgroups", 256, 255, "-", 255),
          ("20: at launch", 384, entry, entry, entry),

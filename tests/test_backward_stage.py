@@ -323,9 +323,9 @@ def _consumers_get_their_registers(threads, producer, consumer):
     """setmaxnreg.inc only takes what setmaxnreg.dec gave back: the launch holds `threads` x
     (65536 / threads, down to a multiple of 8) registers, and nothing more is ever added. A block
     that asks for more waits forever (stage 20 with a 32-register producer and 240-register
-    consumers hung on the H200)."""
-    entry = 65536 // threads // 8 * 8
-    return 128 * producer + (threads - 128) * consumer <= threads * entry
+    consumers hung on the H200). The rule is stage 11's, warpspec.consumer_registers."""
+    from flashlab import warpspec
+    return consumer <= warpspec.consumer_registers((threads - 128) // 128, producer)
 
 
 def test_the_setmaxnreg_rule_tells_a_block_that_would_hang():
@@ -338,10 +338,11 @@ def test_the_setmaxnreg_rule_tells_a_block_that_would_hang():
 @pytest.mark.parametrize("st", [st for st in BACKWARD if "setmaxnreg_inc" in st.source.read_text()],
                          ids=lambda st: st.slug)
 def test_a_warp_specialized_backward_gives_its_consumers_only_what_its_producer_gave_back(st):
-    budget = _setmaxnreg_budget(st.source.read_text())
+    text = st.source.read_text()
+    budget = _setmaxnreg_budget(text)
     assert budget, f"{st.slug}: THREADS, PRODUCER_REGS and CONSUMER_REGS not found in its block"
     assert _consumers_get_their_registers(*budget), f"{st.slug}: setmaxnreg.inc would wait forever"
-    assert "the consumers would wait for registers" in st.source.read_text()  # and nvcc says so too
+    assert "the consumers would wait for registers" in text  # and nvcc says so too
 
 
 def test_the_lesson_splits_the_registers_as_stage_20_does():
