@@ -317,7 +317,13 @@ def rows(stages=None, arch="sm_90") -> pd.DataFrame:
 
 def record(arch="sm_90", stages=None):
     """Write the grouped counts to data/sass.csv. Re-recording replaces every earlier row of the
-    same arch (and stages), so a renamed kernel leaves no stale rows behind."""
+    same arch (and stages), so a renamed kernel leaves no stale rows behind. Refuses a checkout
+    whose tracked code is uncommitted: a row naming a '-dirty' commit names no code anyone can
+    check out, and recording again after the commit takes seconds."""
+    from .env import commit
+    if commit().endswith("-dirty"):
+        raise ValueError(f"the checkout has uncommitted code ({commit()}): commit it, then record "
+                         "the SASS, so each row names a commit anyone can check out")
     new = rows(stages, arch)
     drop = {"arch": arch}
     if stages:

@@ -162,7 +162,8 @@ def test_disassembly_is_cached(tmp_path, monkeypatch):
 
 
 @needs_tools
-def test_record_replaces_an_arch(empty_data_dir):
+def test_record_replaces_an_arch(empty_data_dir, monkeypatch):
+    monkeypatch.setattr(env, "commit", lambda: "0123456789")  # as from a clean checkout
     p = sass.record("sm_80", stages=["01"])
     first = tables.SASS.load(p)
     assert set(first["stage"]) == {"01_naive"} and len(first) == len(sass.CATEGORIES) + 1
@@ -173,6 +174,14 @@ def test_record_replaces_an_arch(empty_data_dir):
     assert set(again["kernel"]) == {"naive_kernel"} and len(again) == len(first)
     assert set(again["commit"]) == {env.commit()}
     assert set(again["nvcc"]) == {ptxas.nvcc_version()}
+
+
+def test_record_refuses_uncommitted_code(empty_data_dir, monkeypatch):
+    """A '-dirty' row fails test_results' check on a clean clone; refuse it before it is written."""
+    monkeypatch.setattr(env, "commit", lambda: "0123456789-dirty")
+    with pytest.raises(ValueError, match="uncommitted"):
+        sass.record("sm_80", stages=["01"])
+    assert not (empty_data_dir / "sass.csv").exists()
 
 
 @needs_tools
