@@ -717,7 +717,10 @@ def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
     speed as the bandwidth the model assumes), and where the efficiency went: `compute_ideal`,
     one GPU's time over the GPUs against the ring's compute alone (the local attention on
     shards: smaller problems, the causal split's chunk pairs), and `exposed`, the step's time
-    beyond its compute alone, against the communication alone. The model takes the compute at
+    beyond its compute alone, against the communication alone. The paper's communication counts
+    what _comm_only times: world - 1 hops of a K/V block, and with training world - 1 more and
+    world hops of dK, dV in fp32 (the last one home); `link_gbs_measured` is the bandwidth those
+    bytes reached. The model takes the compute at
     the rate one GPU ran the whole sequence (single_ms), so it predicts efficiency 1 wherever
     the transfer hides; what the runs lose besides is the ring's own compute and overheads.
     A row each recorded run: `impl` names its local attention ("ring:20_warpspec_backward")."""
@@ -732,14 +735,46 @@ def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
         m = step_model(r["N"], r["gpus"], rate, link_gbs, heads=r["H"], D=r["D"],
                        causal=r["causal"], training=training,
                        bytes_per=2 if r["dtype"] in ("fp16", "bf16") else 4)
-        steps = r["gpus"] - 1
+        g, n = r["gpus"], r["N"] / r["gpus"]
+        kv = r["H"] * n * r["D"] * 2 * (2 if r["dtype"] in ("fp16", "bf16") else 4)  # bytes a hop
+        sent = (g - 1) * kv + (((g - 1) * kv + g * r["H"] * n * r["D"] * 2 * 4) if training else 0)
         out.append({"impl": r["impl"], "gpus": r["gpus"], "pass": r["pass"], "N": r["N"],
                     "causal": r["causal"],
-                    "comm_ms": r["comm_ms"], "comm_ms_paper": m["comm_ms"] * steps,
+                    "comm_ms": r["comm_ms"], "comm_ms_paper": sent / (link_gbs * 1e9) * 1e3,
+                    "link_gbs_measured": sent / (r["comm_ms"] * 1e6),
                     "efficiency": r["efficiency"], "efficiency_paper": m["efficiency"],
                     "compute_ideal": r["single_ms"] / r["gpus"] / r["compute_ms"],
                     "exposed_ms": max(0.0, r["median_ms"] - r["compute_ms"])})
     return pd.DataFrame(out)
+
+
+def step_work(world, causal=True, split="zigzag"):
+    """The scores each rank computes at each ring step, in units of a whole block's (n², n = N /
+    world queries against n keys): work[s][r] for rank r at step s, when it holds rank (r - s) mod
+    world's keys and values. Without the mask every step is 1. With it, a contiguous split gives
+    rank r the first r + 1 blocks' keys (the diagonal block half), so some rank has a whole block
+    while another has none; the zig-zag split (chunks r and 2·world - 1 - r) gives every rank half a
+    block at every step (_step_plan's pairs: two chunk pairs of a quarter block each)."""
+    import numpy as np
+    if split not in ("zigzag", "contiguous"):
+        raise ValueError(f"split is 'zigzag' or 'contiguous', not {split!r}")
+    if not (isinstance(world, int) and world >= 1):
+        raise ValueError(f"a ring has a whole number of ranks, at least 1, not {world!r}")
+    work = np.ones((world, world))
+    if causal:
+        for s in range(world):
+            for r in range(world):
+                src = (r - s) % world
+                work[s, r] = 0.5 if split == "zigzag" or src == r else float(src < r)
+    return work
+
+
+def balance(world, causal=True, split="zigzag") -> float:
+    """The share of the ring's time the average rank computes, when every step lasts as long as
+    its busiest rank's local attention (the ranks pass their blocks on together): the mean work
+    over the sum of each step's largest (step_work). 1.0 is perfect balance."""
+    work = step_work(world, causal, split)
+    return float(work.sum() / world / work.max(axis=1).sum())
 
 
 def tokens_to_hide(tflops, link_gbs, causal=False, training=False, bytes_per=2) -> float:

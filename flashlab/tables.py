@@ -512,6 +512,30 @@ def ring_rows(rows=None, gpu=None, impl="ring") -> pd.DataFrame:
     return rows.reset_index(drop=True)
 
 
+def ring_versus(rows=None, gpu=None) -> pd.DataFrame:
+    """Each recorded ring run beside the baselines timed in the same run (rows sharing its time
+    stamp): a row per ring, pass, GPUs, dtype, length and mask, with the ring's time, each
+    context_parallel backend's, `vs_<backend>` (the backend's time over the ring's: above 1, the
+    ring is faster), and the ring's efficiency against one GPU and the share of its communication
+    hidden. Runs without baselines are left out. Empty while none is recorded."""
+    rows = ring_rows(rows, gpu, impl="")
+    if rows.empty:
+        return rows
+    key = ["time", "pass", "gpus", "dtype", "N", "D", "causal"]
+    rings = rows[rows["impl"].str.startswith("ring:")]
+    base = rows[rows["impl"].str.startswith("context_parallel:")]
+    out = rings[key + ["impl", "median_ms", "efficiency", "hidden", "commit"]].rename(
+        columns={"median_ms": "ring_ms"})
+    for impl, grp in base.groupby("impl"):
+        name = impl.split(":", 1)[1]
+        out = out.merge(grp[key + ["median_ms"]].rename(columns={"median_ms": f"{name}_ms"}),
+                        on=key, how="inner")
+        out[f"vs_{name}"] = out[f"{name}_ms"] / out["ring_ms"]
+    out = out.rename(columns={"impl": "ring"})
+    out["ring"] = out["ring"].str.split(":", n=1).str[1]
+    return out.sort_values(["time", "causal", "N", "pass"]).reset_index(drop=True)
+
+
 def training_rows(rows=None, gpu=None) -> pd.DataFrame:
     """The recorded training (data/training.csv) of one GPU (default: the last that recorded) and
     one model and run length, every seed: the one with the most steps, the loss comparison

@@ -17,7 +17,7 @@ def test_the_labs_are_registered_in_stage_order():
                                            "05.fragment_owner", "06.bank_map",
                                            "07.pipeline_period", "08.tuning", "09.descriptor",
                                            "10.parity", "11.registers", "12.store_sectors",
-                                           "13.lazy_bound"]
+                                           "13.lazy_bound", "98.merge", "98.balance", "98.hide"]
     assert all(ex.kind == "lab" and ex.points > 0 and ex.title.endswith("?") for ex in labs.LABS)
     stages = [ex.stage for ex in exercises.EXERCISES]
     assert stages == sorted(stages)
@@ -160,3 +160,20 @@ def test_the_layers_hold_with_the_course_on_top():
     test_layers.test_no_module_imports_a_layer_above_its_own()
     test_layers.test_no_import_cycles()
     test_layers.test_the_course_layer_is_on_top()
+
+
+def test_a_lab_of_a_notebook_about_no_one_stage():
+    """Notebook 98 (ring attention) is no stage: its labs are handed out with the stage it builds
+    on (20), are answered in it, and it is in an edition from that stage on."""
+    from flashlab.course import Exercise, student
+    ring = [ex for ex in labs.LABS if ex.id.startswith("98.")]
+    assert ring and {(ex.stage, ex.home) for ex in ring} == {("20_warpspec_backward",
+                                                               "98_ring_attention")}
+    assert set(ring) <= set(student.assignment(21, 20).exercises())
+    assert not set(ring) & set(student.assignment(19, 14).exercises())
+    assert student.left_out("notebooks/98_ring_attention.ipynb", student.assignment(19)) is not None
+    assert student.left_out("notebooks/98_ring_attention.ipynb", student.assignment(20, 20)) is None
+    with pytest.raises(ValueError, match="notebook's number"):
+        Exercise("20.ring", "20_warpspec_backward", "lab", "?", 2, "98_ring_attention")
+    with pytest.raises(ValueError, match="only a lab"):
+        Exercise("98.x", "20_warpspec_backward", "kernel", "?", 2, "98_ring_attention")

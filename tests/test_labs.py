@@ -50,6 +50,15 @@ CASES = {
     "13.lazy_bound": ([(1024, 8.807), (2 ** 10, np.log2(448)), (1024, 8.8), ("1024", "8.76")],
                       [(256, 8.8), (10, 8.8), (1024, 16), (1024, 9), (1024, 8), (512, 9)],
                       ["2^10 = 1 024", "2^8.807", "threshold of 8 or less"]),
+    "98.merge": ([(0.25, 1.5, 0.5 + np.log(4)), ("0.25", 1.5, 1.886)],
+                 [(0.5, 1.0, 1.886), (0.25, 1.5, 1.599), (0.25, 0.75, 1.886), (1, 6, 1.886)],
+                 ["3/4 of the row", "0.5 + ln 4"]),
+    "98.balance": ([(1.875, 0.5333), (1.88, 0.53)], [(1.75, 0.57), (1.88, 0.5), (8, 0.53),
+                                                      (1, 1)],
+                   ["7.5 for the last", "0.5 + 7 block times"]),
+    "98.hide": ([(24000, 43), ("24000", 43.0)], [(20000, 52), (12000, 87), (24000, 44),
+                                                  (2667, 393)],
+                ["20 000 tokens", "24 000: the larger binds", "43.7"]),
 }
 # What each lab's answer looks like in prose: none of it may be in a wrong answer's message, nor
 # in the lab's notebook's markdown.
@@ -66,6 +75,9 @@ TRUTH_TEXT = {
     "11.registers": ["(96, 104)", "96, 104", "96 registers"],
     "12.store_sectors": ["(256, 2048, 1024)", "2048, 1024", "2 048 sectors"],
     "13.lazy_bound": ["(1024, 8.8)", "8.807", "8.8 units", "2^10 = 1"],
+    "98.merge": ["(0.250, 1.500", "0.25, 1.5", "1.886"],
+    "98.balance": ["(1.88, 0.53)", "1.875", "0.533", "53 %", "53%"],
+    "98.hide": ["24 000", "24000", "43 GPUs"],
 }
 
 # The same number with its unit where the notebook means something else, read and judged.
@@ -352,6 +364,8 @@ def test_the_prompts_quote_the_models():
     assert labdefs.STAGE03_THREADS == tiling.THREADS
     assert labdefs.SWITCH_NAMES == tuple(SWITCHES)
     assert labdefs.E4M3_MAX == torch.finfo(torch.float8_e4m3fn).max
+    from flashlab import ring
+    assert labdefs.IB_GBS == ring.LINKS_GBS["ib_ndr"]
     assert lazy_rescale.LAZY_UNITS == 8 and "(8 in the kernel)" in labs.prompt("13.lazy_bound")
     assert "65 536" in labs.prompt("11.registers") and "233 472" in labs.prompt("03.occupancy")
 
@@ -373,18 +387,24 @@ def test_the_labkeys_parameters_are_the_prompts():
         in p["11.registers"]
     assert f"D = {labkeys.STORE_D}" in p["12.store_sectors"]
     assert f"threshold to {labkeys.LAZY_THRESHOLD}" in p["13.lazy_bound"]
+    assert "o_A = (1, 0) with log-sum-exp lse_A = 0.5" in p["98.merge"]
+    assert "o_B = (0, 2) with lse_B = 0.5 + ln 3" in p["98.merge"]
+    assert labkeys.MERGE == ((1.0, 0.0), 0.5, (0.0, 2.0), 0.5 + np.log(3))
+    assert f"W = {labkeys.BALANCE_W} ranks" in p["98.balance"]
+    assert f"{labkeys.HIDE['tflops']:g} TFLOP/s" in p["98.hide"] and "1 048 576" in p["98.hide"]
+    assert labkeys.HIDE["tokens"] == 1048576
 
 
 def test_the_lab_files_stay_short():
     for name in ("labs.py", "labkeys.py"):
-        assert len((PACKAGE / "course" / name).read_text().splitlines()) < 800, name
+        assert len((PACKAGE / "course" / name).read_text().splitlines()) < 850, name
 
 
 # ---------------------------------------------------------------- the notebooks
 
 def _notebook(ex):
     import nbformat
-    path = next((paths.ROOT / "notebooks").glob(f"{ex.stage}.ipynb"))
+    path = next((paths.ROOT / "notebooks").glob(f"{ex.home}.ipynb"))
     return nbformat.read(path, as_version=4)
 
 
@@ -392,7 +412,7 @@ def _notebook(ex):
 def test_a_lab_is_three_cells_in_its_notebook(ex, data_dir):
     for cells in (_notebook(ex).cells,
                   [dict(cell_type=k, source=s) for k, s in NOTEBOOKS.parse(
-                      (paths.ROOT / "notebooks" / "src" / f"{ex.stage}.py").read_text())]):
+                      (paths.ROOT / "notebooks" / "src" / f"{ex.home}.py").read_text())]):
         at = [i for i, c in enumerate(cells) if f'labs.prompt("{ex.id}")' in c["source"]]
         assert len(at) == 1
         prompt, answer, check = (cells[at[0] + k] for k in range(3))
@@ -441,7 +461,7 @@ def test_no_solution_line_ships_anywhere(data_dir):
     for ex in labs.LABS:
         cell, secrets = _solution_lines(ex)
         assert secrets
-        own = f"{ex.stage}.ipynb, cell {cell}"
+        own = f"{ex.home}.ipynb, cell {cell}"
         for where, text in texts:
             if where == own:
                 continue
@@ -451,7 +471,7 @@ def test_no_solution_line_ships_anywhere(data_dir):
         for name, text in srcs.items():         # the percent sources: only the answer cell
             lines = [re.sub(r"\s+", " ", ln).strip() for ln in text.splitlines()]
             hits = [secret for secret in secrets for ln in lines if secret in ln]
-            assert len(hits) == (len(secrets) if name == f"{ex.stage}.py" else 0), (ex.id, name)
+            assert len(hits) == (len(secrets) if name == f"{ex.home}.py" else 0), (ex.id, name)
 
 
 @pytest.mark.parametrize("ex", labs.LABS, ids=lambda ex: ex.id)

@@ -18,7 +18,7 @@ from flashlab.course import nbtext, student
 from flashlab.course.labs import LABS
 
 NOTEBOOKS = sorted((paths.ROOT / "notebooks").glob("*.ipynb"))
-LAB_NOTEBOOKS = sorted({ex.stage for ex in LABS})
+LAB_NOTEBOOKS = sorted({ex.home for ex in LABS})
 
 
 def _nbgrader():
@@ -41,7 +41,7 @@ def test_each_lab_is_a_read_only_prompt_an_answer_and_an_autograded_check(slug):
     MetadataValidator().validate_nb(nb)       # nbgrader's own rules: ids unique, points, ...
     meta = {c.metadata["nbgrader"]["grade_id"]: c.metadata["nbgrader"] for c in nb.cells
             if "nbgrader" in c.metadata}
-    for ex in (ex for ex in LABS if ex.stage == slug):
+    for ex in (ex for ex in LABS if ex.home == slug):
         gid = fl_nbgrader.grade_id(ex.id)
         assert meta[f"{gid}-prompt"]["locked"] and not meta[f"{gid}-prompt"]["grade"]
         assert meta[gid]["solution"] and not meta[gid]["grade"]

@@ -225,4 +225,8 @@ def test_the_paper_model_is_set_beside_the_recorded_runs():
     assert r["efficiency_paper"] == pytest.approx(1.0)  # 16k tokens a GPU hide a transfer on NVLink
     kv = 16 * 16384 * 128 * 2 * 2 / (ring.LINKS_GBS["nvlink4"] * 1e9) * 1e3
     assert r["comm_ms_paper"] == pytest.approx(kv)
+    assert r["link_gbs_measured"] == pytest.approx(16 * 16384 * 128 * 4 / 0.5e6)  # bytes / 0.5 ms
+    training = ring.model_vs_runs(rows.assign(**{"pass": "training"})).iloc[0]
+    dkv = 16 * 16384 * 128 * 2 * 4 / (ring.LINKS_GBS["nvlink4"] * 1e9) * 1e3  # fp32, home too
+    assert training["comm_ms_paper"] == pytest.approx(2 * kv + 2 * dkv)
     assert ring.model_vs_runs(rows.iloc[:0]).empty

@@ -24,13 +24,24 @@ class Exercise:
     kind: str      # "lab" or "kernel"
     title: str     # the question, in a line
     points: int
+    # the notebook that asks a lab, where it is not its stage's own: a notebook about no one stage
+    # ("98_ring_attention"), whose labs are handed out with the stage it builds on
+    notebook: str = ""
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"exercise {self.id}: kind is one of {KINDS}, not {self.kind!r}")
-        if not self.id.startswith(self.stage[:2] + "."):
-            raise ValueError(f"exercise {self.id}: its id starts with its stage's number "
-                             f"({self.stage[:2]}.)")
+        if self.notebook and self.kind != "lab":
+            raise ValueError(f"exercise {self.id}: only a lab lives in another notebook than its "
+                             "stage's; a kernel exercise is a region of its stage's kernel")
+        if not self.id.startswith(self.home[:2] + "."):
+            raise ValueError(f"exercise {self.id}: its id starts with its notebook's number "
+                             f"({self.home[:2]}.)")
+
+    @property
+    def home(self) -> str:
+        """The notebook (its slug) a lab is answered in; a kernel exercise's stage."""
+        return self.notebook or self.stage
 
 
 VERDICTS = ("right", "wrong", "blank", "timeout", "skipped")

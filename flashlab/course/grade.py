@@ -58,7 +58,8 @@ def handed_out(root) -> list:
     for e in man["exercises"]:
         ex = known.get(e["id"])
         if ex is None:  # an edition of a newer solution: grade what it says with its points
-            ex = exercises.Exercise(e["id"], e["stage"], e["kind"], e["title"], e["points"])
+            ex = exercises.Exercise(e["id"], e["stage"], e["kind"], e["title"], e["points"],
+                                    e.get("notebook", ""))
         out.append(ex)
     return out
 
@@ -83,7 +84,7 @@ def grade_labs(root, labs, cell_timeout=None, parallel=4) -> dict:
     out = {}
     by_stage = {}
     for ex in labs:
-        by_stage.setdefault(ex.stage, []).append(ex)
+        by_stage.setdefault(ex.home, []).append(ex)
 
     def one(slug):
         exs = by_stage[slug]

@@ -128,8 +128,9 @@ def make_work_tree(handin: Path, edition: Path, into: Path, manifest: dict) -> H
         h.notes.append("not graded (not named as a notebook or kernel of this edition): "
                        + ", ".join(str(p.relative_to(root)) for p in stray[:8])
                        + (f" and {len(stray) - 8} more" if len(stray) > 8 else ""))
-    for slug in sorted({ex["stage"] for ex in exercises}):
-        labs = [ex["id"] for ex in exercises if ex["stage"] == slug and ex["kind"] == "lab"]
+    home = {ex["id"]: ex.get("notebook") or ex["stage"] for ex in exercises}  # a lab's notebook
+    for slug in sorted(set(home.values()) | {ex["stage"] for ex in exercises}):
+        labs = [ex["id"] for ex in exercises if home[ex["id"]] == slug and ex["kind"] == "lab"]
         if labs and not _notebook(files, slug, work / "notebooks" / f"{slug}.ipynb", h.notes):
             for lab in labs:
                 h.problems[lab] = f"no notebook {slug}.ipynb was handed in"

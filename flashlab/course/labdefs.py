@@ -1,5 +1,5 @@
 """The CPU labs' questions and how an answer is read: the registry (one lab in each of notebooks
-01-03 and 05-13), each lab's prompt and the form of its answer (a whole number, a number to so
+01-03 and 05-13, three in notebook 98), each lab's prompt and the form of its answer (a whole number, a number to so
 many decimals, a list of lanes, a tuple, switch names, a 64-bit value), which reads any
 reasonable spelling of an answer into one canonical string: 32, "32", 32.0 and np.int64(32) are
 "32"; [11, 8, 9, 10] and (8, 9, 10, 11) are "8,9,10,11". Also the format of the compiled answer
@@ -30,6 +30,8 @@ SM90 = (65536, 2048, 32, 228 * 1024)        # tiling.SM_LIMITS["9.0"]
 STAGE03_THREADS = 256                       # tiling.THREADS
 SWITCH_NAMES = ("FOLD_SCALE", "SKIP_RESCALE", "WARP_SKIP", "LANE_OFFSETS", "ONE_KSTEP")
 E4M3_MAX = 448.0                            # torch.finfo(torch.float8_e4m3fn).max
+IB_GBS = 50.0                               # ring.LINKS_GBS["ib_ndr"]
+RING_LABS = ("20_warpspec_backward", "98_ring_attention")  # handed out with stage 20
 
 
 class _Unreadable(ValueError):
@@ -236,7 +238,8 @@ class Lab:
 
 
 def _lab(stage, id, title, prompt, form):
-    return Lab(Exercise(id, stage, "lab", title, POINTS), prompt, form)
+    stage, notebook = stage if isinstance(stage, tuple) else (stage, "")
+    return Lab(Exercise(id, stage, "lab", title, POINTS, notebook), prompt, form)
 
 
 _LABS = (
@@ -385,6 +388,40 @@ _LABS = (
          "`answer` to (largest P, units above m).",
          Tuple("two numbers: (the largest P the lazy pass writes, the log2 units above m where "
                "an e4m3 P overflows)", Number("a number", 0), Number("a number", 1))),
+    _lab(RING_LABS, "98.merge",
+         "Merging two partial outputs: what are o and lse over both sets of keys?",
+         "One query row (a head dim of 2, to keep it short) meets its keys in two disjoint parts, "
+         "as two ring steps would. Over the keys of part A, attention gives o_A = (1, 0) with "
+         "log-sum-exp lse_A = 0.5; over part B, o_B = (0, 2) with lse_B = 0.5 + ln 3 (natural "
+         "logarithms, the scale already in the scores). What are the row's output o and "
+         "log-sum-exp lse over all of its keys? Work it out by hand from section 2's formula, "
+         "then check it with `ring.merge` on tensors. Set `answer` to (o[0], o[1], lse), each "
+         "to three decimals.",
+         Tuple("three numbers: (o[0], o[1], lse)", *[Number("a number", 3)] * 3)),
+    _lab(RING_LABS, "98.balance",
+         "The contiguous split under the mask: how unbalanced is it on eight ranks?",
+         "Split a causal sequence contiguously over W = 8 ranks, rank r holding the r-th eighth "
+         "of the queries, keys and values, and run the ring: at each step every rank computes "
+         "its queries' scores against the block it holds (none of a block after its queries, "
+         "half of its own, all of one before it), and the step lasts as long as its busiest "
+         "rank's. What is the busiest rank's share of the scores over the average rank's, and "
+         "what share of the ring's time does the average rank spend computing? Predict both, "
+         "then check them with `ring.step_work` and `ring.balance`. Set `answer` to (busiest / "
+         "mean, share of the time), each to two decimals.",
+         Tuple("two numbers: (busiest / mean, share of the time busy)",
+               *[Number("a number", 2)] * 2)),
+    _lab(RING_LABS, "98.hide",
+         "Across machines: how many tokens must a GPU hold to hide the ring's transfers?",
+         "Take section 5's model of a ring step for a causal training step (the forward's ring "
+         "and the backward's, dK and dV in fp32 travelling back with K and V), bf16, with the "
+         "local attention at 500 TFLOP/s, and GPUs joined by one InfiniBand NDR port each "
+         f"({IB_GBS:g} GB/s each way) instead of NVLink. What is the fewest tokens each GPU must "
+         "hold for its compute to cover every transfer, and so at most how many GPUs can a ring "
+         "over one sequence of 1 048 576 tokens use with its transfers still hidden? "
+         "(`ring.tokens_to_hide` computes the first; predict it first.) Set `answer` to "
+         "(tokens, GPUs).",
+         Tuple("two whole numbers: (tokens a GPU, GPUs)", Whole("a whole number of tokens"),
+               Whole("a whole number of GPUs"))),
 )
 _BY_ID = {lab.exercise.id: lab for lab in _LABS}
 LABS = tuple(lab.exercise for lab in _LABS)

@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import diagrams as dg
 from .. import fragments as fr
-from .. import lazy_rescale, tma_store, warpspec, wgmma
+from .. import lazy_rescale, ring, tma_store, warpspec, wgmma
 from .. import tables, tiling, tuning
 from ..autotune import SWITCHES
 from ..banks import BANK_BYTES, BANKS, wavefronts
@@ -608,13 +608,93 @@ def _lazy_bound(id):
     return Key({truth: right}, wrong, mistakes)
 
 
+# ---------------------------------------------------------------- 98: the ring
+
+MERGE = ((1.0, 0.0), 0.5, (0.0, 2.0), 0.5 + math.log(3))   # o_A, lse_A, o_B, lse_B
+BALANCE_W, HIDE = 8, dict(tflops=500.0, tokens=1048576)
+
+
+def _mistaken(id, truth, mistakes):
+    return {c: v for c, v in ((_canon(id, k), v) for k, v in mistakes.items())
+            if c != _canon(id, truth)}
+
+
+def _merge(id):
+    import torch
+    (oa, la, ob, lb), wa, wb = MERGE, math.exp(MERGE[1]), math.exp(MERGE[3])
+    o, lse = ring.merge(*(torch.tensor([x], dtype=torch.float64) for x in MERGE))
+    truth = (*o[0].tolist(), float(lse[0]))
+    right = (f"Right: {_canon(id, truth)}. Each part's weight is e^lse, the sum of its exponentials: "
+             f"e^{la} and 3 e^{la}, so B carries 3/4 of the row: o = 1/4 o_A + 3/4 o_B and lse = "
+             f"ln(e^{la} + 3 e^{la}) = {la} + ln 4. ring.merge computes it against the larger lse "
+             "(e^(lse - m)) so that nothing overflows, and a part with no keys (lse = -inf) "
+             "weighs 0.")
+    wrong = _wrong("Weigh each part's o by its share of the row's exponentials, e^lse_A and "
+                   "e^lse_B over their sum; the merged lse is the log of that sum. Section 2 "
+                   "writes both; `ring.merge` computes them.")
+    return Key({_canon(id, truth): right}, wrong, _mistaken(id, truth, {
+        ((oa[0] + ob[0]) / 2, (oa[1] + ob[1]) / 2, truth[2]):
+            "That is the plain average; the parts weigh by their exponentials.",
+        (*truth[:2], lb): "The merged lse adds both parts' exponentials; it is not the larger.",
+        (*truth[:2], la + lb): "lse is a log of a sum: add e^lse, not lse.",
+        (wa * oa[0] + wb * ob[0], wa * oa[1] + wb * ob[1], truth[2]):
+            "Divide by the sum of the weights: o is an average."}))
+
+
+def _balance(id):
+    work = ring.step_work(BALANCE_W, True, "contiguous")
+    per_rank = work.sum(axis=0)
+    truth = (per_rank.max() / per_rank.mean(), ring.balance(BALANCE_W, True, "contiguous"))
+    right = (f"Right: {_canon(id, truth)}. Rank r has r whole blocks and half of its own: "
+             f"{BALANCE_W - 0.5:g} for the last, {per_rank.mean():g} on average. Every step but "
+             f"the first has a rank with a whole block, so the ring lasts 0.5 + {BALANCE_W - 1} "
+             f"block times while the average rank computes {per_rank.mean():g}: "
+             f"{truth[1]:.2f}. It tends to 1/2 as W grows; the zig-zag split gives every rank "
+             "half a block at every step, and keeps all of it.")
+    wrong = _wrong("Count each rank's blocks (whole, half or none) over the ring, then the "
+                   "time: a step lasts as long as its busiest rank's block. Section 4 does it "
+                   "for four ranks; `ring.step_work(8, True, 'contiguous')` lists them.")
+    four = ring.step_work(4, True, "contiguous").sum(axis=0)
+    return Key({_canon(id, truth): right}, wrong, _mistaken(id, truth, {
+        (four.max() / four.mean(), ring.balance(4, True, "contiguous")):
+            "That is section 4's ring of four ranks; this one has eight.",
+        (truth[0], 0.5): "The first step's blocks are halves for every rank.",
+        (BALANCE_W, truth[1]): "The busiest rank's own block is only half computed."}))
+
+
+def _hide(id):
+    link = ring.LINKS_GBS["ib_ndr"]
+    need = ring.tokens_to_hide(HIDE["tflops"], link, causal=True, training=True)
+    truth = (round(need), HIDE["tokens"] // round(need))
+    fwd = ring.tokens_to_hide(HIDE["tflops"], link, causal=True)
+    full = ring.tokens_to_hide(HIDE["tflops"], link, training=True)
+    right = (f"Right: {truth}. The forward's ring needs 2·2·rate / (4·½·link) = {_n(round(fwd))} "
+             f"tokens, the backward's, with 12 bytes a token and row (K, V and fp32 dK, dV) "
+             f"against 2.5 times the FLOPs, {_n(round(need))}: the larger binds. "
+             f"{_n(HIDE['tokens'])} / {_n(round(need))} = {HIDE['tokens'] / need:.1f}: "
+             f"{truth[1]} GPUs. Over NVLink the same ring hides its transfers from "
+             f"{_n(round(need * link / ring.LINKS_GBS['nvlink4']))} tokens a GPU.")
+    wrong = _wrong("Set a step's FLOPs on n tokens (they grow with n²) against its bytes (they "
+                   "grow with n) for both rings, the forward's and the backward's, and take the "
+                   "larger n; then divide the sequence by it, rounding down. Section 5 does it "
+                   "over NVLink; `ring.tokens_to_hide` computes it.")
+    n = HIDE["tokens"]
+    return Key({_canon(id, truth): right}, wrong, _mistaken(id, truth, {
+        (round(fwd), n // round(fwd)): "That is the forward's ring alone; a training step "
+                                       "runs the backward's too.",
+        (round(full), n // round(full)): "That is without the mask; under it a step's work "
+                                         "halves, its bytes do not.",
+        (truth[0], -(-n // truth[0])): "Each GPU must hold that many tokens: round down."}))
+
+
 # ---------------------------------------------------------------- compiling
 
 _BUILDERS = {"01.bank_wavefronts": _bank_wavefronts, "02.sectors": _sectors,
              "03.occupancy": _occupancy, "05.fragment_owner": _owner, "06.bank_map": _bank_map,
              "07.pipeline_period": _pipeline, "08.tuning": _tuning,
              "09.descriptor": _descriptor, "10.parity": _parity, "11.registers": _registers,
-             "12.store_sectors": _store_sectors, "13.lazy_bound": _lazy_bound}
+             "12.store_sectors": _store_sectors, "13.lazy_bound": _lazy_bound,
+             "98.merge": _merge, "98.balance": _balance, "98.hide": _hide}
 
 
 def key(id):

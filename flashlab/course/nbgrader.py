@@ -125,6 +125,7 @@ def write_course(dest, through=None, first=None, force=False, root=None) -> str:
     config.write_text(CONFIG.format(edition=str(edition.resolve())))
     written = []
     slugs = (["00_setup_and_the_gpu"] if a.first == 1 else []) + [st.slug for st in a.stages()]
+    slugs += sorted({ex.home for ex in a.exercises(root)} - set(slugs))  # a lab's own notebook (98)
     for slug in slugs:
         nb_path = root / "notebooks" / f"{slug}.ipynb"
         if not nb_path.is_file():

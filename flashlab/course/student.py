@@ -13,7 +13,8 @@ MM..NN, and the edition holds what the student needs for them, written from the 
     region with its stub (flashlab.markers: it compiles and fails its check) and each later
     region that carries a handed-out exercise's code (stage 06 keeps 05's softmax) with a stub
     too, for the student's own code to be carried forward;
-  * the notebooks 00 to NN (08a from 08, and the capstone 99 from 08), as flashlab.course.nbtext
+  * the notebooks 00 to NN (08a from 08; of the notebooks about no one stage, each from the stage
+    it builds on: ring attention, 98, from 20, the capstone 99 from 08), as flashlab.course.nbtext
     writes them: solutions `# YOUR CODE HERE`, instructor's answers `YOUR ANSWER HERE`, outputs
     cleared; their diffs are computed when run, against the kernels the student has;
   * the package, the recorded data/ (not the raw logs of data/runs/), README.md, pyproject.toml;
@@ -47,7 +48,10 @@ MARKER = "STUDENT.md"                     # the students' guide, at the top of a
 TOP_FILES = ("README.md", "pyproject.toml", "environment.yml", ".gitignore", "LICENSE")
 TREES = ("flashlab/", "kernels/", "notebooks/", "data/")
 LEFT_OUT = ("data/runs/", "notebooks/TEACHING.md", "notebooks/answers/")
-CAPSTONE_AFTER = 8      # notebook 99 builds on stages 05-08
+# The notebooks about no one stage, and the stage each builds on: an edition through that stage
+# has it, and its labs are handed out with that stage's exercises (Exercise.notebook).
+BEYOND_STAGES = {98: 20,   # ring attention: a stage with a backward as the local attention, 20's
+                 99: 8}    # the capstone: stages 05-08 in GPT-2
 LAB_TRUTHS = "flashlab/course/labkeys.py"    # computes the labs' answers: never in an edition
 LAB_KEYS = "flashlab/course/lab_keys.json"   # what an edition's labs check against instead
 _NUMBERED = re.compile(r"^(kernels|kernels/variants|notebooks|notebooks/src)/(\d\d)[a-z]?_[^/]*$")
@@ -128,8 +132,8 @@ def left_out(rel: str, a: Assignment):
     n = number_of(rel)
     if n is not None and re.match(r"notebooks/(src/)?\d\d[a-z]_", rel) and a.hands_out(n):
         return "the appendix of a stage it hands out (it shows that stage's solution)"
-    if n == 99:
-        return None if a.last >= CAPSTONE_AFTER else "after the assignment's stages"
+    if n in BEYOND_STAGES:
+        return None if a.last >= BEYOND_STAGES[n] else "after the assignment's stages"
     if n is not None and n > a.last:
         return "after the assignment's stages"
     return None
@@ -289,7 +293,8 @@ def manifest(root, a: Assignment) -> dict:
     return dict(format=FORMAT, assignment=a.name, first=a.first, last=a.last,
                 stages=[st.slug for st in _stages() if st.number <= a.last],
                 exercises=[dict(id=ex.id, kind=ex.kind, stage=ex.stage, points=ex.points,
-                                title=ex.title) for ex in a.exercises(root)],
+                                title=ex.title, **({"notebook": ex.notebook} if ex.notebook else {}))
+                           for ex in a.exercises(root)],
                 solution_commit=_commit(root))
 
 
@@ -451,7 +456,7 @@ def student_md(a: Assignment, root=None) -> str:
     for ex in exs:
         st = _stage(ex.stage)
         if ex.kind == "lab":
-            where, gpu = f"`notebooks/{st.slug}.ipynb`, section Exercises", "none (CPU)"
+            where, gpu = f"`notebooks/{ex.home}.ipynb`, section Exercises", "none (CPU)"
         else:
             where, gpu = f"`kernels/{st.slug}.cu`", _needs(st)
         rows.append(f"| `{ex.id}` | {ex.kind} | {where} | {gpu} | {ex.points} | "
