@@ -711,6 +711,15 @@ def step_model(N, gpus, tflops, link_gbs, heads=16, D=128, causal=False, trainin
                 hidden=min(1.0, compute / comm) if comm else 1.0)
 
 
+def single_tflops(r) -> float:
+    """The rate one GPU reached on the whole sequence in a recorded ring row (its single_ms), by
+    FlashAttention's count (the forward's 4·H·N²·D, 3.5 times that for a training step, half under
+    the mask); NaN where one GPU was not timed."""
+    flops = (4 * r["B"] * r["H"] * r["N"] ** 2 * r["D"] * (0.5 if r["causal"] else 1.0)
+             * (3.5 if r["pass"] == "training" else 1.0))
+    return flops / (r["single_ms"] * 1e9) if r["single_ms"] == r["single_ms"] else float("nan")
+
+
 def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
     """The paper model (step_model) against the recorded ring runs (tables.ring_rows), a row
     each: the communication alone, measured and on paper at `link_gbs` (the link each way, its
@@ -730,8 +739,7 @@ def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
     out = []
     for _, r in rows.iterrows():
         training = r["pass"] == "training"
-        flops = 4 * r["H"] * r["N"] ** 2 * r["D"] * (0.5 if r["causal"] else 1.0) * (3.5 if training else 1)
-        rate = flops / (r["single_ms"] * 1e9) if r["single_ms"] == r["single_ms"] else float("nan")
+        rate = single_tflops(r)
         m = step_model(r["N"], r["gpus"], rate, link_gbs, heads=r["H"], D=r["D"],
                        causal=r["causal"], training=training,
                        bytes_per=2 if r["dtype"] in ("fp16", "bf16") else 4)

@@ -71,12 +71,10 @@ def blocks(world=4) -> Figure:
             ax.text(-0.15, world - (i + 0.5) * size, f"r{_owner(i, world, split)}", ha="right",
                     va="center", fontsize=7.5)
         busiest, mean = share.max(), share.mean()
-        work = ring.step_work(world, True, split)
         ax.set_title(f"causal, {'contiguous' if split == 'contiguous' else 'zig-zag'} split\n"
                      f"scores per rank {_shares(share)}; busiest / mean {busiest / mean:.2f}\n"
                      f"the ring's steps keep {ring.balance(world, True, split):.0%} of its time "
                      "busy", fontsize=9.5)
-        assert abs(work.sum() - share.sum() * size * size) < 1e-9  # the model counts these blocks
     for ax in axes:
         ax.set_xlim(-0.9, world + 0.05)
         ax.set_ylim(-0.05, world + 0.05)
@@ -99,7 +97,8 @@ def scaling(tflops=None, lengths=(131072, 1048576), gpus=(2, 4, 8, 16, 32, 64), 
             training=True, rows=None) -> Figure:
     """step_model's efficiency (the share of a ring step its local attention fills) for 2-64 GPUs,
     at each sequence length, over NVLink (within a machine) and one InfiniBand NDR port a GPU
-    (between machines), with the recorded runs' efficiency beside it (the markers). `tflops`: the
+    (between machines), with the last recorded ring run's efficiency beside it (the markers: its
+    local attention's rows, both lengths). `tflops`: the
     local attention's rate; by default the rate the last recorded ring run's local attention
     reached on one GPU, for its pass and mask (or 500 without a record)."""
     runs = ring.model_vs_runs(rows) if rows is not False else None
@@ -121,9 +120,10 @@ def scaling(tflops=None, lengths=(131072, 1048576), gpus=(2, 4, 8, 16, 32, 64), 
     if runs is not None and not runs.empty:
         mine = runs[(runs["causal"] == causal) & (runs["pass"] == ("training" if training
                                                                     else "forward"))]
-        for k, (impl, grp) in enumerate(mine.groupby("impl")):
-            ax.scatter(grp["gpus"], grp["efficiency"], marker="x+1"[k % 3], s=55, zorder=5,
-                       color="0.15",
+        from . import tables
+        last = tables.last_ring_run(rows)
+        for impl, grp in mine[mine["impl"].isin(last["impl"])].groupby("impl"):
+            ax.scatter(grp["gpus"], grp["efficiency"], marker="x", s=55, zorder=5, color="0.15",
                        label=f"measured, {impl.split(':', 1)[-1]} ({', '.join(f'{n // 1024}k' for n in grp['N'])})")
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(gpus), [str(g) for g in gpus])
@@ -141,17 +141,12 @@ def scaling(tflops=None, lengths=(131072, 1048576), gpus=(2, 4, 8, 16, 32, 64), 
 
 
 def recorded_rate(causal, training, rows=None):
-    """TFLOP/s one GPU reached on the whole sequence in the last recorded ring run's single-GPU
-    timing, for this pass and mask (the longest length), or None."""
+    """TFLOP/s one GPU reached on the whole sequence in the last recorded ring run, for this pass
+    and mask, at the longest length it timed one GPU at (ring.single_tflops), or None."""
     from . import tables
-    recorded = tables.ring_rows(rows)
-    if recorded.empty:
+    run = tables.last_ring_run(rows)
+    if run.empty:
         return None
-    r = recorded[(recorded["causal"] == causal)
-                 & (recorded["pass"] == ("training" if training else "forward"))]
-    r = r[r["single_ms"] == r["single_ms"]]
-    if r.empty:
-        return None
-    last = r.sort_values(["time", "N"]).iloc[-1]
-    flops = 4 * last["H"] * last["N"] ** 2 * last["D"] * (0.5 if causal else 1) * (3.5 if training else 1)
-    return float(flops / (last["single_ms"] * 1e9))
+    run = run[(run["causal"] == causal) & (run["pass"] == ("training" if training else "forward"))
+              & run["single_ms"].notna()]
+    return None if run.empty else float(ring.single_tflops(run.sort_values("N").iloc[-1]))

@@ -512,6 +512,16 @@ def ring_rows(rows=None, gpu=None, impl="ring") -> pd.DataFrame:
     return rows.reset_index(drop=True)
 
 
+def last_ring_run(rows=None, gpu=None) -> pd.DataFrame:
+    """The rows of the last recorded ring run (its time stamp) of one GPU model: one local
+    attention ("ring:NN_slug"), every length, pass and mask it timed. Empty while none is
+    recorded."""
+    rows = ring_rows(rows, gpu)
+    if rows.empty:
+        return rows
+    return rows[rows["time"] == rows["time"].max()].reset_index(drop=True)
+
+
 def ring_versus(rows=None, gpu=None) -> pd.DataFrame:
     """Each recorded ring run beside the baselines timed in the same run (rows sharing its time
     stamp): a row per ring, pass, GPUs, dtype, length and mask, with the ring's time, each

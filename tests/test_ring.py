@@ -230,3 +230,28 @@ def test_the_paper_model_is_set_beside_the_recorded_runs():
     dkv = 16 * 16384 * 128 * 2 * 4 / (ring.LINKS_GBS["nvlink4"] * 1e9) * 1e3  # fp32, home too
     assert training["comm_ms_paper"] == pytest.approx(2 * kv + 2 * dkv)
     assert ring.model_vs_runs(rows.iloc[:0]).empty
+
+
+def test_the_ring_is_set_beside_the_baselines_of_its_own_run():
+    """tables.ring_versus pairs a ring row with the context_parallel rows of the same run (time
+    stamp), never another run's; last_ring_run is the newest run's rows; single_tflops counts
+    FlashAttention's FLOPs."""
+    import pandas as pd
+    from flashlab import tables
+    base = dict(gpus=2, dtype="fp16", B=1, H=16, N=32768, D=128, causal=False, tflops=1.0,
+                single_ms=float("nan"), efficiency=0.9, compute_ms=10.0, comm_ms=0.5, hidden=1.0,
+                runs=10, gpu="G", compute_capability="9.0", torch="2", cuda="13", commit="abc")
+    new, old = "2026-02-01T00:00:00Z", "2026-01-01T00:00:00Z"
+    rows = pd.DataFrame([
+        {**base, "pass": "forward", "impl": "ring:20_x", "median_ms": 10.0, "time": new,
+         "single_ms": 18.0},
+        {**base, "pass": "forward", "impl": "context_parallel:sdpa_cudnn", "median_ms": 11.0, "time": new},
+        {**base, "pass": "forward", "impl": "ring:18_y", "median_ms": 20.0, "time": old},
+        {**base, "pass": "forward", "impl": "context_parallel:sdpa_cudnn", "median_ms": 5.0, "time": old}])
+    v = tables.ring_versus(rows)
+    assert list(v["ring"]) == ["18_y", "20_x"]
+    assert list(v["vs_sdpa_cudnn"]) == pytest.approx([0.25, 1.1])   # each against its own run
+    assert list(tables.last_ring_run(rows)["impl"]) == ["ring:20_x"]
+    r = tables.last_ring_run(rows).iloc[0]
+    assert ring.single_tflops(r) == pytest.approx(4 * 16 * 32768 ** 2 * 128 / 18e9)
+    assert tables.ring_versus(rows.iloc[:0]).empty and tables.last_ring_run(rows.iloc[:0]).empty
