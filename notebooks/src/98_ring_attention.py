@@ -1,9 +1,10 @@
 # %% [markdown]
 # # Ring attention — a stage on every GPU
 #
-# Every notebook so far ran attention on one GPU. A sequence of a million tokens does not fit:
-# at D = 128 and 16 heads its q, k, v and O alone take 16 GB, and one causal training step is
-# 0.8 PFLOP, about 1.5 s of the fastest stage's time on one GPU. The way out is to split the sequence across GPUs. Each GPU keeps
+# Every notebook so far ran attention on one GPU. A sequence of a million tokens is too much for
+# one: at D = 128 and 16 heads, one layer's causal training step through attention is about 16
+# PFLOP, some 28 s at the fastest stage's rate, and its q, k, v, O and their gradients take 34 GB
+# a layer. The way out is to split the sequence across GPUs. Each GPU keeps
 # its own slice of the queries, and the keys and values travel from GPU to GPU around a ring
 # while every GPU computes attention against the block it holds. This is context parallelism
 # (PyTorch's `context_parallel`, Megatron's and TransformerEngine's context parallelism,
@@ -27,7 +28,7 @@
 # 20 (the stage this ring runs on each GPU), notebook 00's FLOP count; `torch.distributed`'s
 # process groups, at the level of its tutorial.
 #
-# **Time:** about 23 min to read, 45 min to work through.
+# **Time:** about 24 min to read, 45 min to work through.
 
 # %%
 # %matplotlib inline
@@ -50,7 +51,7 @@ from flashlab.stages import last_backward
 # of the sequence, so the keys and values move: at step s, rank r holds the block of rank
 # (r − s) mod W, computes its queries against it, and passes it on to rank r + 1 while receiving
 # the next one from rank r − 1. After W steps every query has met every key, and no rank ever held
-# more than two blocks. The left panel below shows the N × N score matrix this way: each square is
+# more than its own block and two travelling ones. The left panel below shows the N × N score matrix this way: each square is
 # one rank's queries against one rank's keys, labelled with the step that computes it. Each step is
 # one diagonal, wrapping around.
 
@@ -124,8 +125,9 @@ for name, res in (("reference", good), ("lse off by 0.5", bad)):
     print(f"{name:15}: " + ", ".join(f"{g} {e:.1e}" for g, e in worst.items()))
 
 # %% [markdown]
-# The wrong log-sum-exp leaves o right (each step's o is normalised on its own, and the merge
-# weighs two wrong lse by the same factor) but every gradient wrong: P recomputed from a wrong lse
+# The wrong log-sum-exp leaves o right (each step's o is normalised on its own, and since every
+# lse is off by the same 0.5, the merge's weights e^(lse_s − lse) do not change) but every
+# gradient wrong: P recomputed from a wrong lse
 # is off by e^0.5. The forward alone would not have caught it.
 #
 # On one GPU, `ring.simulate(local, q, k, v, do, world)` runs the same arithmetic in one process,
@@ -157,11 +159,11 @@ else:
 # ranks of the figure are busy 57 % of the ring's time, and more ranks do not make it better.
 #
 # The zig-zag split cuts the sequence into 2W chunks and gives rank r chunks r and 2W − 1 − r:
-# one from the start, one from the end (right panel). Each rank then has exactly as many scores
-# as every other, and better, at every step. Against its own block it computes two diagonal
-# quarter-blocks and one whole one. Against an earlier rank's block, both of its chunks see that
-# block's first chunk. Against a later one, its second chunk sees both of that block's chunks.
-# That is half a block each time. `ring.step_work` lists each rank's work at each step,
+# one from the start, one from the end (right panel). Each rank then has as many scores as every
+# other, not only in total but at every step. Against its own block it computes two
+# quarter-blocks on the diagonal, each half masked, and one unmasked quarter-block. Against an
+# earlier rank's block, both of its chunks see that block's first chunk. Against a later one, its
+# second chunk sees both of that block's chunks. That is half a block each time. `ring.step_work` lists each rank's work at each step,
 # `ring.balance` the share of the ring's time the average rank is busy:
 
 # %%
@@ -172,7 +174,7 @@ for split in ("contiguous", "zigzag"):
 # %% [markdown]
 # Stages take queries and keys of one length, so a step that pairs chunks runs them as one
 # batch of chunk-sized problems: the two pairs share one launch. (PyTorch's `context_parallel`
-# balances the mask with the same idea, a round-robin of chunks.)
+# balances the mask with the same split, which it calls head-tail.)
 #
 # ## 5 · When does the ring hide its communication?
 #
@@ -207,8 +209,10 @@ ra.scaling()
 # Within one machine the ring hides its transfers from a few thousand tokens a GPU, far below the
 # 16 384 to 65 536 tokens a GPU of the runs below (2 GPUs, 32k and 128k tokens). So on paper the
 # communication costs nothing, and the ring should run at the speed of its local attention: at
-# least 95 % of twice one GPU's speed. PyTorch's `context_parallel` with SDPA's cuDNN backend runs
-# the same split and merge with cuDNN's kernels. The ring should therefore be ahead of it by about
+# least 95 % of twice one GPU's speed. PyTorch's `context_parallel` with SDPA's cuDNN backend
+# splits the sequence the same way and merges by log-sum-exps with cuDNN's kernels; by default it
+# gathers every rank's keys and values at once rather than passing them around a ring, which moves
+# the same bytes. The ring should therefore be ahead of it by about
 # what stage 13's forward and stage 20's backward are ahead of cuDNN at these lengths: a few
 # percent, and level at worst. Across machines, the figure says the same ring stops hiding its
 # transfers for a causal training step beyond 38 GPUs at a million tokens, and beyond 4 at 128k.
@@ -226,7 +230,8 @@ ra.scaling()
 # backends on the same GPUs in the same run, and one GPU on the whole sequence (for the
 # efficiency). It also times the ring's compute without its transfers and its transfers without
 # the compute. The recorded run (fp16, D = 128, 16 heads; `vs_` is the baseline's time over the
-# ring's, above 1 where the ring is faster):
+# ring's, above 1 where the ring is faster; `hidden` is the share of the transfers' own time
+# that did not add to the step's, 1 where they hid entirely):
 
 # %%
 runs = tables.ring_versus()
@@ -244,8 +249,8 @@ display(runs[["ring", "pass", "N", "causal", "ring_ms", "sdpa_cudnn_ms", "vs_sdp
 # whose FlashAttention-2 kernels are not written for Hopper.
 #
 # **At 32k without the mask it held too** (1.07 forward, 1.03 training step), but the efficiency
-# fell to 87–88 %. **At 32k with the mask it missed:** 0.94 of cuDNN's ring in the forward and 0.98
-# in the training step, at 58 % and 72 % of two GPUs. The transfers are not what went wrong: the
+# fell to 87–88 %. **At 32k with the mask it missed:** 0.94 times `context_parallel` over cuDNN in
+# the forward and 0.98 in the training step, at 58 % and 72 % of two GPUs. The transfers are not what went wrong: the
 # next section shows the ring's compute *alone* was already slow. Each rank's work is then a
 # 16k-token causal problem and a batch of two 8k-token chunk pairs: short problems, where a
 # kernel's fixed costs weigh more (notebook 20's sweep runs stage 20 below cuDNN up to 4k). The
@@ -274,19 +279,20 @@ display(paper[["pass", "N", "causal", "comm_ms", "comm_ms_paper", "link_gbs_meas
 # %% [markdown]
 # ### Discussion
 #
-# **The local work is where the efficiency went.** `compute_ideal` tracks the efficiency
-# closely: 0.60 and 0.81 at 32k with the mask, 0.91–0.99 at 128k. The ring's compute alone,
-# with no transfer at all, was as far from ideal as the whole ring.
+# **The local work is where the efficiency went.** Where the efficiency fell furthest, at 32k
+# with the mask, `compute_ideal` accounts for nearly all of it: 0.60 against an efficiency of
+# 0.58 in the forward, 0.81 against 0.72 in the training step. The ring's compute alone, with no
+# transfer at all, was already that far from ideal.
 #
-# **The transfers took one and a half to two and a half times the model's time**, and still did
-# not decide the result. The forward's K/V block crossed NVLink at 180–235 GB/s, and the training
-# step's larger transfers at 240–320 GB/s, not at 450. The transfers alone were at most 14 % of
-# the compute alone (32k, with the mask, forward) and 2 % at 128k.
+# **The transfers took 1.4 to 2.5 times the model's time**, and still did not decide the result.
+# The forward's K/V block crossed NVLink at 180–235 GB/s, and the training step's larger
+# transfers at 240–320 GB/s, not at 450. The transfers alone were at most 19 % of the compute
+# alone (32k, with the mask, training step) and 2–4 % at 128k.
 #
 # **Overlapping in time is not hiding.** At 128k the step ran 1.9–11.8 ms longer than its compute
 # alone: about as long as the transfers alone took, although they ran beside the kernels. One
 # likely cause, which this run does not separate: NCCL copies with kernels of its own, on SMs the
-# attention kernel then lacks. Exercise 4 tests it. Either way it is 1–3 % of a step; at 32k with
+# attention kernel then lacks. Exercise 4 tests it. Either way it is 2–5 % of a step; at 32k with
 # the mask the exposed time was 0.2 ms in the forward and 2.1 ms in the training step.
 
 # %% [markdown]
@@ -357,10 +363,11 @@ labs.check("98.hide", answer)
 #    forward at 32k tokens with the mask (`torch.profiler`, as notebook 20 profiles its passes) and
 #    sort the GPU time into the local kernels, the chunk copies and the merges. Which would you
 #    remove first, and how?
-# 6. **Ring or all-gather** (no GPU needed). Each step of this ring holds two blocks. A rank
-#    could instead gather every rank's keys and values at once (`dist.all_gather`) and run one
-#    kernel. Write the memory each rank needs both ways for W GPUs and N tokens, and say at which
-#    W the all-gather stops fitting in 141 GB at a million tokens (D = 128, 16 heads, fp16).
+# 6. **Ring or all-gather** (no GPU needed). A rank of this ring holds its own block and two
+#    travelling ones. A rank could instead gather every rank's keys and values at once
+#    (`dist.all_gather`, `context_parallel`'s default) and run one kernel. Write the memory for
+#    keys and values each rank needs both ways, for W GPUs and N tokens, and say at which length
+#    the gathered keys and values of one layer alone fill a 141 GB GPU (D = 128, 16 heads, fp16).
 
 # %% [markdown]
 # ## Questions for discussion
@@ -382,8 +389,8 @@ labs.check("98.hide", answer)
 # **Instructor's answer.** *2.* The local attention's rate is not a constant: on short chunks it
 # is lower than on the whole sequence, so the compute alone exceeds its share. Also left out are
 # the merges and chunk copies (memory-bound passes beside the kernel), the transfers' own use of
-# the GPU (NCCL's kernels take SMs), and the bandwidth a point-to-point send actually reaches,
-# about half of NVLink's.
+# the GPU (NCCL's kernels take SMs), and the bandwidth a point-to-point send actually reaches:
+# 180–320 GB/s here, not NVLink's 450.
 
 # %% [markdown]
 # ## Summary
