@@ -9,6 +9,7 @@ from . import baselines as _baselines
 from . import ptxas
 from .bench import ROUNDS, backward_fn, bench, error_at, time_interleaved, timing_row
 from .configs import sweep, teaching
+from .dtypes import HALF
 from .check import FP32_TOL, check, promised_checks
 from .env import environment
 from .reference import grad_err, reference, reference_backward
@@ -270,7 +271,8 @@ def _backward_error(fn, cfg, inputs) -> float:
 def measure_backward(stages, configs=None, baselines=_baselines.COMPARED, rounds=ROUNDS,
                      record=True, log=print):
     """Check and time the backward passes of `stages` (those with one) beside `baselines`'
-    backwards (SDPA's flash and cuDNN: fp16 configs), config by config, run by run in turn
+    backwards (SDPA's flash and cuDNN, in the config's own dtype: fp16 against fp16, bf16
+    against bf16), config by config, run by run in turn
     (bench.time_interleaved, each callable the backward alone: bench.backward_fn), and the
     stage's forward with and without the log-sum-exp; rows of pass "backward" and "forward_lse"
     ("forward" beside them, timed in the same turn), each config's rows recorded as soon as it is
@@ -330,7 +332,7 @@ def measure_backward(stages, configs=None, baselines=_baselines.COMPARED, rounds
                     a(q, k, v, causal=c, return_lse=True))
                 for p in ("forward", "forward_lse"):
                     kinds[(st.slug, p)] = ("stage", float("nan"), res_at(cfg, p == "forward_lse"))
-            for name in baselines if cfg.dtype == "fp16" and fns else ():
+            for name in baselines if cfg.dtype in HALF and fns else ():  # the stage's dtype
                 try:
                     fn = backward_fn(_baselines.Baseline(name), q, k, v, cfg.causal)
                     err = _backward_error(fn, cfg, inputs)
