@@ -94,15 +94,24 @@ def merge(o_a, lse_a, o_b, lse_b):
     """(o, lse) of the union of two disjoint sets of keys from each part's (o, lse): in fp32
     (float64 stays float64). A row with no keys in a part has lse -inf there and weight 0."""
     acc = torch.float64 if o_a.dtype == torch.float64 else torch.float32
-    lse_a, lse_b = lse_a.to(acc), lse_b.to(acc)
-    m = torch.maximum(lse_a, lse_b)
-    m_safe = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
-    wa, wb = torch.exp(lse_a - m_safe), torch.exp(lse_b - m_safe)
-    total = wa + wb
-    lse = torch.where(total > 0, m_safe + torch.log(total), torch.full_like(m, -math.inf))
-    inv = torch.where(total > 0, 1 / total, torch.zeros_like(total))
-    o = (o_a.to(acc) * (wa * inv)[..., None]) + (o_b.to(acc) * (wb * inv)[..., None])
+    o, lse = o_a.to(acc, copy=True), lse_a.to(acc, copy=True)
+    merge_into(o, lse, o_b, lse_b)
     return o, lse
+
+
+def merge_into(o, lse, o_s, lse_s):
+    """merge(), in place: (o, lse) becomes the union of its keys and (o_s, lse_s)'s. o and lse
+    are the running fp32 (or float64) sums, views allowed (a chunk of a shard's rows); o_s may
+    be fp16 or bf16. The per-row weights are small; o is read and written twice, o_s read once
+    (the ring merges every step, and at short lengths the merge's bytes are a step's cost)."""
+    lse_s = lse_s.to(lse.dtype)
+    m = torch.maximum(lse, lse_s)
+    m_safe = torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
+    wa, wb = torch.exp(lse - m_safe), torch.exp(lse_s - m_safe)
+    total = wa + wb
+    inv = torch.where(total > 0, 1 / total, torch.zeros_like(total))
+    o.mul_((wa * inv)[..., None]).addcmul_(o_s, (wb * inv)[..., None])
+    lse.copy_(torch.where(total > 0, m_safe + torch.log(total), torch.full_like(m, -math.inf)))
 
 
 # --- the split ------------------------------------------------------------------------------------
@@ -206,71 +215,80 @@ def _half(x, h):
 
 
 def _local_forward(local, q, k, v, rank, src, world, causal, scale, keys=None):
-    """(o, lse) of rank's queries against src's block, lse -inf where a row sees none of it.
-    keys: how many of the block's keys are real (the rest padding), None for all."""
+    """[(rows, o, lse)]: rank's queries against src's block, each part for the rows `rows` of
+    the shard (a slice along the sequence), to be merged there; none for rows that see none of
+    the block. keys: how many of the block's keys are real (the rest padding), None for all."""
     pairs, local_causal = _step_plan(rank, src, world, causal)
+    every = slice(None)
     if keys is not None:  # the queries in windows of `keys` rows against the real keys
         n = q.shape[2]
         if keys == 0:
-            return torch.zeros_like(q), torch.full(q.shape[:-1], -math.inf, device=q.device)
+            return []
         win = _windows(n, keys)
         o, lse = local.forward(torch.cat([q[:, :, a:a + keys] for a, _, _ in win]),
                                torch.cat([k[:, :, :keys]] * len(win)),
                                torch.cat([v[:, :, :keys]] * len(win)), False, scale)
         B = q.shape[0]
-        return (torch.cat([o[i * B:(i + 1) * B, :, f - a:e - a] for i, (a, f, e) in enumerate(win)], 2),
-                torch.cat([lse[i * B:(i + 1) * B, :, f - a:e - a] for i, (a, f, e) in enumerate(win)], 2))
+        return [(every,
+                 torch.cat([o[i * B:(i + 1) * B, :, f - a:e - a] for i, (a, f, e) in enumerate(win)], 2),
+                 torch.cat([lse[i * B:(i + 1) * B, :, f - a:e - a] for i, (a, f, e) in enumerate(win)], 2))]
     if pairs == [(None, None)]:
         o, lse = local.forward(q, k, v, local_causal, scale)
-        return o, lse
-    # chunk-sized problems as one batch (stages take queries and keys of one length)
+        return [(every, o, lse)]
+    # chunk-sized problems as one batch (stages take queries and keys of one length): src <
+    # rank gives one part to each of our chunks, src > rank two to our second
     qq = torch.cat([_half(q, a) for a, _ in pairs])
     kk = torch.cat([_half(k, b) for _, b in pairs])
     vv = torch.cat([_half(v, b) for _, b in pairs])
     o, lse = local.forward(qq, kk, vv, False, scale)
-    B = q.shape[0]
-    parts = [(o[i * B:(i + 1) * B], lse[i * B:(i + 1) * B]) for i in range(len(pairs))]
-    if pairs[0][0] != pairs[1][0]:            # src < rank: one result for each of our chunks
-        return torch.cat([parts[0][0], parts[1][0]], 2), torch.cat([parts[0][1], parts[1][1]], 2)
-    o1, lse1 = merge(*parts[0], *parts[1])    # src > rank: both for our second chunk, merged
-    none = torch.full_like(lse1, -math.inf)
-    return (torch.cat([torch.zeros_like(o1), o1], 2).to(q.dtype),
-            torch.cat([none, lse1], 2))
+    B, half = q.shape[0], q.shape[2] // 2
+    rows = (slice(0, half), slice(half, None))
+    return [(rows[a], o[i * B:(i + 1) * B], lse[i * B:(i + 1) * B]) for i, (a, _) in enumerate(pairs)]
+
+
+def _accumulate(o, lse, parts):
+    """Merge _local_forward's parts into the running (o, lse), each into its rows."""
+    for rows, o_s, lse_s in parts:
+        merge_into(o[:, :, rows], lse[:, :, rows], o_s, lse_s)
 
 
 def _local_backward(local, q, k, v, o, lse, do, rank, src, world, causal, scale, keys=None):
-    """(dq, dk, dv) of rank's queries against src's block (dk, dv: the block's share)."""
+    """rank's gradients against src's block, as parts to be added where they belong:
+    ([(rows, dq)], [(rows, dk, dv)]), rows a slice of the shard's sequence (dq: of ours; dk,
+    dv: of the block's)."""
     pairs, local_causal = _step_plan(rank, src, world, causal)
+    every = slice(None)
     if keys is not None:  # as _local_forward; dO zero on the rows a window does not own
-        dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
         if keys == 0:
-            return dq, dk, dv
+            return [], []
         B, win = q.shape[0], _windows(q.shape[2], keys)
         rows = lambda x: torch.cat([x[:, :, a:a + keys] for a, _, _ in win])  # noqa: E731
         owned = torch.cat([do[:, :, a:a + keys] * _owned(keys, f - a, e - a, do) for a, f, e in win])
         g = local.backward(rows(q), torch.cat([k[:, :, :keys]] * len(win)),
                            torch.cat([v[:, :, :keys]] * len(win)), rows(o),
                            rows(lse[..., None])[..., 0].contiguous(), owned.contiguous(), False, scale)
-        for i, (a, f, e) in enumerate(win):
-            sl = slice(i * B, (i + 1) * B)
-            dq[:, :, f:e] = g[0][sl, :, f - a:e - a]
-            dk[:, :, :keys] += g[1][sl]
-            dv[:, :, :keys] += g[2][sl]
-        return dq, dk, dv
+        got = [slice(i * B, (i + 1) * B) for i in range(len(win))]
+        return ([(slice(f, e), g[0][sl, :, f - a:e - a]) for sl, (a, f, e) in zip(got, win)],
+                [(slice(0, keys), g[1][sl], g[2][sl]) for sl in got])
     if pairs == [(None, None)]:
-        return local.backward(q, k, v, o, lse, do, local_causal, scale)
-    B = q.shape[0]
+        dq, dk, dv = local.backward(q, k, v, o, lse, do, local_causal, scale)
+        return [(every, dq)], [(every, dk, dv)]
+    B, half = q.shape[0], q.shape[2] // 2
     cat = lambda x, side: torch.cat([_half(x, p[side]) for p in pairs])  # noqa: E731
     qs = [cat(t, 0) for t in (q, o, do)]
     dqq, dkk, dvv = local.backward(qs[0], cat(k, 1), cat(v, 1), qs[1],
                                    cat(lse[..., None], 0)[..., 0].contiguous(), qs[2], False, scale)
-    dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
-    for i, (a, b) in enumerate(pairs):
-        sl = slice(i * B, (i + 1) * B)
-        _half(dq, a).add_(dqq[sl])
-        _half(dk, b).add_(dkk[sl])
-        _half(dv, b).add_(dvv[sl])
-    return dq, dk, dv
+    at = (slice(0, half), slice(half, None))
+    got = [slice(i * B, (i + 1) * B) for i in range(len(pairs))]
+    return ([(at[a], dqq[sl]) for sl, (a, _) in zip(got, pairs)],
+            [(at[b], dkk[sl], dvv[sl]) for sl, (_, b) in zip(got, pairs)])
+
+
+def _add(sums, parts):
+    """Add gradient parts into their rows of the running fp32 (or float64) sums."""
+    for rows, *gs in parts:
+        for total, g in zip(sums, gs):
+            total[:, :, rows] += g
 
 
 def _owned(m, first, end, like):
@@ -293,9 +311,8 @@ def ring_forward(local, q, k, v, causal=False, scale=None, group=None, length=No
     for s in range(world):
         nxt = _Pass(kv, group) if s + 1 < world else None   # the next block, on its way
         src = (rank - s) % world
-        o_s, lse_s = _local_forward(local, q, kv[0], kv[1], rank, src, world, causal, scale,
-                                    _keys_in(src, q.shape[2], length, causal))
-        o, lse = merge(o, lse, o_s, lse_s)
+        _accumulate(o, lse, _local_forward(local, q, kv[0], kv[1], rank, src, world, causal,
+                                           scale, _keys_in(src, q.shape[2], length, causal)))
         if nxt is not None:
             kv = nxt.wait()
     return o.to(q.dtype), lse
@@ -314,12 +331,12 @@ def ring_backward(local, q, k, v, o, lse, do, causal=False, scale=None, group=No
     for s in range(world):
         nxt = _Pass(kv, group) if s + 1 < world else None
         src = (rank - s) % world
-        g_q, g_k, g_v = _local_backward(local, q, kv[0], kv[1], o, lse, do, rank, src, world,
-                                        causal, scale, _keys_in(src, q.shape[2], length, causal))
-        dq += g_q
-        dkv = [g_k.to(acc), g_v.to(acc)]
-        if back is not None:
-            dkv = [a + b for a, b in zip(back.wait(), dkv)]
+        g_q, g_kv = _local_backward(local, q, kv[0], kv[1], o, lse, do, rank, src, world,
+                                    causal, scale, _keys_in(src, q.shape[2], length, causal))
+        _add([dq], g_q)
+        dkv = (back.wait() if back is not None else
+               [torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(2)])
+        _add(dkv, g_kv)
         back = _Pass(dkv, group)  # on to the next rank (the last hop: to the block's owner)
         if nxt is not None:
             kv = nxt.wait()
@@ -335,14 +352,14 @@ def _rank_forward(local, q, block, rank, world, causal, scale, length):
     lse = torch.full(q.shape[:-1], -math.inf, dtype=acc, device=q.device)
     for s in range(world):
         src = (rank - s) % world
-        o, lse = merge(o, lse, *_local_forward(local, q, *block(src), rank, src, world, causal,
-                                               scale, _keys_in(src, q.shape[2], length, causal)))
+        _accumulate(o, lse, _local_forward(local, q, *block(src), rank, src, world, causal, scale,
+                                           _keys_in(src, q.shape[2], length, causal)))
     return o.to(q.dtype), lse
 
 
 def _rank_backward(local, q, o, lse, do, block, rank, world, causal, scale, length):
-    """[(src, (dq, dk, dv))]: rank's share of the gradients against each rank's block, in the
-    ring's order, with no communication."""
+    """[(src, (dq parts, dk-dv parts))]: rank's share of the gradients against each rank's
+    block (_local_backward's), in the ring's order, with no communication."""
     out = []
     for s in range(world):
         src = (rank - s) % world
@@ -367,11 +384,10 @@ def simulate(local, q, k, v, do, world, causal=False, scale=None):
     dk, dv = [torch.zeros_like(t) for t in dq], [torch.zeros_like(t) for t in dq]
     for r in range(world):
         o, lse = outs[r]
-        for src, g in _rank_backward(local, cut(q, r), o, lse, cut(do, r), block, r, world,
-                                     causal, scale, N):
-            dq[r] += g[0]
-            dk[src] += g[1]
-            dv[src] += g[2]
+        for src, (g_q, g_kv) in _rank_backward(local, cut(q, r), o, lse, cut(do, r), block, r,
+                                               world, causal, scale, N):
+            _add([dq[r]], g_q)
+            _add([dk[src], dv[src]], g_kv)
     whole = lambda parts: unshard(parts, causal, length=N)  # noqa: E731
     return (whole([o for o, _ in outs]), whole([lse[..., None] for _, lse in outs])[..., 0],
             whole([t.to(q.dtype) for t in dq]), whole([t.to(q.dtype) for t in dk]),
