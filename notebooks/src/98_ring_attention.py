@@ -243,18 +243,18 @@ display(runs[["ring", "pass", "N", "causal", "ring_ms", "sdpa_cudnn_ms", "vs_sdp
 # %% [markdown]
 # ### Discussion
 #
-# **At 128k tokens the prediction held.** The ring was 1.02–1.06 times `context_parallel` over
-# cuDNN in the forward and 1.02–1.04 in the training step, with and without the mask, at 88–97 %
-# of twice one GPU's speed. It ran 1.66–1.78 times `context_parallel` over SDPA's flash backend,
+# **At 128k tokens the prediction held.** The ring was 1.04–1.06 times `context_parallel` over
+# cuDNN in the forward and 1.02–1.04 in the training step, with and without the mask, at 91–97 %
+# of twice one GPU's speed. It ran 1.67–1.79 times `context_parallel` over SDPA's flash backend,
 # whose FlashAttention-2 kernels are not written for Hopper.
 #
-# **At 32k without the mask it held too** (1.07 forward, 1.03 training step), but the efficiency
-# fell to 87–88 %. **At 32k with the mask it missed:** 0.94 times `context_parallel` over cuDNN in
-# the forward and 0.98 in the training step, at 58 % and 72 % of two GPUs. The transfers are not what went wrong: the
+# **At 32k without the mask it held too** (1.12 forward, 1.04 training step), at 91–92 % of two
+# GPUs. **At 32k with the mask it missed:** 0.96 times `context_parallel` over cuDNN in the
+# forward and 0.98 in the training step, at 65 % and 77 % of two GPUs. The transfers are not what went wrong: the
 # next section shows the ring's compute *alone* was already slow. Each rank's work is then a
 # 16k-token causal problem and a batch of two 8k-token chunk pairs: short problems, where a
 # kernel's fixed costs weigh more (notebook 20's sweep runs stage 20 below cuDNN up to 4k). The
-# batching copies the chunks, and every step's merge is a pass over the shard's fp32 output in
+# batching copies the chunks, and every step's merge passes twice over the shard's fp32 output in
 # unfused PyTorch operations. How much each of these costs is exercise 5's question.
 #
 # **The prediction got the direction right and the amount wrong.** "The ring runs at its local
@@ -279,21 +279,22 @@ display(paper[["pass", "N", "causal", "comm_ms", "comm_ms_paper", "link_gbs_meas
 # %% [markdown]
 # ### Discussion
 #
-# **The local work is where the efficiency went.** Where the efficiency fell furthest, at 32k
-# with the mask, `compute_ideal` accounts for nearly all of it: 0.60 against an efficiency of
-# 0.58 in the forward, 0.81 against 0.72 in the training step. The ring's compute alone, with no
-# transfer at all, was already that far from ideal.
+# **The local work is where most of the efficiency went.** Where the efficiency fell furthest, at
+# 32k with the mask, `compute_ideal` accounts for nearly all of it in the forward (0.68 against an
+# efficiency of 0.65) and for half of it in the training step (0.89 against 0.77; the other half
+# is the 2.3 ms the transfers added). The ring's compute alone, with no transfer at all, was
+# already that far from ideal.
 #
-# **The transfers took 1.4 to 2.5 times the model's time**, and still did not decide the result.
-# The forward's K/V block crossed NVLink at 180–235 GB/s, and the training step's larger
-# transfers at 240–320 GB/s, not at 450. The transfers alone were at most 19 % of the compute
+# **The transfers took 1.4 to 2.6 times the model's time**, and still did not decide the result.
+# The forward's K/V block crossed NVLink at 170–245 GB/s, and the training step's larger
+# transfers at 245–325 GB/s, not at 450. The transfers alone were at most 19 % of the compute
 # alone (32k, with the mask, training step) and 2–4 % at 128k.
 #
-# **Overlapping in time is not hiding.** At 128k the step ran 1.9–11.8 ms longer than its compute
+# **Overlapping in time is not hiding.** At 128k the step ran 1.7–12.3 ms longer than its compute
 # alone: about as long as the transfers alone took, although they ran beside the kernels. One
 # likely cause, which this run does not separate: NCCL copies with kernels of its own, on SMs the
 # attention kernel then lacks. Exercise 4 tests it. Either way it is 2–5 % of a step; at 32k with
-# the mask the exposed time was 0.2 ms in the forward and 2.1 ms in the training step.
+# the mask the exposed time was 0.2 ms in the forward and 2.3 ms in the training step.
 
 # %% [markdown]
 # ## Exercises
@@ -390,7 +391,7 @@ labs.check("98.hide", answer)
 # is lower than on the whole sequence, so the compute alone exceeds its share. Also left out are
 # the merges and chunk copies (memory-bound passes beside the kernel), the transfers' own use of
 # the GPU (NCCL's kernels take SMs), and the bandwidth a point-to-point send actually reaches:
-# 180–320 GB/s here, not NVLink's 450.
+# 170–325 GB/s here, not NVLink's 450.
 
 # %% [markdown]
 # ## Summary
@@ -404,6 +405,6 @@ labs.check("98.hide", answer)
 #   split (chunks r and 2W − 1 − r) gives every rank half a block at every step.
 # - A step's compute grows with n², its bytes with n: over NVLink a few thousand tokens a GPU hide
 #   the transfers; over InfiniBand nine times as many.
-# - On two H200s the ring with stage 20 ran 1.02–1.07 times `context_parallel` over cuDNN, except
-#   at 32k tokens with the mask (0.94 forward, 0.98 training step). There the short local problems,
+# - On two H200s the ring with stage 20 ran 1.02–1.12 times `context_parallel` over cuDNN, except
+#   at 32k tokens with the mask (0.96 forward, 0.98 training step). There the short local problems,
 #   not the transfers, cost the efficiency.
