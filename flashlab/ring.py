@@ -129,6 +129,16 @@ def _split(N, world, causal):
     return -(-N // parts)
 
 
+def chunk_owner(chunk, world, causal=True):
+    """The rank that holds chunk `chunk` of the sequence: of 2·world chunks under the zig-zag
+    split (causal: rank r holds chunks r and 2·world - 1 - r), of world contiguous ones without
+    the mask (rank r holds chunk r)."""
+    parts = 2 * world if causal else world
+    if not 0 <= chunk < parts:
+        raise ValueError(f"chunk {chunk!r}: {world} ranks hold chunks 0 to {parts - 1}")
+    return chunk if chunk < world else parts - 1 - chunk
+
+
 def shard(x, world, rank, causal, dim=2):
     """Rank `rank`'s part of a full-sequence tensor (the sequence along `dim`): a contiguous
     n = ⌈N/world⌉ rows, or zig-zag for causal, chunks rank and 2·world - 1 - rank of 2·world.
@@ -139,10 +149,8 @@ def shard(x, world, rank, causal, dim=2):
     pad = c * (2 * world if causal else world) - N
     if pad:
         x = torch.cat([x, x.new_zeros(*x.shape[:dim], pad, *x.shape[dim + 1:])], dim=dim)
-    if not causal:
-        return x.narrow(dim, rank * c, c).contiguous()
-    return torch.cat([x.narrow(dim, rank * c, c), x.narrow(dim, (2 * world - 1 - rank) * c, c)],
-                     dim=dim).contiguous()
+    mine = [i for i in range(2 * world if causal else world) if chunk_owner(i, world, causal) == rank]
+    return torch.cat([x.narrow(dim, i * c, c) for i in mine], dim=dim).contiguous()
 
 
 def unshard(parts, causal, dim=2, length=None):

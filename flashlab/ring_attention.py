@@ -19,13 +19,6 @@ RANK_COLORS = ["#fdae6b", "#a1d99b", "#9ecae1", "#bcbddc", "#fc9272", "#d9d9d9",
                "#fdd0a2"]
 
 
-def _owner(chunk, world, split):
-    """The rank holding chunk `chunk` of 2·world (zig-zag) or of world (contiguous)."""
-    if split == "contiguous":
-        return chunk
-    return chunk if chunk < world else 2 * world - 1 - chunk
-
-
 def _cell(ax, x, y, size, color, part):
     """A block of the score matrix: whole, or its lower-left triangle (a diagonal block under the
     mask: only keys at or before each query)."""
@@ -61,14 +54,15 @@ def blocks(world=4) -> Figure:
         parts = world if split == "contiguous" else 2 * world
         size = world / parts
         share = np.zeros(world)
+        zigzag = split == "zigzag"
         for i in range(parts):          # query chunk
             for j in range(i + 1):      # key chunk at or before it
-                rank = _owner(i, world, split)
+                rank = ring.chunk_owner(i, world, zigzag)
                 part = "triangle" if i == j else "whole"
                 share[rank] += 0.5 if i == j else 1.0
                 _cell(ax, j * size, world - (i + 1) * size, size, RANK_COLORS[rank % 8], part)
         for i in range(parts):
-            ax.text(-0.15, world - (i + 0.5) * size, f"r{_owner(i, world, split)}", ha="right",
+            ax.text(-0.15, world - (i + 0.5) * size, f"r{ring.chunk_owner(i, world, zigzag)}", ha="right",
                     va="center", fontsize=7.5)
         busiest, mean = share.max(), share.mean()
         ax.set_title(f"causal, {'contiguous' if split == 'contiguous' else 'zig-zag'} split\n"
@@ -101,7 +95,7 @@ def scaling(tflops=None, lengths=(131072, 1048576), gpus=(2, 4, 8, 16, 32, 64), 
     local attention's rows, both lengths). `tflops`: the
     local attention's rate; by default the rate the last recorded ring run's local attention
     reached on one GPU, for its pass and mask (or 500 without a record)."""
-    runs = ring.model_vs_runs(rows) if rows is not False else None
+    runs = ring.model_vs_runs(rows)
     rate = tflops
     if rate is None:
         rate = recorded_rate(causal, training, rows) or 500.0

@@ -63,6 +63,21 @@ def test_a_causal_shard_is_chunks_r_and_2w_minus_1_minus_r():
     assert rows == [2, 3, 12, 13]  # chunks 1 and 6 of 8, two rows each
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_each_chunk_is_in_the_shard_of_the_rank_chunk_owner_names(world, causal):
+    """chunk_owner is the one statement of the split (the figures of notebook 98 draw from it):
+    every chunk's rows are in its owner's shard, in order."""
+    parts = 2 * world if causal else world
+    x = torch.arange(2 * parts).reshape(1, 1, 2 * parts, 1)  # two rows a chunk
+    for r in range(world):
+        mine = [c for c in range(parts) if ring.chunk_owner(c, world, causal) == r]
+        want = [row for c in mine for row in (2 * c, 2 * c + 1)]
+        assert ring.shard(x, world, r, causal).flatten().tolist() == want
+    with pytest.raises(ValueError, match="chunks 0 to"):
+        ring.chunk_owner(parts, world, causal)
+
+
 def test_a_split_that_cannot_be_made_is_a_clear_value_error():
     x = torch.zeros(1, 1, 7, 4)
     with pytest.raises(ValueError, match="shorter than that"):
