@@ -19,8 +19,9 @@ is FlashAttention-2's, P = exp(S - lse) with the global lse and Î” = rowsum(dO â
 
 The local attention is a `Local`: a flashlab stage with a log-sum-exp (05 on; 14 on for the
 backward) (`stage_local`), or the float64 reference (`reference_local`), which lets the ring and the
-merge be checked on CPUs with the gloo backend (`check`). Stages take queries and keys of one length, so the
-zig-zag steps that pair one chunk with another run as a batch of chunk-sized problems.
+merge be checked on CPUs with the gloo backend (`check`). Stages take queries and keys of one
+length, so a zig-zag step that pairs one chunk with another runs a chunk-sized problem a pair, on
+views of the shard's halves.
 """
 import math
 from dataclasses import dataclass
@@ -77,15 +78,18 @@ def stage_local(attn) -> Local:
         raise ValueError(f"{st.slug}: ring attention merges the blocks' outputs by their "
                          "log-sum-exps, which this stage's forward does not write (stage 05 on)")
 
+    def dense(*ts):  # the ring's halves are views: a stage that reads no strides gets copies
+        return ts if st.row_strides else tuple(t.contiguous() for t in ts)
+
     def forward(q, k, v, causal, scale):
         with torch.no_grad():
-            return attn(q, k, v, causal=causal, scale=scale, return_lse=True)
+            return attn(*dense(q, k, v), causal=causal, scale=scale, return_lse=True)
 
     def backward(q, k, v, o, lse, do, causal, scale):
         if not st.has_backward:
             raise ValueError(f"{st.slug} has no backward pass: train through a ring with a stage "
                              "that has one (14 on)")
-        return attn.backward(q, k, v, o, lse.float(), do, causal=causal, scale=scale)
+        return attn.backward(*dense(q, k, v), o, lse.float(), do, causal=causal, scale=scale)
 
     return Local(st.slug, forward, backward)
 
@@ -219,7 +223,15 @@ def _step_plan(rank, src, world, causal):
 
 
 def _half(x, h):
+    """Half h (0 or 1) of a zig-zag shard along the sequence (dim 2, also of a (B, H, n) lse): a
+    view; x itself for None."""
     return x if h is None else x.chunk(2, dim=2)[h]
+
+
+def _rows(x, h):
+    """The rows of the shard that _half(x, h) holds, as a slice of its sequence."""
+    half = x.shape[2] // 2
+    return (slice(0, half), slice(half, None))[h]
 
 
 def _local_forward(local, q, k, v, rank, src, world, causal, scale, keys=None):
@@ -243,15 +255,11 @@ def _local_forward(local, q, k, v, rank, src, world, causal, scale, keys=None):
     if pairs == [(None, None)]:
         o, lse = local.forward(q, k, v, local_causal, scale)
         return [(every, o, lse)]
-    # chunk-sized problems as one batch (stages take queries and keys of one length): src <
-    # rank gives one part to each of our chunks, src > rank two to our second
-    qq = torch.cat([_half(q, a) for a, _ in pairs])
-    kk = torch.cat([_half(k, b) for _, b in pairs])
-    vv = torch.cat([_half(v, b) for _, b in pairs])
-    o, lse = local.forward(qq, kk, vv, False, scale)
-    B, half = q.shape[0], q.shape[2] // 2
-    rows = (slice(0, half), slice(half, None))
-    return [(rows[a], o[i * B:(i + 1) * B], lse[i * B:(i + 1) * B]) for i, (a, _) in enumerate(pairs)]
+    # a chunk-sized problem a pair, on views of the shard's halves (no copies; stages take
+    # queries and keys of one length): src < rank gives one part to each of our chunks, src >
+    # rank two to our second
+    return [(_rows(q, a), *local.forward(_half(q, a), _half(k, b), _half(v, b), False, scale))
+            for a, b in pairs]
 
 
 def _accumulate(o, lse, parts):
@@ -281,15 +289,13 @@ def _local_backward(local, q, k, v, o, lse, do, rank, src, world, causal, scale,
     if pairs == [(None, None)]:
         dq, dk, dv = local.backward(q, k, v, o, lse, do, local_causal, scale)
         return [(every, dq)], [(every, dk, dv)]
-    B, half = q.shape[0], q.shape[2] // 2
-    cat = lambda x, side: torch.cat([_half(x, p[side]) for p in pairs])  # noqa: E731
-    qs = [cat(t, 0) for t in (q, o, do)]
-    dqq, dkk, dvv = local.backward(qs[0], cat(k, 1), cat(v, 1), qs[1],
-                                   cat(lse[..., None], 0)[..., 0].contiguous(), qs[2], False, scale)
-    at = (slice(0, half), slice(half, None))
-    got = [slice(i * B, (i + 1) * B) for i in range(len(pairs))]
-    return ([(at[a], dqq[sl]) for sl, (a, _) in zip(got, pairs)],
-            [(at[b], dkk[sl], dvv[sl]) for sl, (_, b) in zip(got, pairs)])
+    g_q, g_kv = [], []
+    for a, b in pairs:  # as _local_forward: a problem a pair, on views of the halves
+        dq, dk, dv = local.backward(_half(q, a), _half(k, b), _half(v, b), _half(o, a),
+                                    _half(lse, a), _half(do, a), False, scale)
+        g_q.append((_rows(q, a), dq))
+        g_kv.append((_rows(k, b), dk, dv))
+    return g_q, g_kv
 
 
 def _add(sums, parts):
