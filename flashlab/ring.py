@@ -776,8 +776,8 @@ def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
         g, n = r["gpus"], r["N"] / r["gpus"]
         kv = r["H"] * n * r["D"] * 2 * (2 if r["dtype"] in ("fp16", "bf16") else 4)  # bytes a hop
         sent = (g - 1) * kv + (((g - 1) * kv + g * r["H"] * n * r["D"] * 2 * 4) if training else 0)
-        out.append({"impl": r["impl"], "gpus": r["gpus"], "pass": r["pass"], "N": r["N"],
-                    "causal": r["causal"],
+        out.append({"impl": r["impl"], "gpus": r["gpus"], "dtype": r["dtype"], "pass": r["pass"],
+                    "N": r["N"], "causal": r["causal"],
                     "comm_ms": r["comm_ms"], "comm_ms_paper": sent / (link_gbs * 1e9) * 1e3,
                     "link_gbs_measured": sent / (r["comm_ms"] * 1e6),
                     "efficiency": r["efficiency"], "efficiency_paper": m["efficiency"],

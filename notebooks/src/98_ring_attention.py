@@ -188,8 +188,8 @@ for split in ("contiguous", "zigzag"):
 # the mask. The backward's ring sends K and V again and dK, dV in fp32 (12 bytes a token and row in
 # all) against 2.5 times the FLOPs. NVLink 4 gives a GPU 450 GB/s each way to any other in the
 # machine; between machines, a GPU gets one InfiniBand NDR port, 50 GB/s. At the rate one GPU
-# reached on the whole sequence with stage 20 (the recorded run's single-GPU causal training
-# step at 128k tokens):
+# reached on the whole sequence with stage 20 (the last recorded run's single-GPU causal training
+# step, at the longest length it timed one GPU at):
 
 # %%
 rate = ra.recorded_rate(causal=True, training=True)
@@ -207,7 +207,7 @@ ra.scaling()
 # ## Prediction
 #
 # Within one machine the ring hides its transfers from a few thousand tokens a GPU, far below the
-# 16 384 to 65 536 tokens a GPU of the runs below (2 GPUs, 32k and 128k tokens). So on paper the
+# 16 384 to 131 072 tokens a GPU of the runs below (2 GPUs, 32k to 256k tokens). So on paper the
 # communication costs nothing, and the ring should run at the speed of its local attention: at
 # least 95 % of twice one GPU's speed. PyTorch's `context_parallel` with SDPA's cuDNN backend
 # splits the sequence the same way and merges by log-sum-exps with cuDNN's kernels; by default it
@@ -224,12 +224,14 @@ ra.scaling()
 #
 # ```
 # torchrun --nproc-per-node=2 tools/ring_bench.py --lengths 32768,131072 --dtypes fp16
+# torchrun --nproc-per-node=2 tools/ring_bench.py --lengths 32768,131072 --dtypes bf16
+# torchrun --nproc-per-node=2 tools/ring_bench.py --lengths 262144 --dtypes fp16
 # ```
 #
 # times the ring with stage 20 on every GPU, `context_parallel` over SDPA's cuDNN and flash
 # backends on the same GPUs in the same run, and one GPU on the whole sequence (for the
 # efficiency). It also times the ring's compute without its transfers and its transfers without
-# the compute. The recorded run (fp16, D = 128, 16 heads; `vs_` is the baseline's time over the
+# the compute. The recorded runs (D = 128, 16 heads; `vs_` is the baseline's time over the
 # ring's, above 1 where the ring is faster; `hidden` is the share of the transfers' own time
 # that did not add to the step's, 1 where they hid entirely):
 
@@ -237,27 +239,27 @@ ra.scaling()
 runs = tables.ring_versus()
 print(f"recorded on {runs['gpus'].iloc[-1]} x {tables.ring_rows()['gpu'].iloc[-1]}, commit "
       f"{runs['commit'].iloc[-1]}, {runs['time'].iloc[-1]}")
-display(runs[["ring", "pass", "N", "causal", "ring_ms", "sdpa_cudnn_ms", "vs_sdpa_cudnn",
+display(runs[["ring", "dtype", "pass", "N", "causal", "ring_ms", "sdpa_cudnn_ms", "vs_sdpa_cudnn",
               "vs_sdpa_flash", "efficiency", "hidden"]].round(3))
 
 # %% [markdown]
 # ### Discussion
 #
-# **Against `context_parallel` the prediction held.** The ring was 1.05–1.06 times
-# `context_parallel` over cuDNN in the forward and 1.04–1.05 in the training step at 128k tokens,
-# with and without the mask, and 1.08–1.10 and 1.00–1.04 at 32k. The closest call is the
-# training step at 32k with the mask, 1.004: level, as the prediction allowed at worst. The ring
-# ran 1.61–1.84 times `context_parallel` over SDPA's flash backend, whose FlashAttention-2
-# kernels are not written for Hopper.
+# **Against `context_parallel` the prediction held.** The ring was 1.05–1.14 times
+# `context_parallel` over cuDNN in the forward and 1.004–1.06 in the training step, at every
+# length, in both dtypes, with and without the mask. The closest call is the fp16 training step at
+# 32k with the mask, 1.004: level, as the prediction allowed at worst. The ring ran 1.61–1.89 times
+# `context_parallel` over SDPA's flash backend, whose FlashAttention-2 kernels are not written for
+# Hopper.
 #
-# **Against twice one GPU it missed at 32k.** At 128k the ring reached 91–95 % of twice one GPU's
-# speed, a little short of the 95 % predicted. At 32k it reached 80 % (forward) and 89 %
-# (training step) without the mask, and only 68 % and 76 % with it. The transfers are not what
-# went wrong: the next section shows the ring's compute *alone* was already slow. Each rank's
-# work is then a 16k-token causal problem and two 8k-token chunk pairs: short problems, where a
-# kernel's fixed costs weigh more (notebook 20's sweep runs stage 20 below cuDNN up to 4k). And
-# every step's merge passes twice over the shard's fp32 output in unfused PyTorch operations.
-# How much each of these costs is exercise 5's question.
+# **Against twice one GPU it held only on long sequences.** At 256k tokens the ring reached
+# 95–101 % of twice one GPU's speed, as predicted, and at 128k 91–96 %. At 32k it reached 80–91 %
+# without the mask and only 68–78 % with it. The transfers are not what went wrong: the next
+# section shows the ring's compute *alone* was already slow. Each rank's work is then a
+# 16k-token causal problem and two 8k-token chunk pairs: short problems, where a kernel's fixed
+# costs weigh more (notebook 20's sweep runs stage 20 below cuDNN up to 4k). And every step's
+# merge passes twice over the shard's fp32 output in unfused PyTorch operations. How much each of
+# these costs is exercise 5's question.
 #
 # **The prediction got the direction right and the amount wrong.** "The ring runs at its local
 # attention's speed" held where the local problems were long. Where they were short, the local
@@ -275,30 +277,30 @@ display(runs[["ring", "pass", "N", "causal", "ring_ms", "sdpa_cudnn_ms", "vs_sdp
 # %%
 paper = ring.model_vs_runs()
 paper = paper[paper["impl"] == runs["ring"].map("ring:{}".format).iloc[-1]].copy()
-display(paper[["pass", "N", "causal", "comm_ms", "comm_ms_paper", "link_gbs_measured", "compute_ideal",
+display(paper[["dtype", "pass", "N", "causal", "comm_ms", "comm_ms_paper", "link_gbs_measured", "compute_ideal",
                "exposed_ms", "efficiency"]].round(3))
 
 # %% [markdown]
 # ### Discussion
 #
 # **The local work is where most of the efficiency went.** Where the efficiency fell furthest, at
-# 32k with the mask, `compute_ideal` accounts for nearly all of it in the forward (0.72 against an
-# efficiency of 0.68) and for half of it in the training step (0.89 against 0.76; the other half
-# is the 2.6 ms the transfers added). The ring's compute alone, with no transfer at all, was
-# already that far from ideal. Without the mask at 32k the forward's compute alone was as far off
-# (0.79).
+# 32k with the mask, `compute_ideal` accounts for nearly all of it in the forward (0.71–0.72
+# against an efficiency of 0.68–0.69) and for over half of it in the training step (0.89–0.91
+# against 0.76–0.78; the rest is the 2.4–2.6 ms the transfers added). The ring's compute alone,
+# with no transfer at all, was already that far from ideal.
 #
-# **The transfers took 1.4 to 2.6 times the model's time**, and still did not decide the result.
-# The forward's K/V block crossed NVLink at 175–248 GB/s, and the training step's larger
-# transfers at 236–323 GB/s, not at 450. The transfers alone were at most 21 % of the compute
-# alone (32k, with the mask, training step) and 2–4 % at 128k.
+# **The transfers took 1.3 to 2.7 times the model's time**, and still did not decide the result.
+# The forward's K/V block crossed NVLink at 168–329 GB/s, and the training step's larger
+# transfers at 236–350 GB/s, not at 450: the longer the sequence, the closer. The transfers
+# alone were at most 22 % of the compute alone (32k, with the mask, training step), 2–5 % at 128k
+# and 1–2 % at 256k.
 #
-# **Overlapping in time is not hiding.** At 128k the step ran 1.2–11.3 ms longer than its compute
-# alone: 0.6 to 1.2 times as long as the transfers alone took, although they ran beside the
-# kernels. One likely cause, which this run does not separate: NCCL copies with kernels of its
-# own, on SMs the attention kernel then lacks. Exercise 4 tests it. Either way it is 2–5 % of a
-# step; at 32k with the mask the exposed time was 0.3 ms in the forward and 2.6 ms in the
-# training step.
+# **Overlapping in time is not hiding.** At 128k and 256k the step ran up to 51 ms longer than
+# its compute alone: up to 2.8 times as long as the transfers alone took, although they ran beside
+# the kernels. One likely cause, which these runs do not separate: NCCL copies with kernels of
+# its own, on SMs the attention kernel then lacks. Exercise 4 tests it. Either way it is at most
+# 5 % of a step there; at 32k with the mask the exposed time was 0.1–0.3 ms in the forward and
+# 2.4–2.6 ms in the training step.
 
 # %% [markdown]
 # ## Exercises
@@ -394,7 +396,7 @@ labs.check("98.hide", answer)
 # **Instructor's answer.** *2.* The local attention's rate is not a constant: on short chunks it
 # is lower than on the whole sequence, so the compute alone exceeds its share. Also left out are
 # the merges (memory-bound passes beside the kernel), the transfers' own use of the GPU (NCCL's
-# kernels take SMs), and the bandwidth a point-to-point send actually reaches: 175–325 GB/s here,
+# kernels take SMs), and the bandwidth a point-to-point send actually reaches: 168–350 GB/s here,
 # not NVLink's 450.
 
 # %% [markdown]
@@ -409,6 +411,6 @@ labs.check("98.hide", answer)
 #   split (chunks r and 2W − 1 − r) gives every rank half a block at every step.
 # - A step's compute grows with n², its bytes with n: over NVLink a few thousand tokens a GPU hide
 #   the transfers; over InfiniBand nine times as many.
-# - On two H200s the ring with stage 20 ran 1.00–1.10 times `context_parallel` over cuDNN, level
-#   only in the training step at 32k tokens with the mask. It reached 91–95 % of twice one GPU at
-#   128k and 68–89 % at 32k, where the short local problems, not the transfers, cost it.
+# - On two H200s the ring with stage 20 ran 1.004–1.14 times `context_parallel` over cuDNN, in fp16
+#   and bf16 from 32k to 256k tokens. It reached 95–101 % of twice one GPU at 256k, 91–96 % at
+#   128k and 68–91 % at 32k, where the short local problems, not the transfers, cost it.
