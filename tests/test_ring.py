@@ -129,6 +129,33 @@ def test_the_ring_simulated_in_one_process_is_float64_attention(world, causal, N
         assert float((g - w).abs().max()) < 1e-12, (name, world, causal)
 
 
+@pytest.mark.parametrize("src", [0, 2])
+def test_a_zig_zag_step_hands_its_local_attention_views_of_the_shard_not_copies(src):
+    """Between ranks a causal step pairs one chunk with another: each pair is one chunk-sized
+    problem on views of the shards' halves (src < rank and src > rank, rank 1 of 3), forward
+    and backward, so that the step copies nothing beside the local attention's own work."""
+    seen = []
+
+    def forward(q, k, v, causal, scale):
+        seen.append((q, k, v))
+        return ring.reference_local().forward(q, k, v, causal, scale)
+
+    def backward(q, k, v, o, lse, do, causal, scale):
+        seen.append((q, k, v, o, lse, do))
+        return ring.reference_local().backward(q, k, v, o, lse, do, causal, scale)
+
+    local = ring.Local("recording", forward, backward)
+    q, k, v, do = _inputs((1, 2, 32, 8), seed=src)
+    o, lse = ring.reference_local().forward(q, k, v, False, 0.35)
+    owners = {t.untyped_storage().data_ptr() for t in (q, k, v, o, lse, do)}
+    parts = ring._local_forward(local, q, k, v, 1, src, 3, True, 0.35)
+    g_q, g_kv = ring._local_backward(local, q, k, v, o, lse, do, 1, src, 3, True, 0.35)
+    assert len(seen) == 4 and len(parts) == len(g_q) == len(g_kv) == 2
+    for args in seen:
+        assert all(t.shape[2] == 16 for t in args)  # a chunk of the shard's 32 rows
+        assert {t.untyped_storage().data_ptr() for t in args} <= owners
+
+
 # The ring on CPU processes: each spawns and imports torch (about 5 s for 2 ranks, 11 s for 4).
 @pytest.mark.parametrize("world,causal,N", [(2, False, 48), (2, True, 47), (4, False, 45),
                                              (4, True, 48)])
