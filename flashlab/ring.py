@@ -335,7 +335,10 @@ def ring_forward(local, q, k, v, causal=False, scale=None, group=None, length=No
 def ring_backward(local, q, k, v, o, lse, do, causal=False, scale=None, group=None, length=None):
     """(dq, dk, dv) of this rank's shard: dQ added here, dK and dV travelling with their block
     and handed back to its owner after the last step. A block's running dK and dV arrive from
-    the previous rank while this rank's step computes its share, one step behind the block."""
+    the previous rank while this rank's step computes its share, one step behind the block. They
+    travel as fp32 sums, but for the last hop home: complete by then, they go in the inputs' dtype
+    (the cast the owner would make, made before sending: the same bits in half the bytes, on the
+    one hop no step's compute hides)."""
     world, rank, _, _ = _peers(group)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -351,11 +354,13 @@ def ring_backward(local, q, k, v, o, lse, do, causal=False, scale=None, group=No
         dkv = (back.wait() if back is not None else
                [torch.zeros(q.shape, dtype=acc, device=q.device) for _ in range(2)])
         _add(dkv, g_kv)
-        back = _Pass(dkv, group)  # on to the next rank (the last hop: to the block's owner)
+        if nxt is None:  # the last hop, home: in the inputs' dtype
+            dkv = [dkv[0].to(k.dtype), dkv[1].to(v.dtype)]
+        back = _Pass(dkv, group)
         if nxt is not None:
             kv = nxt.wait()
-    dkv = back.wait()
-    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
+    dk, dv = back.wait()
+    return dq.to(q.dtype), dk, dv
 
 
 def _rank_forward(local, q, block, rank, world, causal, scale, length):
@@ -577,18 +582,27 @@ def _compute_only(local, q, k, v, do, causal, length, group, training):
 
 
 def _comm_only(k, v, group, training):
-    """The ring's communication with no compute: world - 1 passes of K/V (and with training,
-    world passes of dK/dV in fp32 and world - 1 more of K/V)."""
+    """The ring's communication with no compute, as ring_forward and ring_backward send it:
+    world - 1 passes of K/V (and with training, world - 1 more of K/V and world of dK/dV, in fp32
+    but for the last, home, in the inputs' dtype). Returns the bytes this rank sent."""
     world = dist.get_world_size(group)
+    sent = 0
+
+    def send(ts):
+        nonlocal sent
+        sent += sum(t.numel() * t.element_size() for t in ts) if world > 1 else 0
+        return _Pass(ts, group).wait()
+
     kv = [k, v]
     for _ in range(world - 1):
-        kv = _Pass(kv, group).wait()
+        kv = send(kv)
     if training:
         dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device) for _ in range(2)]
         for s in range(world):
             if s + 1 < world:
-                kv = _Pass(kv, group).wait()
-            dkv = _Pass(dkv, group).wait()
+                kv = send(kv)
+            dkv = send(dkv if s + 1 < world else [dkv[0].to(k.dtype), dkv[1].to(v.dtype)])
+    return sent
 
 
 def _context_parallel_times(backend, q, k, v, causal, runs, group, do_seed):
@@ -656,6 +670,7 @@ def measure(stage=None, lengths=(32768, 131072), dtypes=("fp16",), heads=16, D=1
                                               runs, group)
                     comp_f = _timed(lambda: _compute_only(local, *mine, c, N, group, False), runs, group)
                     comm_f = _timed(lambda: _comm_only(*mine[1:3], group, False), runs, group)
+                    sent = {"forward": _comm_only(*mine[1:3], group, False)}
                 leaves = [t.detach().requires_grad_(True) for t in mine[:3]]
 
                 def train():
@@ -665,6 +680,7 @@ def measure(stage=None, lengths=(32768, 131072), dtypes=("fp16",), heads=16, D=1
                                 group) if trains else math.nan
                 comm_t = _timed(lambda: _comm_only(*mine[1:3], group, True), runs,
                                 group) if trains else math.nan
+                sent["training"] = _comm_only(*mine[1:3], group, True) if trains else math.nan
                 single = {"forward": math.nan, "training": math.nan}
                 if N <= single_up_to:
                     t = torch.zeros(2, device="cuda")
@@ -691,7 +707,8 @@ def measure(stage=None, lengths=(32768, 131072), dtypes=("fp16",), heads=16, D=1
                                      B=1, H=heads, N=N, D=D, causal=c, median_ms=ms,
                                      tflops=flops / ms / 1e9, single_ms=single[pass_],
                                      efficiency=single[pass_] / (world * ms), compute_ms=comp,
-                                     comm_ms=comm, hidden=hidden, runs=runs, **env))
+                                     comm_ms=comm, comm_bytes=sent[pass_], hidden=hidden,
+                                     runs=runs, **env))
                     for b, (bf, bt) in base.items():
                         bms = bf if pass_ == "forward" else bt
                         rows.append(dict(impl=f"context_parallel:{b}", **{"pass": pass_}, gpus=world,
@@ -758,7 +775,8 @@ def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
     shards: smaller problems, the causal split's chunk pairs), and `exposed`, the step's time
     beyond its compute alone, against the communication alone. The paper's communication counts
     what _comm_only times: world - 1 hops of a K/V block, and with training world - 1 more and
-    world hops of dK, dV in fp32 (the last one home); `link_gbs_measured` is the bandwidth those
+    world hops of dK, dV in fp32, the last one home (in the inputs' dtype where the row records
+    comm_bytes, the bytes sent); `link_gbs_measured` is the bandwidth those
     bytes reached. The model takes the compute at
     the rate one GPU ran the whole sequence (single_ms), so it predicts efficiency 1 wherever
     the transfer hides; what the runs lose besides is the ring's own compute and overheads.
@@ -774,8 +792,11 @@ def model_vs_runs(rows=None, gpu=None, link_gbs=LINKS_GBS["nvlink4"]):
                        causal=r["causal"], training=training,
                        bytes_per=2 if r["dtype"] in ("fp16", "bf16") else 4)
         g, n = r["gpus"], r["N"] / r["gpus"]
-        kv = r["H"] * n * r["D"] * 2 * (2 if r["dtype"] in ("fp16", "bf16") else 4)  # bytes a hop
-        sent = (g - 1) * kv + (((g - 1) * kv + g * r["H"] * n * r["D"] * 2 * 4) if training else 0)
+        sent = r.get("comm_bytes")  # what the run's rank sent, where the run recorded it
+        if sent is None or pd.isna(sent):  # runs before it: dK and dV went home in fp32 too
+            kv = r["H"] * n * r["D"] * 2 * (2 if r["dtype"] in ("fp16", "bf16") else 4)  # a hop
+            sent = (g - 1) * kv + (((g - 1) * kv + g * r["H"] * n * r["D"] * 2 * 4) if training
+                                   else 0)
         out.append({"impl": r["impl"], "gpus": r["gpus"], "dtype": r["dtype"], "pass": r["pass"],
                     "N": r["N"], "causal": r["causal"],
                     "comm_ms": r["comm_ms"], "comm_ms_paper": sent / (link_gbs * 1e9) * 1e3,

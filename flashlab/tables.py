@@ -270,15 +270,18 @@ VARIANTS = Table(
 # Ring attention across `gpus` GPUs of one machine (flashlab.ring.measure, tools/ring_bench.py,
 # launched by torchrun): a row per implementation, pass ("forward", or "training": forward and
 # backward) and config. ms: the slowest rank's time of one call, the median over calls;
-# efficiency: one GPU's time over gpus times this (where one GPU was timed); hidden: the share of
-# the ring's communication that its compute covered (the ring only).
+# efficiency: one GPU's time over gpus times this (where one GPU was timed); comm_ms and
+# comm_bytes: the ring's communication alone, its time and the bytes a rank sent (the ring only;
+# comm_bytes recorded since the last hop home of dK, dV went in the inputs' dtype); hidden: the
+# share of the ring's communication that its compute covered (the ring only).
 RING = Table(
     "ring.csv", key=["gpu", "gpus", "impl", "pass", "dtype", "B", "H", "N", "D", "causal"],
     columns=["impl", "pass", "gpus", "dtype", "B", "H", "N", "D", "causal", "median_ms", "tflops",
-             "single_ms", "efficiency", "compute_ms", "comm_ms", "hidden", "runs", "gpu",
-             *SOFTWARE],
+             "single_ms", "efficiency", "compute_ms", "comm_ms", "comm_bytes", "hidden", "runs",
+             "gpu", *SOFTWARE],
     ints=["gpus", "B", "H", "N", "D", "runs"],
-    floats=["median_ms", "tflops", "single_ms", "efficiency", "compute_ms", "comm_ms", "hidden"],
+    floats=["median_ms", "tflops", "single_ms", "efficiency", "compute_ms", "comm_ms", "comm_bytes",
+            "hidden"],
     bools=["causal"])
 ALL = (RESULTS, CHECKS, PEAKS, PROFILE, SASS, TUNE08, MINIMAL, MODEL, VARIANTS, RING)
 

@@ -271,6 +271,11 @@ def test_the_paper_model_is_set_beside_the_recorded_runs():
     training = ring.model_vs_runs(rows.assign(**{"pass": "training"})).iloc[0]
     dkv = 16 * 16384 * 128 * 2 * 4 / (ring.LINKS_GBS["nvlink4"] * 1e9) * 1e3  # fp32, home too
     assert training["comm_ms_paper"] == pytest.approx(2 * kv + 2 * dkv)
+    # a run that recorded the bytes its rank sent (its dK, dV home in fp16) is read by them
+    sent = 16 * 16384 * 128 * 2 * (2 + 2 + 4 + 2)
+    counted = ring.model_vs_runs(rows.assign(**{"pass": "training", "comm_bytes": sent})).iloc[0]
+    assert counted["link_gbs_measured"] == pytest.approx(sent / 0.5e6)
+    assert counted["comm_ms_paper"] == pytest.approx(sent / (ring.LINKS_GBS["nvlink4"] * 1e9) * 1e3)
     assert ring.model_vs_runs(rows.iloc[:0]).empty
 
 
