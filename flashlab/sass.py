@@ -241,6 +241,20 @@ def _code(source, arch, kernel=None) -> dict:
     return _pick(dict(zip(map(short_name, ptxas.kernel_names(list(code))), code.values())), kernel)
 
 
+def group_waits(source, arch="sm_90a", kernel=None) -> pd.DataFrame:
+    """How each kernel waits for its wgmma groups: a row per kernel, the number of
+    `wgmma.wait_group N` it holds (WARPGROUP.DEPBAR.LE gsb0, N) with N = 0 (every group done:
+    the tensor cores have nothing left queued) and with N >= 1 (some still running while the
+    warpgroup goes on: products overlapped with what follows)."""
+    rows = []
+    for name, ins in _code(source, arch, kernel).items():
+        waits = [int(i.operands[-1], 0) for i in ins
+                 if i.opcode == "WARPGROUP.DEPBAR.LE" and i.operands[:1] == ("gsb0",)]
+        rows.append(dict(kernel=name, all_done=sum(n == 0 for n in waits),
+                         some_running=sum(n > 0 for n in waits)))
+    return pd.DataFrame(rows, columns=["kernel", "all_done", "some_running"]).set_index("kernel")
+
+
 def _back_branches(ins):
     """(address, target) of each branch back to an earlier address: the end and start of a loop
     (a branch to itself, the trap after EXIT, is not one)."""

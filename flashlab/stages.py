@@ -88,6 +88,11 @@ class Stage:
     #                        the backward kernel beyond COMMON_SASS (`sass` is the forward's)
     deterministic: bool = False  # its backward gives the same bits on every run (the checks
     #                        run it again and compare)
+    overlapped_waits: dict = field(default_factory=dict, compare=False)  # {head dim: n}: its
+    #                        backward kernel at that head dim waits for wgmma groups with some
+    #                        still running (wgmma.wait_group 1 or more: WARPGROUP.DEPBAR.LE gsb0,
+    #                        0x1..) at least n times, the evidence of products overlapped with
+    #                        the arithmetic between them, which a check cannot see
     grad_strides: bool = False  # its backward reads dO and writes dq, dk and dv with any row
     #                        strides (the problem's dout_strides, dq_strides..): a model's dO is
     #                        read where it lies and new gradients come in the order of q, k and v
@@ -545,6 +550,22 @@ _STAGES = (
           backward_sass={"HGMMA": True, "UTMALDG": True, "UBLKCP": True, "UBLKRED": True,
                          "USETMAXREG": True, "MEMBAR": True, "LDGSTS": False, "RED": False,
                          "HMMA": False},
+          builds_on=20),
+    Stage(22, "22_overlap_backward", "Overlapped backward",
+          "inside each consumer warpgroup, the arithmetic between the products runs under them: "
+          "Sᵀ and dPᵀ are two wgmma groups and P is computed while dPᵀ is multiplied; dV's "
+          "products are issued at once and dS is computed while they run (at D = 128, where "
+          "the registers allow it)",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True, grad_strides=True,
+          # the tensor pipe kept busy while the exponentials run: busier, the SM too
+          # waits on their own products (wgmma.wait_group) shorter
+          idea_metrics=("tensor_pipe_pct", "sm_throughput_pct"),
+          lse=True, backward="bwd_kernel",
+          # stage 20's instructions; what differs is where the warpgroups wait for their groups
+          backward_sass={"HGMMA": True, "UTMALDG": True, "UBLKCP": True, "UBLKRED": True,
+                         "USETMAXREG": True, "LDGSTS": False, "RED": False, "HMMA": False},
+          overlapped_waits={64: 2, 128: 3},
           builds_on=20),
 )
 

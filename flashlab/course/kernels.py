@@ -43,7 +43,7 @@ from pathlib import Path
 from .. import paths
 from ..markers import (TODO, MarkerError, exercises_in, regions, strip_markers,  # noqa: F401
                        student_text)
-from ..stages import stages
+from ..stages import stages, template_args
 from . import Exercise, Result
 
 # --- the exercises ---------------------------------------------------------------------------------
@@ -199,8 +199,28 @@ def missing_evidence(st, source, arch) -> str:
         for cat, wanted in st.evidence_for(kernel).items():
             if wanted and not row[cat]:
                 lacking.setdefault(cat, kernel.split("<")[0])
-    return "; ".join(f"{kernel} has no {cat} ({sass.CATEGORIES[cat]})"
-                     for cat, kernel in lacking.items())
+    said = [f"{kernel} has no {cat} ({sass.CATEGORIES[cat]})" for cat, kernel in lacking.items()]
+    return "; ".join(said + overlap_lacking(st, source, arch))
+
+
+def overlap_lacking(st, source, arch) -> list:
+    """Sentences for each backward kernel of `source` that waits for its wgmma groups with some
+    still running fewer times than the registry's overlapped_waits asks at its head dim (stage
+    22: a right kernel that waits for every group before the arithmetic has given up the
+    overlap, and no check sees it); [] where the stage asks nothing."""
+    from .. import sass
+    if not st.overlapped_waits:
+        return []
+    waits = sass.group_waits(source, arch)
+    out = []
+    for kernel, row in waits.iterrows():
+        args = dict(zip(("T", "D"), template_args(kernel)))
+        need = st.overlapped_waits.get(int(args.get("D", 0) or 0))
+        if kernel.startswith(st.backward + "<") and need and row["some_running"] < need:
+            out.append(f"{kernel} waits for its wgmma groups with some still running "
+                       f"{row['some_running']} times, not {need}: a warpgroup that waits for "
+                       f"every group (wgmma.wait_group 0) computes nothing under its products")
+    return out
 
 
 def failure(result, calls) -> dict:
