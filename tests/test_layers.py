@@ -29,7 +29,8 @@ LAYERS = {
     "lessons": ["notebook", "intro", "diagrams", "fragments", "tiling", "banks", "tuning",
                 "hopper_common", "wgmma", "tma", "warpspec", "tma_store", "lazy_rescale",
                 "backward", "backward_mma", "deterministic", "wide_warps", "dq_layout",
-                "wgmma_backward", "warpspec_backward", "deterministic_hopper", "ring_attention"],
+                "wgmma_backward", "warpspec_backward", "deterministic_hopper", "overlap_backward",
+                "ring_attention"],
     "course": ["course", "__main__"],
 }
 RANK = {name: i for i, name in enumerate(LAYERS)}

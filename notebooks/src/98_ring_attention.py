@@ -131,7 +131,8 @@ for name, res in (("reference", good), ("lse off by 0.5", bad)):
 # is off by e^0.5. The forward alone would not have caught it.
 #
 # On one GPU, `ring.simulate(local, q, k, v, do, world)` runs the same arithmetic in one process,
-# every rank's steps in turn, with a stage as the local attention. On a Hopper GPU, stage 20:
+# every rank's steps in turn, with a stage as the local attention. On a Hopper GPU, the last
+# backward stage (`last_backward()`, the fastest that is not a deterministic variant):
 
 # %%
 LOCAL = last_backward()  # the last stage with a backward pass that is not deterministic
