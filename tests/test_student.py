@@ -871,3 +871,25 @@ def test_student_md_explains_only_the_kinds_of_exercise_the_assignment_has():
     assert "flashlab sass NN" in backward and "nvidia-cuda-cuobjdump" in backward
     first = student.student_md(student.assignment(through=2, first=1))
     assert "A **kernel exercise**" in first and "A **lab**" in first
+
+
+@needs_cuobjdump
+def test_an_overlap_written_as_a_wait_for_every_group_is_told_so(tmp_path):
+    """22.two_groups written with `wgmma.wait_group 0` where S^T alone should be waited for gives
+    the right gradients (every check passes) and no overlap; the machine code shows it: fewer
+    waits with a group still running than the registry asks (stage 20's kernel has the same
+    shortfall). The solution lacks nothing."""
+    st = fl.stage("22")
+    text = markers.strip_markers(_text(st.slug))
+    serial = text.replace("    wgmma_wait<1>();\n\n    // Then, at D = 128",
+                          "    wgmma_wait<0>();\n\n    // Then, at D = 128")
+    assert serial != text
+    src = tmp_path / st.source.name
+    src.write_text(serial)
+    lacking = K.missing_evidence(st, src, "sm_90a")
+    assert "bwd_kernel<__half, 128> waits for its wgmma groups with some still running 2 times, " \
+           "not 3" in lacking, lacking
+    assert "bwd_kernel<__half, 64>" in lacking, lacking
+    assert "with some still running 1 times, not 3" in K.missing_evidence(
+        st, fl.stage("20").source, "sm_90a")
+    assert K.missing_evidence(st, st.source, "sm_90a") == ""

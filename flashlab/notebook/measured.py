@@ -354,7 +354,11 @@ def _reached_backward(st, missing_ok):
         r = run[run["stage"] == st.slug].iloc[-1]
         line = f"{st.slug}'s backward reached {r.tflops:.3g} TFLOP/s ({r.median_ms:.3g} ms) in {dtype}"
         versus = []
+        # the stage it improves on (its builds_on: 22 against 20, not the deterministic 21)
+        # where that was timed in the run, else the last earlier backward that was
+        base = before(st)
         prev = [s for s in earlier if s in ms]
+        prev = [base.slug] if base is not None and base.slug in ms else prev[-1:]
         if prev:
             versus.append(_times(ms[prev[-1]] / r.median_ms, f"{prev[-1]}'s"))
         versus += [_times(ms[b] / r.median_ms, f"{b}'s") for b in COMPARED if b in ms]
