@@ -7,6 +7,7 @@ help.
     flashlab readme --check   exit 1 if README.md is out of date
 """
 import html
+import re
 
 from . import paths, tables
 from .baselines import COMPARED
@@ -48,8 +49,10 @@ FIRST_NUMBER = 3  # columns from here on hold numbers and are right-aligned
 
 
 def _commits(commits) -> str:
-    """The commits rows were measured at, each once, in code spans: "`abc`, `def`"."""
-    return ", ".join(f"`{c}`" for c in sorted({str(c) for c in commits}))
+    """The commits rows were measured at, each once, in code spans: "`abc`, `def`" (a full
+    hash shortened to the ten digits `git rev-parse --short=10` gives, '-dirty' kept)."""
+    short = lambda c: re.sub(r"^([0-9a-f]{10})[0-9a-f]{30}", r"\1", str(c))
+    return ", ".join(f"`{c}`" for c in sorted({short(c) for c in commits}))
 
 
 def _grid(rows, fmt):
@@ -274,6 +277,9 @@ def training_table(rows=None, by=BY) -> str:
         lines.append(f"| {r.impl} | {r.seeds} × {r.runs // max(r.seeds, 1)} | {r.distance:.2e} | "
                      f"{'yes' if r.within else '**no**'} | {_fmt(r.per_seed, '.2f')} | {r.shift:+.1e} | "
                      + " | ".join(step) + " |")
+    for impl in [i for i in times.index if i not in set(match["impl"])]:  # timed, not yet compared
+        lines.append(f"| {impl} | – | – | – | – | – | "
+                     + " | ".join(_fmt(times.at[impl, s], ".1f") for s in sizes) + " |")
     shown = tables.training_rows(rows)
     r0 = shown.iloc[0]
     commits = _commits(rows[rows["gpu"] == r0.gpu]["commit"])  # the comparison's and the steps'
@@ -287,7 +293,10 @@ def training_table(rows=None, by=BY) -> str:
               f"a seed over SDPA's own largest gap at that seed, the median over seeds (at most 1: "
               f"as near SDPA's curves as they lie to one another). Shift: its curve minus SDPA's, the mean over "
               f"steps and seeds. {tables.CONTROL} is SDPA's forward with a backward that leaves Δ "
-              f"out of dS: a wrong backward, the check's negative control. Measured on "
+              f"out of dS: a wrong backward, the check's negative control. "
+              + ("A row of dashes before the step times: timed, not yet in the loss comparison. "
+                 if len(times.index.difference(match["impl"])) else "")
+              + f"Measured on "
               f"**{r0.gpu}** (commit {commits}). Generated from `data/training.csv` by `{by}`."]
     return "\n".join(lines)
 
