@@ -171,6 +171,12 @@ with nb.unless_missing():
 # overlap inside a query block cannot help, since what costs is a block's start and end (K and
 # V copied in, dK and dV stored), and nothing in this stage overlaps those with another
 # block's work.
+#
+# A model's training step is the other measure. In notebook 14's GPT-2 at
+# sequence 4096 (D = 64, causal, bf16), stage 22's backward kernel took 6.27 ms a step under the
+# profiler against cuDNN's 6.55, and in three rounds of training steps in turn the whole step took
+# 57.5–57.8 ms against cuDNN's 58.0–58.2: faster, by less than 1 %, since attention is about a
+# seventh of the step.
 
 # %% [markdown]
 # ## 6 · The profile
