@@ -40,6 +40,19 @@ def test_sources_are_what_jupytext_writes(src):
          f"`jupytext --to py:percent notebooks/{src.stem}.ipynb -o notebooks/src/{src.name}` after a build")
 
 
+@pytest.mark.parametrize("notebook", [pytest.param(p, id=p.stem) for p in NOTEBOOKS])
+def test_the_exercises_open_a_cell_of_their_own(notebook):
+    """'## Exercises' starts a markdown cell: in a source, a blank line without a '# %% [markdown]'
+    marker keeps the cell going, and the exercises would hide at the end of the discussion
+    before them, where a student paging through cells (and the edition) would not find them."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    inside = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+              and any(l.strip() == "## Exercises" for l in c.source.splitlines()[1:])]
+    assert not inside, f"{notebook.name}: cells {inside} hold '## Exercises' after other text"
+
+
 def test_every_notebook_has_a_source():
     """Notebooks are built from notebooks/src/*.py (python tools/notebooks.py build), never
     edited by hand."""

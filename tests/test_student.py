@@ -890,6 +890,6 @@ def test_an_overlap_written_as_a_wait_for_every_group_is_told_so(tmp_path):
     assert "bwd_kernel<__half, 128> waits for its wgmma groups with some still running 2 times, " \
            "not 3" in lacking, lacking
     assert "bwd_kernel<__half, 64>" in lacking, lacking
-    assert "with some still running 1 times, not 3" in K.missing_evidence(
+    assert "with some still running 1 time, not 3" in K.missing_evidence(
         st, fl.stage("20").source, "sm_90a")
     assert K.missing_evidence(st, st.source, "sm_90a") == ""

@@ -205,7 +205,8 @@ with nb.unless_missing():
 # the consumers on the producer's mbarriers) and the named barriers (17 %), which this stage
 # does not touch. The overlap at D = 128 would show in the tensor pipe's share at that head dim.
 # Question 2 asks you to profile it there.
-#
+
+# %% [markdown]
 # ## Exercises
 #
 # ### Kernel exercise `22.two_groups` (10 points)
