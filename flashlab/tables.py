@@ -703,6 +703,16 @@ def sweep_ratio(new, old, dtype="fp16", df=None, gpu=None, pass_="forward") -> p
     return vs[f"÷ {old}"].unstack("N")
 
 
+def sweep_runs(stages, dtype="fp16", df=None, gpu=None, pass_="forward") -> dict:
+    """{stage: the time stamps of its recorded sweep rows (of `pass_`, in `dtype`, on `gpu`)}:
+    a run's rows share one, so two stages with the same single stamp were timed in turn in one
+    run, and two with different ones were not (a later run re-recorded one of them)."""
+    df = RESULTS.load(every=pass_ != "forward") if df is None else df
+    rows = sweep_rows(df, gpu or gpu_shown(df=df), dtype, pass_)
+    return {getattr(s, "slug", s): sorted(set(rows.loc[rows["stage"] == getattr(s, "slug", s), "time"]))
+            for s in stages}
+
+
 def peak_rows(gpu=None) -> pd.DataFrame:
     """The measured ceilings of `gpu` (default: the GPU shown): metric, value, unit and the
     software they were measured with. Empty where that GPU has none: never another GPU's."""

@@ -397,3 +397,19 @@ def test_a_cache_file_is_written_whole_and_leaves_no_temporary_file(tmp_path):
     paths.write_atomic(target, "[3]")
     assert target.read_text() == "[3]"
     assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+
+def test_sweep_runs_tell_rows_timed_in_one_run_from_rows_of_two(empty_data_dir):
+    """A run's rows share a time stamp: stages recorded together have one stamp, a stage a later
+    run re-recorded has another, and a comparison of the two is not of rows timed in turn."""
+    first, later = "2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"
+    results.upsert([row(s, N=512, B=32, H=32, dtype="fp16", time=first, **{"pass": "backward"})
+                    for s in ("20_warpspec_backward", "21_deterministic_hopper", "sdpa_cudnn")])
+    results.upsert([row(s, N=512, B=32, H=32, dtype="fp16", time=later, **{"pass": "backward"})
+                    for s in ("20_warpspec_backward", "sdpa_cudnn")])
+    runs = tables.sweep_runs(["20_warpspec_backward", "21_deterministic_hopper", "sdpa_cudnn"],
+                             gpu="NVIDIA Test GPU", pass_="backward")
+    assert runs == {"20_warpspec_backward": [later], "21_deterministic_hopper": [first],
+                    "sdpa_cudnn": [later]}
+    assert tables.sweep_runs(["20_warpspec_backward"], gpu="NVIDIA Test GPU") == {
+        "20_warpspec_backward": []}  # no forward rows
