@@ -545,11 +545,12 @@ _STAGES = (
           # tensor pipe less busy by those waits, which the long scoreboard (mbarriers) counts
           idea_metrics=("tensor_pipe_pct", "stall_long_scoreboard"),
           lse=True, backward="bwd_kernel", deterministic=True,
-          # stage 20's instructions, and the turns: a GPU-wide fence before the releasing store
-          # (MEMBAR), the bulk reductions the same UBLKRED
+          # stage 20's instructions, and the turns: the acquiring load that reads the counter
+          # (the one LDG of a kernel that otherwise reads global memory through the TMA alone), a
+          # GPU-wide fence before the releasing store (MEMBAR), the bulk reductions the same UBLKRED
           backward_sass={"HGMMA": True, "UTMALDG": True, "UBLKCP": True, "UBLKRED": True,
-                         "USETMAXREG": True, "MEMBAR": True, "LDGSTS": False, "RED": False,
-                         "HMMA": False},
+                         "USETMAXREG": True, "MEMBAR": True, "LDG": True, "LDGSTS": False,
+                         "RED": False, "HMMA": False},
           builds_on=20),
     Stage(22, "22_overlap_backward", "Overlapped backward",
           "inside each consumer warpgroup, the arithmetic between the products runs under them: "

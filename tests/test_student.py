@@ -874,6 +874,20 @@ def test_student_md_explains_only_the_kinds_of_exercise_the_assignment_has():
 
 
 @needs_cuobjdump
+def test_turns_that_are_never_taken_are_told_so(tmp_path):
+    """21.turns's stub takes no turns: dQ's reductions land in any order, which only a check that
+    runs twice can see, and on a lucky GPU it may not. Its machine code shows it: no load of the
+    counter (the kernel reads global memory through the TMA otherwise). The solution lacks
+    nothing."""
+    st = fl.stage("21")
+    src = tmp_path / st.source.name
+    src.write_text(markers.strip_markers(markers.edition_text(_text(st.slug), {"21.turns"})))
+    lacking = K.missing_evidence(st, src, "sm_90a")
+    assert lacking.startswith("bwd_kernel has no LDG"), lacking
+    assert K.missing_evidence(st, st.source, "sm_90a") == ""
+
+
+@needs_cuobjdump
 def test_an_overlap_written_as_a_wait_for_every_group_is_told_so(tmp_path):
     """22.two_groups written with `wgmma.wait_group 0` where S^T alone should be waited for gives
     the right gradients (every check passes) and no overlap; the machine code shows it: fewer
