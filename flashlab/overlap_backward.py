@@ -31,23 +31,19 @@ _STEPS = {"S": 2.0, "dP": 2.0, "P": 1.6, "dV": 2.0, "dS": 1.0, "dK": 2.0, "dQ": 
 def _schedule(overlapped: bool):
     """[(lane, step, start, length)] of one query block: lane 0 the tensor cores, 1 the rest."""
     t = _STEPS
+    spans = [(0, "S", 0.0, t["S"]), (0, "dP", t["S"], t["dP"])]
     if not overlapped:
-        s0 = 0.0
-        spans = [(0, "S", s0, t["S"]), (0, "dP", s0 + t["S"], t["dP"])]
-        c = s0 + t["S"] + t["dP"]                        # wait for both
+        c = t["S"] + t["dP"]                             # wait for both
         spans += [(1, "P", c, t["P"]), (1, "dS", c + t["P"], t["dS"])]
         c += t["P"] + t["dS"]
         spans += [(0, "dV", c, t["dV"]), (0, "dK", c + t["dV"], t["dK"]),
                   (0, "dQ", c + t["dV"] + t["dK"], t["dQ"])]
         return spans
-    spans = [(0, "S", 0.0, t["S"]), (0, "dP", t["S"], t["dP"])]
     p0 = t["S"]                                          # S alone is in: P under dP
     spans.append((1, "P", p0, t["P"]))
-    dv0 = max(p0 + t["P"], t["S"] + t["dP"])
-    spans.append((0, "dV", dv0, t["dV"]))
-    ds0 = max(p0 + t["P"], t["S"] + t["dP"])             # dP is in: dS under dV
-    spans.append((1, "dS", ds0, t["dS"]))
-    dk0 = max(dv0 + t["dV"], ds0 + t["dS"])
+    dv0 = max(p0 + t["P"], t["S"] + t["dP"])             # P packed and dP in: dV issued,
+    spans += [(0, "dV", dv0, t["dV"]), (1, "dS", dv0, t["dS"])]  # dS under it
+    dk0 = max(dv0 + t["dV"], dv0 + t["dS"])
     spans += [(0, "dK", dk0, t["dK"]), (0, "dQ", dk0 + t["dK"], t["dQ"])]
     return spans
 
@@ -113,8 +109,9 @@ def waits(stages=("20_warpspec_backward", "22_overlap_backward"), arch="sm_90a")
     from .stages import stage
     parts = []
     for slug in stages:
-        w = sass.group_waits(stage(slug).source, arch)
-        w = w[w.index.str.startswith("bwd_kernel<__half")]
+        st = stage(slug)
+        w = sass.group_waits(st.source, arch)
+        w = w[w.index.str.startswith(f"{st.backward}<__half")]
         w.index = [f"{slug}, D = {k.split(',')[1].strip(' >')}" for k in w.index]
         parts.append(w)
     out = pd.concat(parts)

@@ -277,7 +277,8 @@ def training_table(rows=None, by=BY) -> str:
         lines.append(f"| {r.impl} | {r.seeds} × {r.runs // max(r.seeds, 1)} | {r.distance:.2e} | "
                      f"{'yes' if r.within else '**no**'} | {_fmt(r.per_seed, '.2f')} | {r.shift:+.1e} | "
                      + " | ".join(step) + " |")
-    for impl in [i for i in times.index if i not in set(match["impl"])]:  # timed, not yet compared
+    timed_only = [i for i in times.index if i not in set(match["impl"])]  # not yet compared
+    for impl in timed_only:
         lines.append(f"| {impl} | – | – | – | – | – | "
                      + " | ".join(_fmt(times.at[impl, s], ".1f") for s in sizes) + " |")
     shown = tables.training_rows(rows)
@@ -295,7 +296,7 @@ def training_table(rows=None, by=BY) -> str:
               f"steps and seeds. {tables.CONTROL} is SDPA's forward with a backward that leaves Δ "
               f"out of dS: a wrong backward, the check's negative control. "
               + ("A row of dashes before the step times: timed, not yet in the loss comparison. "
-                 if len(times.index.difference(match["impl"])) else "")
+                 if timed_only else "")
               + f"Measured on "
               f"**{r0.gpu}** (commit {commits}). Generated from `data/training.csv` by `{by}`."]
     return "\n".join(lines)

@@ -709,8 +709,8 @@ def sweep_runs(stages, dtype="fp16", df=None, gpu=None, pass_="forward") -> dict
     run, and two with different ones were not (a later run re-recorded one of them)."""
     df = RESULTS.load(every=pass_ != "forward") if df is None else df
     rows = sweep_rows(df, gpu or gpu_shown(df=df), dtype, pass_)
-    return {getattr(s, "slug", s): sorted(set(rows.loc[rows["stage"] == getattr(s, "slug", s), "time"]))
-            for s in stages}
+    slugs = [getattr(s, "slug", s) for s in stages]
+    return {s: sorted(set(rows.loc[rows["stage"] == s, "time"])) for s in slugs}
 
 
 def peak_rows(gpu=None) -> pd.DataFrame:

@@ -217,8 +217,9 @@ def overlap_lacking(st, source, arch) -> list:
         args = dict(zip(("T", "D"), template_args(kernel)))
         need = st.overlapped_waits.get(int(args.get("D", 0) or 0))
         if kernel.startswith(st.backward + "<") and need and row["some_running"] < need:
-            out.append(f"{kernel} waits for its wgmma groups with some still running "
-                       f"{row['some_running']} {'time' if row['some_running'] == 1 else 'times'}, not {need}: a warpgroup that waits for "
+            n = row["some_running"]
+            out.append(f"{kernel} waits for its wgmma groups with some still running {n} "
+                       f"{'time' if n == 1 else 'times'}, not {need}: a warpgroup that waits for "
                        f"every group (wgmma.wait_group 0) computes nothing under its products")
     return out
 

@@ -220,9 +220,9 @@ def sweep_ratio(new, old, dtype="fp16", pass_="forward") -> pd.DataFrame:
     """new's TFLOP/s over old's at every recorded point of the FlashAttention sweep on the
     notebook's GPU, forward or backward (pass_): rows (D, causal), columns N. Says so when the
     two were not timed in turn in one run (a later run re-recorded one of them)."""
-    out = tables.sweep_ratio(new, old, dtype, gpu=view.gpu(), pass_=pass_)
-    runs = tables.sweep_runs([new, old], dtype, gpu=view.gpu(), pass_=pass_)
-    a, b = runs.values()
+    df, gpu = tables.RESULTS.load(every=True), view.gpu()
+    out = tables.sweep_ratio(new, old, dtype, df=df, gpu=gpu, pass_=pass_)
+    a, b = tables.sweep_runs([new, old], dtype, df=df, gpu=gpu, pass_=pass_).values()
     if a != b:
         print(f"{new} was timed at {', '.join(a)} and {old} at {', '.join(b)}: in different runs, "
               "so the ratio holds the GPU's drift between the two runs too")
