@@ -568,6 +568,22 @@ _STAGES = (
                          "USETMAXREG": True, "LDGSTS": False, "RED": False, "HMMA": False},
           overlapped_waits={64: 2, 128: 3},
           builds_on=20),
+    Stage(23, "23_tma_store_backward", "dK and dV written by the TMA",
+          "a backward block ends as stage 12's forward does: its dK and dV go through shared "
+          "memory (the ring of Q and dO, free once the last products are done) and the TMA "
+          "writes them, in place of 4-byte stores from every thread's registers",
+          ("fp16", "bf16"), (64, 128), any_head_dim=False, row_strides=True,
+          **_HOPPER_FORWARD, min_cc=(9, 0), arch_specific=True, grad_strides=True,
+          # no 4-byte stores from every thread (8 half-filled sectors each): the warps no longer
+          # wait at the block's end for their stores to drain
+          idea_metrics=("global_store_sectors_per_request", "stall_drain"),
+          lse=True, backward="bwd_kernel",
+          # stage 22's instructions, and the TMA's store in place of every STG
+          backward_sass={"HGMMA": True, "UTMALDG": True, "UTMASTG": True, "UBLKCP": True,
+                         "UBLKRED": True, "USETMAXREG": True, "STG": False, "LDGSTS": False,
+                         "RED": False, "HMMA": False},
+          overlapped_waits={64: 2, 128: 3},
+          builds_on=22),
 )
 
 

@@ -30,6 +30,7 @@ LAYERS = {
                 "hopper_common", "wgmma", "tma", "warpspec", "tma_store", "lazy_rescale",
                 "backward", "backward_mma", "deterministic", "wide_warps", "dq_layout",
                 "wgmma_backward", "warpspec_backward", "deterministic_hopper", "overlap_backward",
+                "tma_store_backward",
                 "ring_attention"],
     "course": ["course", "__main__"],
 }

@@ -392,12 +392,9 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# Every stage lies within SDPA's spread, and the control's median gap is many times it (dQ and
-# dK gain a term in P ∘ Δ; the line above says how many). Read seed by seed (per_seed: a gap over
-# SDPA's own largest at that seed), stage 14 reads under 1, as SDPA's backends do: as near SDPA's
-# curves as they lie to one another. SDPA's spread itself moves from run to run
-# (its flash backward adds dQ with atomics), so the verdict, not the size of the gap, is what a
-# rerun repeats.
+# Every stage lies within SDPA's spread; the control's gap is many times it (the line above says
+# how many: dQ and dK gain a term in P ∘ Δ). Seed by seed (per_seed: a gap over SDPA's own
+# largest at that seed), stage 14 reads under 1, as SDPA's backends do.
 #
 # ## 12 · What is next
 #
