@@ -146,26 +146,20 @@ with nb.unless_missing():
 # %% [markdown]
 # ### Discussion
 #
-# From `data/runs/backward-22-short-diag-h200-20261201T0352Z.log` (H200, fp16, timed in turn
-# with stage 22 and cuDNN; gradient checks passed in fp16 and bf16). The main kernel took 358 µs
-# at N = 512, D = 128, against stage 22's 417: 59 of the stores' 84 µs. The whole backward,
-# stage 23 over stage 22:
+# The sweep above was timed in turn with stages 18 and 22 and both SDPA backwards on the H200
+# (`data/runs/backward-18-22-23-fp16-h200-20261201T0419Z.log`; every gradient check passed in
+# fp16 and bf16, and the bits are stage 22's). At D = 128 the prediction held: 1.12 at N = 512,
+# inside the band, 1.07 at 1k, 1.02 at 4k and nothing from 8k, a gain falling as 1/N, a little
+# slower under the mask, where blocks walk fewer query blocks. At D = 64 it missed: 1.09 at
+# N = 512, the low edge of the band, though section 1 put the stores there at 120 µs. That
+# number came from profiled kernel times, and stage 22's D = 64 kernel measured 501 µs in one
+# profiled run and 571–582 in others: a weak basis for a prediction. The in-turn timing is the
+# one to trust. The 0.985 at 16k, D = 64, where the end does not matter, is run-to-run noise:
+# an earlier run (`backward-22-short-diag-h200-20261201T0352Z.log`) put the same pair at 1.001.
 #
-# | | 512 | 1k | 2k | 4k | 8k | 16k |
-# |---|---:|---:|---:|---:|---:|---:|
-# | D = 128 | 1.12 | 1.07 | 1.04 | 1.02 | 1.00 | 1.00 |
-# | D = 128, causal | 1.12 | 1.09 | 1.05 | 1.03 | 1.01 | 1.00 |
-# | D = 64 | 1.09 | 1.05 | 1.03 | 1.01 | 1.01 | 1.00 |
-# | D = 64, causal | 1.11 | 1.08 | 1.05 | 1.03 | 1.01 | 1.01 |
-#
-# At D = 128 the prediction held: 57 µs saved at N = 512, mid-band, and a gain falling as 1/N.
-# Under the mask blocks walk fewer query blocks, so it lasts a little longer. At D = 64 it
-# missed: the main kernel timed alone gained 110 µs, the whole backward timed in turn only 50.
-# Two timings that disagree deserve a second measurement before a story.
-#
-# Against cuDNN, D = 128: 1.045, 1.031, 1.000, 0.995, 0.997, 1.001 from N = 512 to 16k: ahead on
-# short sequences, level from 2k on, not above. Under the mask 1.03–1.06; at D = 64 1.01–1.06,
-# 1.08–1.11 under the mask.
+# Against cuDNN's backward: 1.000–1.109 over the whole sweep. Stage 22 was 0.93–0.99 below
+# 8k at D = 128; stage 23 is at or above 1.0 at every length, though only level (1.000–1.004)
+# from 2k to 4k at D = 128.
 #
 # About 85 µs of the fixed cost remain: the blocks' starts (launch, set-up, K_j and V_j in, some
 # 60 µs of the grid) and what is left of their ends. That is the next target. A persistent grid,
@@ -191,10 +185,11 @@ with nb.unless_missing():
 #
 # The profile is of the teaching config (B = 4, H = 16, N = 1024, D = 64): 512 blocks, about four
 # an SM. Stage 22's shows its stores: 8 sectors per store request, the half-filled sectors of
-# section 1; warps stalled on *drain* 2.8 % of their active time, and on *LG throttle* (the queue
-# to global memory full) 6.0 %. The kernel has no other global loads or stores, so both are most
-# likely the stores'. In stage 23 no store request is left to count, and those two stalls should
-# nearly vanish. Where its profile is not recorded yet, `flashlab run --profile` records it.
+# section 1, warps stalled on *drain* 2.8 % of their active time and on *LG throttle* (the queue
+# to global memory full) 5.9 %. In stage 23 no store request is left (0 sectors), *drain* fell to
+# 0.1 % and *LG throttle* to 0, as predicted. What the blocks gained went to the tensor pipe, busy
+# 44.8 % of the time against 41.5; the barrier and long-scoreboard stalls rose a little, since the
+# walk is now a larger share of a shorter kernel.
 
 # %% [markdown]
 # ## Exercises
@@ -265,8 +260,9 @@ with nb.unless_missing():
 #   left (drain).
 # - Stage 23 puts dK_j and dV_j in the free ring of Q_i and dO_i and has the TMA write them,
 #   waiting only for its read. Same bits.
-# - On the H200: 1.12 times stage 22 at N = 512, D = 128, falling as 1/N, as predicted; level
-#   with cuDNN from 2k on. Most of the blocks' fixed cost, their starts, remains.
+# - On the H200: 1.12 times stage 22 at N = 512, D = 128, falling as 1/N, as predicted, and at
+#   or above cuDNN's backward over the whole fp16 sweep. Most of the blocks' fixed cost, their
+#   starts, remains.
 
 # %%
 nb.reached("23_tma_store_backward")  # its backward, beside the stages before it and SDPA's
