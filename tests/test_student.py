@@ -907,3 +907,13 @@ def test_an_overlap_written_as_a_wait_for_every_group_is_told_so(tmp_path):
     assert "with some still running 1 time, not 3" in K.missing_evidence(
         st, fl.stage("20").source, "sm_90a")
     assert K.missing_evidence(st, st.source, "sm_90a") == ""
+
+
+def test_an_edition_without_nbformat_says_what_to_install(tmp_path, monkeypatch):
+    # an instructor who installed flashlab without its extras: a sentence naming the install,
+    # not a traceback from the first notebook, and nothing written
+    import sys
+    monkeypatch.setitem(sys.modules, "nbformat", None)  # import nbformat raises ImportError
+    with pytest.raises(ValueError, match=r'pip install -e "\.\[grading\]"'):
+        student.write(tmp_path / "ed", through=2)
+    assert not (tmp_path / "ed").exists()

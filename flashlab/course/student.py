@@ -328,6 +328,12 @@ def write(dest, root=None, through=None, first=None, force=False) -> str:
     of `root` (default: this repository) to `dest`; returns a summary. FileExistsError where dest
     holds anything, unless force (files are written over; nothing else there is removed).
     EditionError, and nothing written, where the edition would hold a solution it hands out."""
+    try:
+        import nbformat  # noqa: F401 -- every notebook is rewritten cell by cell
+    except ImportError:
+        raise ValueError("writing an edition rewrites its notebooks with nbformat, which this "
+                         "Python lacks: install flashlab with the course's extras, "
+                         "pip install -e \".[grading]\" (or \".[notebooks]\")") from None
     root = Path(root or paths.ROOT).resolve()
     dest = Path(dest).resolve()
     if read_manifest(root) is not None:
