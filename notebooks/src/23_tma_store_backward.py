@@ -46,7 +46,7 @@ print(here)
 # Two timing-only variants of stage 22 take it apart
 # (`data/runs/backward-22-short-diag-h200-20261201T0349Z.log`). Blocks that walk no query block
 # took 133 µs. Blocks that skip the stores of dK and dV took 330 µs against 415: the stores cost
-# 84 µs, 5.4 µs a block (70–80 µs at every N at D = 128, about 120 at N = 512, D = 64). One
+# 84 µs, 5.4 µs a block (72–84 µs at every N at D = 128, about 120 at N = 512, D = 64). One
 # block's life:
 
 # %%
