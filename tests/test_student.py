@@ -917,3 +917,19 @@ def test_an_edition_without_nbformat_says_what_to_install(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match=r'pip install -e "\.\[grading\]"'):
         student.write(tmp_path / "ed", through=2)
     assert not (tmp_path / "ed").exists()
+
+
+@needs_cuobjdump
+def test_without_a_gpu_grade_can_read_the_machine_code(week3):
+    """flashlab grade --machine-code on a machine without a GPU: each kernel exercise is still
+    skipped (no points), with what its stage's machine code holds of the idea, as the grader on a
+    GPU reads it (missing_evidence)."""
+    from flashlab.course import grade
+    out = []
+    graded = grade.run(week3, only=["06.swizzle"], out=out.append, gpu=False, machine_code=True)
+    (ex, r), = graded
+    assert r.ok is None and r.score == 0 and r.note.startswith("its machine code (sm_80)")
+    assert "no points" in r.note and f"{ex.id}: its machine code" in out[-1]
+    # and without asking, nothing is compiled and nothing noted
+    (_, plain), = grade.grade_tree(week3, only=["06.swizzle"], gpu=False)
+    assert plain.note == ""

@@ -55,6 +55,7 @@ class Result:
     message: str = ""    # right or wrong and why; for kernels the first failing case and element
     status: str = ""     # "blank" or "timeout" where a wrong result is one of those; else ""
     gpu: str = ""        # the GPU model a kernel exercise was timed on ("" for a lab)
+    note: str = ""       # a skipped kernel exercise's machine code, read without a GPU (no points)
 
     @classmethod
     def skipped(cls, exercise, why: str) -> "Result":

@@ -61,7 +61,7 @@ def _cmd_grade(args):
         return 0
     grade.run(args.dir, only=args.exercise, solution=args.solution,
               cell_timeout=args.cell_timeout, as_json=args.json,
-              gpu=False if args.no_gpu else None)
+              gpu=False if args.no_gpu else None, machine_code=args.machine_code)
     return 0
 
 
@@ -119,6 +119,9 @@ def add_commands(sub):
     p.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-gpu", action="store_true",
                    help="skip kernel exercises even where a GPU is present")
+    p.add_argument("--machine-code", action="store_true",
+                   help="without a GPU: compile each kernel exercise's stage (nvcc and cuobjdump) "
+                        "and say what its machine code holds of the idea (no points)")
     p.set_defaults(fn=_cmd_grade)
 
     p = sub.add_parser("leaderboard", help="rank a class from its gradebook; a figure per exercise",

@@ -117,12 +117,15 @@ def grade_labs(root, labs, cell_timeout=None, parallel=4) -> dict:
     return out
 
 
-def grade_tree(root=".", only=None, gpu=None, solution=None, cell_timeout=None, each=None) -> list:
+def grade_tree(root=".", only=None, gpu=None, solution=None, cell_timeout=None, each=None,
+               machine_code=False) -> list:
     """[(Exercise, Result)] for the exercises the tree at `root` hands out (or only the ids in
     `only`), in course order. Without a CUDA GPU (gpu=False; None: ask torch) kernel exercises are
-    skipped without building anything. solution: the solution edition to time kernel exercises
-    against (class grading). each(ex, result) is called as each one is graded."""
-    from .kernels import grade_kernel
+    skipped without building anything, or with machine_code, their kernels compiled (nvcc and
+    cuobjdump, no GPU) and what their machine code says of the idea noted (Result.note, no
+    points). solution: the solution edition to time kernel exercises against (class grading).
+    each(ex, result) is called as each one is graded."""
+    from .kernels import grade_kernel, machine_code_note
     root = Path(root)
     chosen = handed_out(root)
     if only:
@@ -157,6 +160,8 @@ def grade_tree(root=".", only=None, gpu=None, solution=None, cell_timeout=None, 
                 continue
             if not gpu:
                 r = Result.skipped(ex, NO_GPU)
+                if machine_code:
+                    r.note = machine_code_note(ex, root)
             else:
                 try:
                     r = grade_kernel(ex, root, solution=solution)
@@ -203,6 +208,11 @@ def table(graded) -> str:
             lines += textwrap.wrap(f"skipped {len(ids)} ({', '.join(ids)}):", 98,
                                    subsequent_indent="    ")
             lines += textwrap.wrap(why, 98, initial_indent="    ", subsequent_indent="    ")
+    noted = [(ex, r) for ex, r in graded if r.note]
+    if noted:
+        lines.append("")
+        for ex, r in noted:
+            lines += textwrap.wrap(f"{ex.id}: {r.note}", 98, subsequent_indent="    ")
     t = totals(graded)
     lines += ["", f"total: {t['score']:g} / {t['points']} points over the {t['graded']} "
               f"exercise{'s' * (t['graded'] != 1)} graded here"
@@ -211,9 +221,11 @@ def table(graded) -> str:
     return "\n".join(lines)
 
 
-def run(root=".", only=None, out=print, gpu=None, solution=None, cell_timeout=None, as_json=False):
+def run(root=".", only=None, out=print, gpu=None, solution=None, cell_timeout=None, as_json=False,
+        machine_code=False):
     """`flashlab grade [DIR]`: grade the tree and print its table (as_json: one marked JSON line
-    per exercise as it is graded, for the class grader). Returns [(Exercise, Result)]."""
+    per exercise as it is graded, for the class grader; machine_code: without a GPU, what each
+    kernel exercise's machine code says, grade_tree). Returns [(Exercise, Result)]."""
     root = Path(root)
     if not (root / "notebooks").is_dir() and not (root / "kernels").is_dir():
         raise ValueError(f"{root} is not a flashlab edition (it has no notebooks/ or kernels/)")
@@ -230,7 +242,7 @@ def run(root=".", only=None, out=print, gpu=None, solution=None, cell_timeout=No
     env = environment()
     out(f"flashlab grade: {root.resolve()}, on "
         f"{env['gpu'] if env['gpu'] != 'cpu' else 'a machine without a CUDA GPU'}\n")
-    graded = grade_tree(root, only, gpu, solution, cell_timeout)
+    graded = grade_tree(root, only, gpu, solution, cell_timeout, machine_code=machine_code)
     out(table(graded))
     return graded
 

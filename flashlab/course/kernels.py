@@ -203,6 +203,37 @@ def missing_evidence(st, source, arch) -> str:
     return "; ".join(said + overlap_lacking(st, source, arch))
 
 
+def machine_code_note(ex, root) -> str:
+    """Where no GPU can check kernel exercise `ex` (flashlab grade --machine-code): what the
+    machine code of its stage, built from the tree at `root` for the stage's own architecture
+    (Stage.static_archs), says of the idea, read as the grader on a GPU reads it
+    (missing_evidence), as a sentence. Never points: a kernel can hold every instruction its idea
+    needs and still be wrong or slow. "" where nvcc or cuobjdump is not here to say."""
+    from .. import build, sass
+    from ..stages import stage
+
+    st = stage(ex.stage)
+    src = _source(Path(root), ex.stage)
+    try:
+        if build.nvcc() is None or not src.exists():
+            return ""
+        sass.cuobjdump()
+    except (FileNotFoundError, OSError):
+        return ""
+    arch = st.static_archs[0]
+    try:
+        sass.evidence(src, arch)  # the build: a compile error is said here, not swallowed
+    except RuntimeError as err:
+        first = next((ln for ln in str(err).splitlines() if "error" in ln), str(err)[:200])
+        return f"its kernel does not compile for {arch}: {first.strip()}"
+    except OSError:
+        return ""
+    lacking = missing_evidence(st, src, arch)
+    said = (f"lacks what the idea needs: {lacking}" if lacking else
+            "holds the instructions the idea needs")
+    return f"its machine code ({arch}) {said} (no points: rightness and speed need a GPU)"
+
+
 def overlap_lacking(st, source, arch) -> list:
     """Sentences for each backward kernel of `source` that waits for its wgmma groups with some
     still running fewer times than the registry's overlapped_waits asks at its head dim (stage

@@ -444,7 +444,10 @@ COMPILE_ONLY = """
 
 Without a GPU you can still compile a stage with your regions in it and read its machine code:
 `flashlab sass NN` (NN the stage's number) needs the CUDA toolkit's `nvcc` and
-`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`; a compile error names the line."""
+`pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm`; a compile error names the line. With
+those, `flashlab grade --machine-code` also says of each kernel exercise whether its machine
+code holds the instructions the stage's idea needs, as the grader reads it on a GPU (no points:
+only a GPU can say whether it is right and how fast)."""
 
 
 def student_md(a: Assignment, root=None) -> str:
