@@ -20,16 +20,15 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from .banks import BANK_BYTES, wavefronts
+from .configs import SWEEP
+from .deterministic_hopper import BC, SMS  # keys a block; SMs, one block each at a time
 from .diagrams import SECTOR, sectors_per_request
 from .hopper_common import LABEL, TEXT, TITLE, WARP
+from .warpspec_backward import CONSUMER_THREADS
 from .wgmma import sw128
 from .wgmma_backward import query_rows
 
-BC = 128                 # keys of a backward block (64 a consumer warpgroup)
-CONSUMER_WARPS = 8       # two consumer warpgroups
-SMS = 132                # the H200's SMs; one block an SM at a time
-TOKENS = 16384           # B N over the FlashAttention sweep
-HEADS = {64: 32, 128: 16}  # H of the sweep at each head dim
+CONSUMER_WARPS = CONSUMER_THREADS // WARP  # two consumer warpgroups
 
 # Measured on an NVIDIA H200, fp16, D = 128, B N = 16k, H = 16 (2048 blocks): the backward's main
 # kernel in microseconds (data/runs/backward-22-short-diag-h200-20261201T0349Z.log and
@@ -44,7 +43,7 @@ WHOLE_22_US = {512: 541.2, 1024: 817.7, 2048: 1428.0, 4096: 2710.4, 8192: 5211.6
 
 def blocks(D=128) -> int:
     """Blocks of the backward's grid over the sweep: B H N / BC, the same at every N."""
-    return TOKENS * HEADS[D] // BC
+    return SWEEP.tokens * (SWEEP.width // D) // BC
 
 
 def _end_words(warp, n, half):
@@ -144,7 +143,7 @@ def figure(N=512, shown=3, saved_us=57.5) -> Figure:
     left.set_xlabel(f"time on one SM, µs (N = {N}, D = 128, "
                     f"{life['query blocks']:.0f} query blocks a block)", fontsize=LABEL)
     left.set_title("The next block waits for the last one's end", fontsize=LABEL, loc="left")
-    ns = np.array([512, 1024, 2048, 4096, 8192, 16384])
+    ns = np.array(SWEEP.ns)
     for stage, style in (("22", "o-"), ("23", "s--")):
         lives = [block_life(n, saved_us) for n in ns]
         share = [b[f"end, stage {stage}"] / (b["start"] + b["walk"] + b[f"end, stage {stage}"])

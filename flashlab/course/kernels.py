@@ -209,24 +209,20 @@ def machine_code_note(ex, root) -> str:
     (Stage.static_archs), says of the idea, read as the grader on a GPU reads it
     (missing_evidence), as a sentence. Never points: a kernel can hold every instruction its idea
     needs and still be wrong or slow. "" where nvcc or cuobjdump is not here to say."""
-    from .. import build, sass
+    from .. import sass
     from ..stages import stage
 
     st = stage(ex.stage)
-    src = _source(Path(root), ex.stage)
-    try:
-        if build.nvcc() is None or not src.exists():
-            return ""
-        sass.cuobjdump()
-    except (FileNotFoundError, OSError):
+    src = _source(root, ex.stage)
+    if not src.exists():
         return ""
     arch = st.static_archs[0]
-    try:
-        sass.evidence(src, arch)  # the build: a compile error is said here, not swallowed
+    try:  # the build, cached for missing_evidence: a compile error is said here, not swallowed
+        sass.evidence(src, arch)
     except RuntimeError as err:
         first = next((ln for ln in str(err).splitlines() if "error" in ln), str(err)[:200])
         return f"its kernel does not compile for {arch}: {first.strip()}"
-    except OSError:
+    except OSError:  # no nvcc or no cuobjdump (FileNotFoundError)
         return ""
     lacking = missing_evidence(st, src, arch)
     said = (f"lacks what the idea needs: {lacking}" if lacking else
