@@ -253,9 +253,8 @@ struct WsTiles {
 template <typename T, int D>
 __global__ void __launch_bounds__(384, 1)
 bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
-           const float* __restrict__ delta, float* __restrict__ dq_acc, T* __restrict__ dK,
-           T* __restrict__ dV, const FlashlabStrides gk, const FlashlabStrides gv, int H, int N,
-           float scale, int causal) {
+           const float* __restrict__ delta, float* __restrict__ dq_acc, int H, int N, float scale,
+           int causal) {  // dK and dV: the tensor maps maps.dk and maps.dv hold them
   using C = WsTiles<D>;
   constexpr int BC = C::BC, BR = C::BR, NQ = BR / 8, KD = D / 16, KQ = BR / 16, KK = BC / 16;
   extern __shared__ uint8_t smem_raw[];  // as stage 13 declares it
@@ -472,7 +471,6 @@ bwd_kernel(const __grid_constant__ BwdMaps maps, const float* __restrict__ lse2,
   // dO_i read), the ring of Q and dO is free: 2 STAGES (BR + BR) x D x 2 bytes, at least the
   // 2 BC x D x 2 of the two tiles. Each thread puts its accumulators there, rows kw + 16 warp + g
   // and + 8, in 128-byte swizzled boxes of 64 columns (sw128: the layout the TMA read Q in).
-  (void)dK; (void)dV; (void)gk; (void)gv;  // the tensor maps maps.dk and maps.dv hold them
   named_sync(1, 256);
   const uint32_t dKs = base_u + C::Q, dVs = dKs + BC * D * 2;
 #pragma unroll
@@ -571,8 +569,7 @@ static const char* launch_backward(const FlashlabProblem* p, cudaStream_t stream
   auto kernel = bwd_kernel<T, D>;
   FLASHLAB_TRY(flashlab_allow_smem(kernel, C::BYTES));
   dim3 grid(flashlab_cdiv(p->N, C::BC) * p->B * p->H);
-  kernel<<<grid, C::THREADS, C::BYTES, stream>>>(maps, lse2, delta, dq_acc, (T*)p->dk, (T*)p->dv,
-                                                 p->dk_strides, p->dv_strides, p->H, p->N, p->scale,
+  kernel<<<grid, C::THREADS, C::BYTES, stream>>>(maps, lse2, delta, dq_acc, p->H, p->N, p->scale,
                                                  p->causal);
   FLASHLAB_TRY(cudaGetLastError());
   bwd_dq_kernel<T, D><<<(unsigned)(rows * D / 4096), 256, 0, stream>>>(dq_acc, (T*)p->dq, p->dq_strides,
