@@ -732,34 +732,39 @@ def test_the_markers_change_no_machine_code(slug, arch, tmp_path):
 
 # --- on a GPU: the solution passes every kernel exercise, the stubs fail every one ----------------
 
-def _graded_here(root, solution=None):
-    """(exercise, result) for every kernel exercise this GPU can run; the rest must be skipped
-    with a reason, because their stage cannot run here."""
-    for ex in K.KERNEL_EXERCISES:
-        r = K.grade_kernel(ex, root, solution=solution)
-        print(r)
-        if r.ok is None:
-            assert fl.stage(ex.stage).unavailable() is not None, r
-            continue
-        yield ex, r
+def _graded_here(ex, root, solution=None):
+    """Kernel exercise `ex` graded in the tree at `root`; one whose stage cannot run on this GPU
+    must be skipped with a reason (and the test is skipped)."""
+    r = K.grade_kernel(ex, root, solution=solution)
+    print(r)
+    if r.ok is None:
+        assert fl.stage(ex.stage).unavailable() is not None, r
+        pytest.skip(r.message)
+    return r
+
+
+BY_EXERCISE = pytest.mark.parametrize("ex", K.KERNEL_EXERCISES, ids=lambda ex: ex.id)
 
 
 @pytest.mark.gpu
-def test_the_solution_edition_scores_full_marks_on_every_kernel_exercise():
-    """Graded as an instructor grades: timed in turn with itself, config by config."""
-    for ex, r in _graded_here(paths.ROOT, solution=paths.ROOT):
-        assert r.ok is True and r.score == ex.points, r  # full marks: as fast as itself
-        assert r.message.startswith("right:"), r
+@BY_EXERCISE
+def test_the_solution_edition_scores_full_marks_on_every_kernel_exercise(ex):
+    """Graded as an instructor grades: timed in turn with itself, config by config (one exercise
+    per test: -k 23.dkdv_boxes grades that one)."""
+    r = _graded_here(ex, paths.ROOT, solution=paths.ROOT)
+    assert r.ok is True and r.score == ex.points, r  # full marks: as fast as itself
+    assert r.message.startswith("right:"), r
 
 
 @pytest.mark.gpu
-def test_an_edition_fails_every_kernel_exercise_it_hands_out(course):
-    for ex, r in _graded_here(course):
-        assert r.ok is False and r.score == 0, r
-        assert "fails its check" in r.message, r
-        assert re.search(r"first wrong element: batch \d+, head \d+, row \d+, column \d+: got "
-                         r"\S+, expected \S+|the largest difference|the whole (dq|dk|dv|lse) is "
-                         r"judged\. Replay it with fl\.check_(backward|lse)", r.message), r
+@BY_EXERCISE
+def test_an_edition_fails_every_kernel_exercise_it_hands_out(course, ex):
+    r = _graded_here(ex, course)
+    assert r.ok is False and r.score == 0, r
+    assert "fails its check" in r.message, r
+    assert re.search(r"first wrong element: batch \d+, head \d+, row \d+, column \d+: got "
+                     r"\S+, expected \S+|the largest difference|the whole (dq|dk|dv|lse) is "
+                     r"judged\. Replay it with fl\.check_(backward|lse)", r.message), r
 
 
 def _graded_with(tmp_path, exercise, hacked):
@@ -859,6 +864,22 @@ def test_the_turns_without_fences_are_graded_wrong(tmp_path):
     got = _graded_with(tmp_path, "16.turns", _text(st.slug).replace("__threadfence();", ""))
     assert got.ok is False and got.score == 0, got
     assert "has no MEMBAR" in got.message or "check_repeatable" in got.message, got
+
+
+@pytest.mark.gpu
+def test_the_tma_store_of_one_box_is_graded_wrong(tmp_path):
+    """23.dkdv_boxes writing only the first box of 64 columns: right at D = 64, where one box is
+    the whole row, and wrong at D = 128, where the right half of dK and dV is never written; the
+    grader's check takes both head dims, so the answer fails."""
+    st = fl.stage("23")
+    if st.unavailable():
+        pytest.skip(st.unavailable())
+    loop = "for (int blk = 0; blk < D / 64; blk++) {"
+    assert _text(st.slug).count(loop) == 1
+    got = _graded_with(tmp_path, "23.dkdv_boxes",
+                       _text(st.slug).replace(loop, "for (int blk = 0; blk < 1; blk++) {"))
+    assert got.ok is False and got.score == 0, got
+    assert "fails its check" in got.message and "D=128" in got.message.replace(" ", ""), got
 
 
 def test_student_md_explains_only_the_kinds_of_exercise_the_assignment_has():
