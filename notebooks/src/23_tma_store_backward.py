@@ -135,31 +135,36 @@ with nb.unless_missing():
               + ev.versus(("sdpa_flash", "sdpa_cudnn", "22_overlap_backward"), "fp16", causal))
 
 # %% [markdown]
-# Over the FlashAttention sweep (fp16, N = 512 to 16k, B·N = 16k), stage 23 over stage 22 and over
-# SDPA's cuDNN backward, timed in turn in one run:
+# Over the FlashAttention sweep (N = 512 to 16k, B·N = 16k), stage 23 over stage 22 and over
+# SDPA's cuDNN backward, timed in turn in one run, fp16 first, then bf16 (against cuDNN's bf16
+# backward):
 
 # %%
 with nb.unless_missing():
     display(nb.sweep_ratio("23_tma_store_backward", "22_overlap_backward", pass_="backward").round(3))
-    display(nb.sweep_ratio("23_tma_store_backward", "sdpa_cudnn", pass_="backward").round(3))
+    for dtype in ("fp16", "bf16"):
+        print(f"stage 23 over cuDNN's backward, {dtype}:")
+        display(nb.sweep_ratio("23_tma_store_backward", "sdpa_cudnn", dtype, pass_="backward").round(3))
 
 # %% [markdown]
 # ### Discussion
 #
 # The sweep above was timed in turn with stages 18 and 22 and both SDPA backwards on the H200
-# (`data/runs/backward-18-22-23-fp16-h200-20261201T0419Z.log`; every gradient check passed in
-# fp16 and bf16, and the bits are stage 22's). At D = 128 the prediction held: 1.12 at N = 512,
-# inside the band, 1.07 at 1k, 1.02 at 4k and nothing from 8k, a gain falling as 1/N, a little
-# slower under the mask, where blocks walk fewer query blocks. At D = 64 it missed: 1.09 at
-# N = 512, the low edge of the band, though section 1 put the stores there at 120 µs. That
-# number came from profiled kernel times, and stage 22's D = 64 kernel measured 501 µs in one
-# profiled run and 571–582 in others: a weak basis for a prediction. The in-turn timing is the
-# one to trust. The 0.985 at 16k, D = 64, where the end does not matter, is run-to-run noise:
-# an earlier run (`backward-22-short-diag-h200-20261201T0352Z.log`) put the same pair at 1.001.
+# (`data/runs/backward-18-22-23-fp16-h200-20261201T0708Z.log`, and `…-bf16-…` for bf16; every
+# gradient check passed in both dtypes, and the bits are stage 22's). At D = 128 the prediction
+# held: 1.12 at N = 512, inside the band, 1.06 at 1k, 1.02 at 4k and nothing from 8k, a gain
+# falling as 1/N, a little slower under the mask, where blocks walk fewer query blocks. At D = 64
+# it missed: 1.09 at N = 512, the low edge of the band, though section 1 put the stores there at
+# 120 µs. That number came from profiled kernel times, and stage 22's D = 64 kernel measured
+# 501 µs in one profiled run and 571–582 in others: a weak basis for a prediction. The in-turn
+# timing is the one to trust. The 0.99 at 16k, where the end does not matter, is run-to-run
+# noise: an earlier run (`backward-22-short-diag-h200-20261201T0352Z.log`) put the same pair at
+# 1.001.
 #
-# Against cuDNN's backward: 1.000–1.109 over the whole sweep. Stage 22 was 0.93–0.99 below
-# 8k at D = 128; stage 23 is at or above 1.0 at every length, though only level (1.000–1.004)
-# from 2k to 4k at D = 128.
+# Against cuDNN's backward: 1.003–1.108 over the whole fp16 sweep and 1.003–1.110 in bf16. Stage
+# 22 was 0.93–0.99 below 8k at D = 128; stage 23 is above 1.0 at every length, though only level
+# (1.003–1.010) from 2k to 4k at D = 128. There the walk, not the block's end, sets the time, and
+# cuDNN's walk is as fast as this one.
 #
 # About 85 µs of the fixed cost remain: the blocks' starts (launch, set-up, K_j and V_j in, some
 # 60 µs of the grid) and what is left of their ends. That is the next target. A persistent grid,
@@ -173,7 +178,7 @@ with nb.unless_missing():
 # %%
 with nb.unless_missing():
     p22 = nb.profile("22_overlap_backward", pass_="backward")
-    p23 = nb.profile("23_tma_store_backward", pass_="backward", missing_ok=True)  # stage 22 alone
+    p23 = nb.profile("23_tma_store_backward", pass_="backward", missing_ok=True)  # on a GPU without a profile of 23: stage 22 alone
     both = p22.iloc[:, [-1]] if p23.empty else p22.iloc[:, [-1]].join(p23.iloc[:, [-1]])
     display(both.loc[[m for m in ("duration_ms", "global_store_sectors_per_request", "stall_drain",
                                   "stall_lg_throttle", "stall_barrier", "stall_long_scoreboard",
