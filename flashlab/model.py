@@ -399,6 +399,18 @@ class _Trainer:
         return float(loss.detach()), ms
 
 
+def trainer(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=TRAIN["batch"],
+            seq=TRAIN["seq"], n_layer=TRAIN["n_layer"], n_head=TRAIN["n_head"],
+            n_embd=TRAIN["n_embd"], lr=TRAIN["lr"], seed=TRAIN["seed"], dtype="bf16",
+            device="cuda", time_steps=True):
+    """One GPT-2 set up to be fine-tuned as train() does (the same arguments), before its first
+    step: .step(i) runs step i and returns (its loss, its time in ms or None). For a caller that
+    does something between steps, a profiler around some of them for instance
+    (tools/training_profile.py)."""
+    return _Trainer(attn_implementation, backend, steps, batch, seq, n_layer, n_head, n_embd, lr,
+                    seed, dtype, device, time_steps)
+
+
 def _result(losses, times, batch, seq):
     step_ms = float(torch.tensor(times[10:]).median()) if len(times) > 10 else float("nan")
     return {"loss": losses, "step_ms": step_ms, "tokens_per_s": batch * seq / (step_ms * 1e-3)}
@@ -414,8 +426,8 @@ def train(attn_implementation="sdpa", backend=None, steps=TRAIN["steps"], batch=
     "sdpa_flash" or "sdpa_cudnn", forces one of SDPA's kernels for forward and backward) or a
     name from register(). Returns {"loss": [per step], "step_ms": median time of a step (CUDA
     events, the steps after the first 10), "tokens_per_s"}."""
-    run = _Trainer(attn_implementation, backend, steps, batch, seq, n_layer, n_head, n_embd, lr,
-                   seed, dtype, device, time_steps)
+    run = trainer(attn_implementation, backend, steps, batch, seq, n_layer, n_head, n_embd, lr,
+                  seed, dtype, device, time_steps)
     losses, times = [], []
     for i in range(steps):
         loss, ms = run.step(i)

@@ -202,6 +202,17 @@ def test_models_trained_in_turn_train_as_each_alone():
     assert together[1]["loss"] == pytest.approx(alone["loss"], abs=1e-4)  # eager attention
 
 
+def test_a_trainer_stepped_by_hand_trains_as_train_does():
+    """model.trainer: the GPT-2, optimizer and batches train() sets up, stepped by its caller
+    (tools/training_profile.py puts a profiler around some steps): the same losses."""
+    kw = dict(steps=3, batch=2, seq=32, n_layer=1, n_head=1, n_embd=64, dtype="fp32",
+              device="cpu", time_steps=False, lr=1e-2)
+    run = model.trainer("sdpa", **kw)
+    by_hand = [run.step(i) for i in range(3)]
+    assert [ms for _, ms in by_hand] == [None] * 3  # time_steps=False, or no GPU: untimed
+    assert [loss for loss, _ in by_hand] == pytest.approx(model.train("sdpa", **kw)["loss"], abs=1e-6)
+
+
 def test_the_training_corpus_is_shipped_text_in_seeded_windows():
     a, b = model.corpus(64, 5, seed=1), model.corpus(64, 5, seed=1)
     assert a.shape == (5, 65) and torch.equal(a, b) and int(a.max()) < 256

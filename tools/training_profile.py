@@ -3,7 +3,8 @@ SDPA's cuDNN backend against a stage, each step under torch.profiler, the kernel
 most GPU time listed; then steps of SDPA's cuDNN and flash backends and the stages, a step of each
 in turn (model.train_in_turn), three times over. What found the permuting copies a stage's
 contiguous dO and gradients cost a transformers model (data/runs/training-profile-h200-*.log).
-Usage (on a GPU): python tools/training_profile.py [STAGE [STAGE...]]   (default: 20 21)"""
+Usage (on a GPU): python tools/training_profile.py [STAGE [STAGE...]]   (default: the last stage with
+a backward pass; the first stage named is the one profiled, every one is timed in turn)"""
 import collections
 import sys
 
@@ -11,14 +12,14 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from flashlab import model
-from flashlab.stages import stage
+from flashlab.stages import last_backward, stage
 
 print(torch.cuda.get_device_name(), torch.__version__, torch.version.cuda, flush=True)
 T = model.TIMED
-slugs = [stage(s).slug for s in (sys.argv[1:] or ["20", "21"])]
+slugs = [stage(s).slug for s in sys.argv[1:]] or [last_backward().slug]
 impls = [("sdpa_cudnn", "sdpa", "sdpa_cudnn"), *((s, model.register(s), None) for s in slugs)]
-trainers = {n: model._Trainer(name, b, 8, T["batch"], T["seq"], T["n_layer"], T["n_head"],
-                              T["n_embd"], model.TRAIN["lr"], 0, "bf16", "cuda", True)
+trainers = {n: model.trainer(name, b, steps=8, seed=0, dtype="bf16",
+                             **{k: v for k, v in T.items() if k != "steps"})
             for n, name, b in impls[:2]}
 for i in range(3):  # warm: every kernel built and tuned before the profile
     for run in trainers.values():
