@@ -20,6 +20,10 @@ runs = int(sys.argv[3]) if len(sys.argv) > 3 else 1
 print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  CUDA {torch.version.cuda}")
 df, match = model.training_comparison(steps=steps, seeds=seeds, runs=runs, with_control=seeds > 0)
 with pd.option_context("display.width", 200, "display.float_format", "{:.6g}".format):
-    print(match.to_string(index=False))
+    if seeds > 0:
+        print(match.to_string(index=False))
+    else:  # one seed of a few steps is no loss comparison: its 'within' would be noise
+        print("the timed steps alone: no loss comparison made; the one recorded before (data/training.csv):")
+        print(tables.training_match().to_string(index=False))
     print(tables.training_step_times(df).to_string())
 print("figure:", plots.save_training())
