@@ -2,9 +2,9 @@
 # # 00 — Setup, the GPU, and the problem
 #
 # This workbook builds a FlashAttention forward kernel in CUDA, one optimisation per stage. Each
-# stage is one `.cu` file in `kernels/` and one notebook; it is checked against a float64
-# reference and timed next to PyTorch's attention on the same GPU. This notebook measures the
-# GPU, works out what attention costs, and draws the two figures every stage is placed on.
+# stage is one `.cu` file in `kernels/` and one notebook, checked against a float64 reference and
+# timed next to PyTorch's attention on the same GPU. This notebook measures the GPU, works out
+# what attention costs, and draws the two figures every stage is placed on.
 #
 # ## Objectives
 # After this notebook you can:
@@ -18,15 +18,13 @@
 # **Prerequisites:** Python and PyTorch; matrix products and the softmax. Reading C helps from
 # notebook 01 on.
 #
-# **Time:** about 30 min to read, 60 min to work through.
+# **Time:** about 24 min to read, 60 min to work through.
 #
 # ### The ladder ahead
 #
-# Stages 01–03 compute in fp32 on the CUDA cores: **01 naive** is the published
-# *flash-attention-minimal* kernel, **02 coalesced** fixes its memory access pattern, and
-# **03 coarsened** changes the loop order and gives each thread a small block of outputs. The
-# stages after those move to fp16 on the tensor cores: WMMA, then `mma.sync` with `ldmatrix`,
-# swizzled shared memory, and `cp.async` pipelining.
+# Stages 01–03 compute in fp32 on the CUDA cores, starting from the published
+# *flash-attention-minimal* kernel (**01 naive**); the later stages move to fp16 on the tensor
+# cores. The table says what each stage adds:
 
 # %%
 # %matplotlib inline
@@ -47,11 +45,10 @@ pd.DataFrame([dict(stage=s.slug, adds=s.idea, dtypes="/".join(s.dtypes)) for s i
 # ### Live or replay
 #
 # `nb.banner()` says which mode a notebook runs in. **Live**: a CUDA GPU and `nvcc` are here,
-# and the GPU can run the stage (`fl.stage(k).min_cc`); cells build, check and time kernels now
-# and write the results to `data/`. **Replay**: the same cells show what a real GPU recorded in
-# `data/`, and the banner names it. Either way one notebook shows **one GPU** (this one when
-# live, else the one that recorded last, or the one named in `FLASHLAB_GPU`): times from two GPUs
-# are never set side by side.
+# and the GPU can run the stage (`fl.stage(k).min_cc`); cells build, check and time kernels,
+# writing to `data/`. **Replay**: the same cells show what a real GPU recorded there, and the
+# banner names it. Either way a notebook shows **one GPU** (this one when live,
+# else the one that recorded last, or `FLASHLAB_GPU`): times from two GPUs never sit side by side.
 
 # %%
 nb.banner()
@@ -62,21 +59,21 @@ nb.banner()
 # An H100 SXM has **132 streaming multiprocessors (SMs)**, which share a 50 MB L2 cache and
 # 80 GB of HBM3. Each SM has 65 536 32-bit registers, up to 228 KB of **shared memory** (32
 # banks, 4 bytes wide), 128 fp32 FMA units and 4 tensor cores. Threads run in **warps** of 32
-# that execute one instruction together. An SM holds up to 64 warps, and each clock its 4
-# schedulers each issue one instruction from a warp that is ready. A warp waiting for memory
-# (about thirty clocks for shared memory, several hundred for HBM) is skipped, so an SM hides
-# latency only when it has other warps to run.
+# that execute one instruction together. An SM holds up to 64 warps; each clock its 4 schedulers
+# each issue one instruction from a ready warp. A warp waiting for memory (about thirty clocks
+# for shared memory, several hundred for HBM) is skipped, so an SM hides latency only when it has
+# other warps to run.
 #
-# Three numbers bound every kernel here, and we measure them:
+# Three measured numbers bound every kernel here:
 #
 # - **`matmul_fp32_tflops`**: an 8192³ fp32 matrix product with TF32 off, so cuBLAS uses the
-#   CUDA cores' fp32 fused multiply-adds (FMA, 2 FLOPs each). The ceiling for stages 01–03.
-# - **`matmul_fp16_tflops`**: the same product in fp16, on the **tensor cores**, which do a small
-#   matrix product per instruction. The ceiling for the later stages and PyTorch's fp16 kernels.
+#   CUDA cores' fp32 fused multiply-adds (FMA, 2 FLOPs each): the ceiling for stages 01–03.
+# - **`matmul_fp16_tflops`**: the same product in fp16 on the **tensor cores**, which do a small
+#   matrix product per instruction: the ceiling for the later stages and PyTorch's fp16 kernels.
 #   The datasheet's dense fp16 peak, 989 TFLOP/s, is 132 SMs × 4 096 FLOP per clock × 1.83 GHz;
-#   a measured ceiling is what a tuned library actually reaches.
-# - **`copy_tbps`**: `dst.copy_(src)` on 1 GiB, bytes read plus bytes written: the **HBM
-#   bandwidth**, the ceiling for a kernel that does little arithmetic per byte.
+#   a measured ceiling is what a tuned library reaches.
+# - **`copy_tbps`**: `dst.copy_(src)` on 1 GiB, bytes read plus written: the **HBM bandwidth**,
+#   the ceiling for a kernel that does little arithmetic per byte.
 #
 # Each is timed like the stages (median of repeated runs, L2 flushed between them). Live, the
 # next cell measures this GPU (a few seconds) and records it in `data/peaks.csv`.
@@ -112,17 +109,17 @@ print(f"Ridge points: fp32 {fp32 / bw:.0f} FLOP/byte, fp16 {fp16 / bw:.0f} FLOP/
 #   P = \operatorname{softmax}_{\text{row}}(S), \qquad O = P V \quad (N \times D).$$
 #
 # The tensors are contiguous `(B, H, N, D)` arrays: B·H independent problems. With **causal**
-# masking, query *i* attends only to keys *j ≤ i* (S<sub>ij</sub> = −∞ above the diagonal), as
-# when a language model learns to predict the next token.
+# masking, query *i* attends only to keys *j ≤ i* (S<sub>ij</sub> = −∞ above the diagonal), as in
+# a language model predicting the next token.
 #
 # ### Counting FLOPs: 4·B·H·N²·D
 #
 # Q Kᵀ is N² dot products of length D: **2·N²·D FLOPs**. P V costs the same, so `fl.flops`
-# returns 4·B·H·N²·D. The softmax (O(N²) exponentials, maxima and sums) is not counted, by the
-# FlashAttention papers' convention, though once tensor cores make the matmuls cheap the
-# exponentials cost real time. Causal counts **exactly half**: a kernel that computes the masked
-# half anyway does that work without credit. PyTorch's FLOP counter agrees; `fl.naive_attention`
-# computes the masked entries and discards them, so the counter sees the full count either way:
+# returns 4·B·H·N²·D. By the FlashAttention papers' convention the softmax (O(N²) exponentials,
+# maxima and sums) is not counted, though its exponentials cost real time once tensor cores make
+# the matmuls cheap. Causal counts **exactly half**: a kernel that computes the masked half
+# anyway gets no credit for it. PyTorch's FLOP counter agrees; `fl.naive_attention` computes
+# the masked entries and discards them, so the counter sees the full count either way:
 
 # %%
 from torch.utils.flop_counter import FlopCounterMode
@@ -149,8 +146,8 @@ for n in (17, 1024, 16384):
 # For N in the thousands that is hundreds of FLOPs per byte, above both ridge points: **attention
 # is compute bound**, *provided S and P never go to HBM*. The textbook implementation writes S,
 # reads it for the softmax, writes P and reads it for P V: 4·N² more elements per problem, and the
-# intensity falls below D / elem whatever N is (16 FLOP/byte in fp32 at D = 64). **This is the
-# whole argument for FlashAttention**: keep S and P on chip.
+# intensity falls below D / elem whatever N is (16 FLOP/byte in fp32 at D = 64). **That is the
+# whole case for FlashAttention**: keep S and P on chip.
 
 # %%
 intro.intensity_figure(ceilings);
@@ -171,8 +168,8 @@ print(f"  writing and reading S and P (fp32) would move another {intro.fmt_bytes
       f"{s_bytes / (bw * 1e12) * 1e3:.3f} ms at full bandwidth")
 
 # %% [markdown]
-# Materialising S costs memory as well as time. The largest problem of the FlashAttention sweep
-# (`fl.sweep()`) that later notebooks time:
+# Materialising S costs memory too. The largest problem of the FlashAttention sweep
+# (`fl.sweep()`), which later notebooks time:
 
 # %%
 big = max(fl.sweep("fp16"), key=lambda c: c.N)
@@ -184,15 +181,15 @@ print("so the baselines that materialise it (torch_naive, sdpa_math) are not tim
 # %% [markdown]
 # ### The online softmax
 #
-# How can a kernel take the softmax of a row of S without holding the whole row? Take one query
-# row with scores s<sub>1</sub> … s<sub>N</sub> and value rows v<sub>1</sub> … v<sub>N</sub>.
+# How can a kernel take a row's softmax without holding the whole row? Take one query row with
+# scores s<sub>1</sub> … s<sub>N</sub> and value rows v<sub>1</sub> … v<sub>N</sub>.
 # For **any** constant m,
 #
 # $$o = \frac{\sum_j e^{s_j - m}\, v_j}{\sum_j e^{s_j - m}} .$$
 #
 # m = max<sub>j</sub> s<sub>j</sub> keeps every exponent ≤ 0, so nothing overflows (e<sup>x</sup>
-# overflows fp32 past x ≈ 88.7), but the maximum is known only after every score. The **online
-# softmax** keeps, over the keys seen so far:
+# overflows fp32 past x ≈ 88.7), but it is known only after every score. The **online softmax**
+# keeps, over the keys seen so far:
 #
 # - **m**: the largest score;
 # - **l** = Σ e<sup>s<sub>j</sub> − m</sup>;
@@ -205,11 +202,9 @@ print("so the baselines that materialise it (torch_naive, sdpa_math) are not tim
 #   \tilde o' = \alpha\, \tilde o + \sum_{j \in \text{tile}} e^{s_j - m'}\, v_j .$$
 #
 # After the last tile, **O = õ / l**, exact up to rounding, with each key and value read once.
-# Stages 01 and 02 follow FlashAttention-1 and normalise O after every tile; stage 03 follows
-# FlashAttention-2 and divides by l once, at the end.
 #
-# One row on the CPU, tiles of 128 keys over N = 1000 (the last tile ragged). On the first tile
-# α = 0 (nothing summed yet); α = 1 where a tile does not raise the maximum, α < 1 where it does:
+# One row on the CPU, tiles of 128 keys over N = 1000 (the last ragged). α = 0 on the first tile
+# (nothing summed yet), 1 where a tile does not raise the maximum, < 1 where it does:
 
 # %%
 def online_softmax_row(s, v, tile=128):
@@ -235,9 +230,8 @@ print(f"relative error against a float64 softmax: {fl.rel_err(o, exact):.1e}")
 trace
 
 # %% [markdown]
-# Multiply the same scores by 40, as a sharply peaked head might produce. Without the maximum
-# subtracted, e<sup>s</sup> overflows and the softmax becomes `nan`; the online version is
-# unaffected:
+# Multiply the same scores by 40, as a sharply peaked head might. Without the maximum subtracted,
+# e<sup>s</sup> overflows and the softmax becomes `nan`; the online version does not:
 
 # %%
 sharp = 40 * s
@@ -251,22 +245,21 @@ print(f"online softmax: relative error {fl.rel_err(o_sharp, torch.softmax(sharp.
 # A kernel does the same for a **tile of query rows** at once. Each step takes a Q tile
 # (B<sub>r</sub> rows) and a K/V tile (B<sub>c</sub> rows), computes the B<sub>r</sub>×B<sub>c</sub>
 # block S<sub>ij</sub> on chip and folds it into each row's m, l and O. Only Q, K, V and O live in
-# HBM; the current tiles sit in **shared memory**, where the whole thread block can reuse them;
-# S<sub>ij</sub> and P<sub>ij</sub> exist only on chip. Under the causal mask, tiles above the
-# diagonal are skipped and only diagonal tiles need masking.
+# HBM; the current tiles sit in **shared memory**, where the whole thread block reuses them;
+# S<sub>ij</sub> and P<sub>ij</sub> never leave the chip. Under the causal mask, tiles above the
+# diagonal are skipped and only diagonal tiles are masked.
 #
 # The stages differ in **loop order**. Stages 01 and 02 use FlashAttention-1's: K/V tiles outside,
-# Q tiles inside, so each row's m, l and O return to HBM after every K/V tile. Stage 03 uses
-# FlashAttention-2's, drawn here: one block owns Q<sub>i</sub> and sweeps j, keeping m, l and
-# O<sub>i</sub> in registers throughout.
+# Q tiles inside, so each row's m, l and normalised O return to HBM after every K/V tile.
+# Stage 03 uses FlashAttention-2's, drawn here: one block owns Q<sub>i</sub> and sweeps j, keeping
+# m, l and O<sub>i</sub> in registers and dividing by l once, at the end.
 
 # %%
 intro.tiling_figure();
 
 # %% [markdown]
-# The same loop in PyTorch, for every row of every head at once, with the signature of an
-# attention function here, `fn(q, k, v, causal=False, out=None)`, so the appendix can check it
-# like a kernel:
+# The same loop in PyTorch for every row of every head at once, with the attention signature
+# `fn(q, k, v, causal=False, out=None)`, so that the appendix can check it like a kernel:
 
 # %%
 def flash_torch(q, k, v, causal=False, out=None, tile=64):
@@ -297,10 +290,10 @@ for causal in (False, True):
 # ## 3. The roofline and the ladder
 #
 # The **roofline** places PyTorch's attention at the teaching config under the measured
-# ceilings. The x-axis is the intensity of section 2 (N / elem: fp16 points sit at twice the fp32
-# intensity), the y-axis the achieved TFLOP/s, both logarithmic. Both intensities lie right of
-# their ridge points, under the flat part of the roof; the vertical gap between a point and its
-# roof is performance left unused. Each stage notebook adds its own point.
+# ceilings: x is section 2's intensity (N / elem, so fp16 points sit at twice the fp32 one), y the
+# achieved TFLOP/s, both logarithmic. Both intensities lie right of their ridge points, under the
+# flat part of the roof; the vertical gap between a point and its roof is performance left unused.
+# Each stage adds its own point.
 
 # %%
 plots.roofline(last="00")
@@ -315,15 +308,15 @@ for dtype, rows_d in (("fp32", base32), ("fp16", base16)):
 
 # %% [markdown]
 # The **ladder** shows TFLOP/s at the teaching config on a log scale: PyTorch's fp32 attention
-# as lines, its fp16 flash and cuDNN kernels faint above them. Every stage notebook adds a bar.
+# as lines, its fp16 flash and cuDNN kernels faint above them.
 
 # %%
 plots.ladder(last="00")
 
 # %% [markdown]
 # The same baselines as tables, slowest first. `pct_sdpa_best` is the rate as a percentage of the
-# fastest SDPA backend *in the same dtype*. SDPA's flash and cuDNN backends take only fp16 and
-# bf16, so in fp32 the fastest is usually `sdpa_efficient`.
+# fastest SDPA backend *in the same dtype*: SDPA's flash and cuDNN backends take only fp16 and
+# bf16, so in fp32 that is usually `sdpa_efficient`.
 
 # %%
 base32
@@ -337,7 +330,7 @@ base16
 # ### The references
 #
 # - **`fl.reference(q, k, v, causal)`**: the truth every stage is checked against, in
-#   **float64**, a few heads at a time (at most 2 GiB of scores per chunk).
+#   **float64**, a few heads at a time (at most 2 GiB of scores a chunk).
 # - **`fl.naive_attention(q, k, v, causal)`**: the textbook version in the inputs' dtype (matmul,
 #   fp32 softmax, matmul), N×N matrix materialised; the baseline `torch_naive`.
 # - **`fl.rel_err(out, ref)`** = ‖out − ref‖ / ‖ref‖ in float64; `inf` if `out` holds a NaN or inf.
@@ -361,8 +354,8 @@ for dt in (torch.float32, torch.float16, torch.bfloat16):
 # `fl.stage(k)` describes stage *k*: its `.cu` file, dtypes, head dims and the idea it adds.
 # `stage.build()` compiles the file with `nvcc` (cached under a hash of its inputs) and returns
 # **`attn(q, k, v, causal=False, out=None)`** for `(B, H, N, D)` CUDA tensors. The `.cu` files
-# contain no PyTorch code: each implements the three C functions of `kernels/flashlab.h`, and a
-# small generated binding calls them:
+# contain no PyTorch code: each implements the three C functions of `kernels/flashlab.h`, called
+# by a small generated binding:
 
 # %%
 st = fl.stage(3)
@@ -372,8 +365,8 @@ abi = (paths.KERNELS / "flashlab.h").read_text()
 Code(abi[abi.index('extern "C"'):], language="c")
 
 # %% [markdown]
-# Bad input raises a `ValueError` in Python, before any kernel runs, instead of becoming a wrong
-# answer, a hang or a CUDA fault:
+# Bad input raises a `ValueError` before any kernel runs, instead of becoming a wrong answer, a
+# hang or a CUDA fault:
 
 # %%
 from flashlab.inputs import validate
@@ -395,14 +388,14 @@ for what, args in bad_calls.items():
 # first fills the output with **NaN**, so an element the kernel never writes makes the error
 # infinite instead of passing on stale zeros. It runs `(B, H, N)` = (1, 1, **1**), (2, 3, **17**),
 # (1, 2, **1000**) and (1, 1, **4096**): no tile size divides the first three, and the last is
-# long enough for errors that grow with N. Each runs at every supported head dim, causal and not. It takes any function
-# with the attention signature, `flash_torch` on the CPU included:
+# long enough for errors that grow with N; each at every supported head dim, causal and not. It
+# takes any function with the attention signature, `flash_torch` on the CPU included:
 
 # %%
 fl.check(flash_torch, device="cpu", dtype="fp32")
 
 # %% [markdown]
-# A check that cannot fail is worthless. Three plausible bugs it has to catch: `forgets_mask`
+# A check that cannot fail is worthless. Three plausible bugs to catch: `forgets_mask`
 # ignores `causal`; `whole_tiles_only` drops the ragged last K/V tile (it would pass at
 # N = 1024); `misses_last_row` never writes the last query row, which only the NaN poison exposes
 # reliably.
@@ -423,10 +416,9 @@ fns = [flash_torch, forgets_mask, whole_tiles_only, misses_last_row]
 intro.check_matrix({f.__name__: fl.check(f, device="cpu", dtype="fp32") for f in fns})
 
 # %% [markdown]
-# `forgets_mask` fails only causal cases with more than one key; `whole_tiles_only` fails wherever
-# N is not a multiple of 64; `misses_last_row` fails everywhere with an infinite error, the NaN
-# still in its last row. On a GPU the next cell checks stage 03; in replay it shows the recorded
-# cases:
+# `forgets_mask` fails only causal cases with more than one key, `whole_tiles_only` wherever N is
+# not a multiple of 64, `misses_last_row` everywhere. On a GPU the next cell checks stage 03; in
+# replay it shows the recorded cases:
 
 # %%
 if fl.gpu_available():
@@ -439,31 +431,28 @@ else:
 # %% [markdown]
 # ### `fl.bench`
 #
-# `fl.bench(attn, config)` records the relative error at that config, then times the kernel with
-# CUDA events:
+# `fl.bench(attn, config)` records the relative error at that config, then times with CUDA
+# events:
 #
-# - **warm-up** of at least 10 calls and 100 ms, so compilation, allocation, a library's per-shape
-#   planning and the clock ramp are never timed;
-# - **L2 flushed** before every run (a 256 MB buffer overwritten), so a small problem is not timed
-#   from cache;
+# - **warm-up** of at least 10 calls and 100 ms, so that compilation, allocation, a library's
+#   per-shape planning and the clock ramp are never timed;
+# - **L2 flushed** before every run (a 256 MB buffer overwritten), so no problem is timed from
+#   cache;
 # - the **median of at least 20 runs**, with the 20th and 80th percentiles;
 # - **the GPU never waits for Python**: the runs are queued behind a short GPU sleep, and a run
-#   whose start event the GPU had already reached when the call was queued is dropped. Our wrapper
-#   spends 24–60 µs of host time per call (checks, allocation, launch; notebook 99 records it for
-#   each stage), about as long as a 0.05 ms kernel: without the guard, that host time leaks into
-#   the event timing whenever the host falls behind;
+#   whose start event the GPU had already reached when it was queued is dropped. Our wrapper
+#   spends 24–60 µs of host time per call (notebook 99 records it for each stage), as long as a
+#   0.05 ms kernel: unguarded, that time leaks into the timing whenever the host falls behind;
 # - **timed twice**: where the p20–p80 spread exceeds 10% of the median, or the two medians differ
-#   by more than 10%, it times again (at most twice more), and the row says so (`retimes`,
-#   `note`);
+#   by more than 10%, it times again (at most twice more) and says so (`retimes`, `note`);
 # - **TFLOP/s** = `fl.flops(config)` / median, the same formula for every stage and baseline.
 #
-# Kernels that are compared over the sweep are timed **together**: `flashlab run` queues the runs
-# of the stages and of SDPA's flash and cuDNN backends in one stream, taken in turn (a, b, c, a,
-# b, c, ...), three rounds over, and each keeps its median round (`time_interleaved` in
-# `flashlab/bench.py`). A stage's notebook does the same when it runs live: its stage, the stage
-# before it and the two backends, in turn, at the teaching configs and over the sweep. At long sequences the GPU's clock moves by a few per cent from one second
-# to the next; two kernels timed one after the other can be ranked by that movement rather than by
-# their speed.
+# At long sequences the GPU's clock moves by a few per cent from one second to the next, enough
+# to misrank two kernels timed one after the other. So compared kernels are timed
+# **together**: `flashlab run` queues the stages and SDPA's flash and cuDNN backends in one
+# stream, in turn (a, b, c, a, b, c, ...), three rounds over, and each keeps its median round
+# (`time_interleaved` in `flashlab/bench.py`). A stage's notebook does the same when live: its
+# stage, the one before and the two backends, at the teaching configs and over the sweep.
 #
 # Stage 03's row at the teaching config (live, a fresh measurement above it):
 
@@ -480,10 +469,10 @@ table.set_index("source")
 # %% [markdown]
 # ### The results table
 #
-# Every timed row goes into `data/results.csv`, one row per (stage or baseline, config, dtype,
-# causal, GPU). **`fl.results.key`** identifies a row, and a new row with the same key replaces
-# the old. Writes take a file lock and an atomic rename, so concurrent writers or a killed run
-# cannot corrupt it. **`fl.results.contract`** lists the columns outside tools may rely on.
+# Timed rows go into `data/results.csv`, one per (stage or baseline, config, dtype, causal,
+# GPU). **`fl.results.key`** identifies a row; a new row with the same key replaces the old.
+# Writes take a file lock and an atomic rename, so concurrent writers or a killed run cannot
+# corrupt it. **`fl.results.contract`** lists the columns outside tools may rely on.
 
 # %%
 df = fl.results.load()
@@ -513,19 +502,19 @@ df[fl.results.contract].head(3)
 
 # %% [markdown]
 # **Instructor's answer.** *1.* The clock. 989 TFLOP/s is 132 SMs × 4 096 FLOP at 1.83 GHz; the
-# measured 730 TFLOP/s (the best of six timings, two sizes three times each; the same
-# measurement read 763 in another run of the same day, and single timings as low as 676) is that
-# count at about 1.35 GHz. Log the SM clock and power
-# while the 8192³ product runs (`nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv -lms 100`): if the clock
-# sags under the power cap, the clock assumption fails; if it holds, the issue rate does (the
-# instructions and tiles the library picks), and other sizes or another library test that.
+# measured 730 TFLOP/s (the best of six timings, two sizes three times each; another run that day
+# read 763, and single timings went as low as 676) is that count at about 1.35 GHz. Log the SM
+# clock and power while the 8192³ product runs
+# (`nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv -lms 100`): if the clock sags under
+# the power cap, the clock assumption fails; if it holds, the issue rate does (the instructions
+# and tiles the library picks), which other sizes or another library test.
 
 # %% [markdown]
-# **Instructor's answer.** *2.* Half the count credits only useful work, so a kernel that computes
-# the masked half shows half the TFLOP/s of one that skips it: it rewards doing less, which is what
-# users want. The full count measures how busy the hardware is and rewards computing what is thrown
-# away: such a kernel looks as fast as a non-causal one while taking twice the time it needs. Quote
-# the time too, and say which count (PyTorch's counter, above, credits the full one).
+# **Instructor's answer.** *2.* Half the count credits only useful work: a kernel that computes the
+# masked half shows half the TFLOP/s of one that skips it, so it rewards doing less, which users
+# want. The full count measures how busy the hardware is and rewards computing what is thrown
+# away: such a kernel looks as fast as a non-causal one while taking twice the time it needs.
+# Quote the time too, and name the count (PyTorch's counter, above, credits the full one).
 
 # %% [markdown]
 # **Instructor's answer.** *3.* Everything the least-traffic count leaves out. Registers and shared
@@ -548,9 +537,9 @@ df[fl.results.contract].head(3)
 #   matmul (over ten times faster) and the HBM bandwidth; peak over bandwidth is the ridge point.
 # - Attention does 4·B·H·N²·D FLOPs (half when causal) on at least 4·B·H·N·D·elem bytes:
 #   N / elem FLOP per byte, compute bound only if S and P never reach HBM.
-# - The online softmax keeps a running maximum m and sum l and rescales by α = e<sup>m − m′</sup>;
-#   it is exact up to rounding and reads each key and value once.
-# - PyTorch's attention sits below its roofs on the roofline and the ladder; every stage
-#   notebook adds its own point and bar.
+# - The online softmax keeps a running maximum m and sum l and rescales by α = e<sup>m − m′</sup>:
+#   exact up to rounding, it reads each key and value once.
+# - PyTorch's attention sits below its roofs on the roofline and the ladder, where every stage
+#   adds a point and a bar.
 # - A stage is a plain `.cu` behind three C functions, checked against float64 on fresh
 #   NaN-poisoned outputs, and timed as the median of at least 20 runs with L2 flushed.

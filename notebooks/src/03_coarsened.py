@@ -17,19 +17,18 @@
 #
 # **Prerequisites:** notebooks 01 and 02 (online softmax, coalescing, shared-memory banks).
 #
-# **Time:** about 25 min to read, 45 min to work through.
+# **Time:** about 24 min to read, 45 min to work through.
 #
 # Three changes serve the rule (see the header of `kernels/03_coarsened.cu`):
 #
-# 1. **FlashAttention-2 loop order.** One block per query tile walks all K/V tiles, so each row's
-#    running max `m`, sum `l` and output `O` stay in registers.
-# 2. **Thread coarsening (register tiling).** Each of 256 threads computes a 4 × 4 patch of the
-#    score tile S and a 4 × D/16 patch of O, reading shared memory 16 bytes at a time.
-# 3. **Padding.** K and Q rows are stored D + 4 floats apart, so the rows a warp reads at once sit
-#    in different banks.
+# 1. **FlashAttention-2 loop order**: one block per query tile, its rows' `m`, `l` and `O` in
+#    registers.
+# 2. **Thread coarsening (register tiling)**: each of 256 threads computes a 4 × 4 patch of the
+#    score tile S and a 4 × D/16 patch of O.
+# 3. **Padding**: rows D + 4 floats apart, so a warp's reads fall in different banks.
 #
-# Everything before the measurement is computed from the kernels' own indexing
-# (`flashlab/tiling.py`) and needs no GPU.
+# Everything before the measurement comes from the kernels' own indexing (`flashlab/tiling.py`):
+# no GPU needed.
 
 # %%
 # %matplotlib inline
@@ -49,33 +48,32 @@ print(the)
 # %% [markdown]
 # ## 1 · Where stage 02's time goes
 #
-# In stage 02's `S = QKᵀ` each thread does one FMA per two 4-byte loads from shared memory. Lane
-# `t` reads `Kj[t*d + x]`: 32 rows `d` floats apart. Shared memory has 32 banks of 4 bytes; with
-# d = 64 all 32 addresses fall in one bank, so the load needs 32 passes (**wavefronts**). An SM
-# retires 4 FFMA warp-instructions per clock (sm_90) but serves one 128-byte wavefront per clock:
+# In stage 02's `S = QKᵀ` a thread does one FMA per two 4-byte shared-memory loads. Lane
+# `t` reads `Kj[t*d + x]`: 32 rows `d` floats apart. With d = 64 all 32 addresses fall in one of
+# the 32 banks, so the load needs 32 passes (**wavefronts**). An SM retires 4 FFMA
+# warp-instructions per clock (sm_90) but serves one 128-byte wavefront per clock:
 
 # %%
 tiling.work_per_load("02_coalesced")
 
 # %% [markdown]
 # Per query row and K/V tile a warp spends 64 × 33 + 64 × 2 = 2240 clocks of shared memory on
-# 128 FFMAs that the FMA pipes could retire in 32: at most **32 / 2240 ≈ 1.4 %** of the FFMA
-# peak. And stage 02 launches only B·H = 64 blocks, so more than half of an H100's 132 SMs idle.
+# 128 FFMAs the FMA pipes could retire in 32: at most **32 / 2240 ≈ 1.4 %** of the FFMA peak.
+# And stage 02 launches only B·H = 64 blocks, leaving more than half of an H100's 132 SMs idle.
 #
 # ## 2 · Change 1: the FlashAttention-2 loop order
 #
-# Stages 01 and 02 follow the FlashAttention-1 paper: the outer loop runs over K/V tiles, the inner
-# loop over query tiles, so between two visits of query tile *i* its `O_i`, `m_i` and `l_i` wait
-# in global memory. Swapping the loops makes each query tile one independent block that keeps
-# `m`, `l` and `O` in registers from start to finish.
+# Stages 01 and 02 loop over K/V tiles outside and query tiles inside (FlashAttention-1), so a
+# query tile's `O_i`, `m_i` and `l_i` wait in global memory between visits. Swapped, each query
+# tile is an independent block that keeps them in registers.
 
 # %%
 tiling.loop_orders()
 
 # %% [markdown]
-# The bytes in the footer, by tensor (GB, teaching config). FA-2 re-reads K and V once per query
-# tile, but a head's K and V (512 KiB) stay in L2 while its 16 blocks run; FA-1 writes and
-# re-reads O at every step.
+# The footer's bytes by tensor (GB, teaching config). FA-2 re-reads K and V once per query tile,
+# but a head's K and V (512 KiB) stay in L2 while its 16 blocks run; FA-1 writes and re-reads O
+# at every step.
 
 # %%
 traffic = pd.DataFrame({o: tiling.global_bytes(o) for o in ("fa1", "fa2")}) / 1e9
@@ -86,16 +84,16 @@ traffic.round(3)
 
 # %% [markdown]
 # Even FA-1's traffic at full DRAM bandwidth is small next to stage 02's shared-memory bill
-# (17.2 GFLOP at ≈ 0.7 % of the 67 TFLOP/s FFMA peak is ≈ 37 ms). What the new order buys is
-# **parallelism** — 16 × 64 = 1024 blocks instead of 64 — and **register residency** for `m`,
-# `l`, `O`, which the next change needs.
+# (17.2 GFLOP at ≈ 0.7 % of the 67 TFLOP/s FFMA peak is ≈ 37 ms). The new order buys
+# **parallelism** — 16 × 64 = 1024 blocks instead of 64 — and **register residency**, which the
+# next change needs.
 #
 # ## 3 · Change 2: thread coarsening — a register tile per thread
 #
 # 256 threads (`tx`, `ty` in 0..15) share a 64 × 64 score tile. Thread (`tx`, `ty`) owns rows
 # `ty + 16r` and keys `tx + 16c` (r, c < 4). At each step `k` of the dot product it loads 4 float4
-# of Q and 4 float4 of K and does 4 × 4 × 4 = **64 FMAs from 8 loads**. `PV` is tiled the same
-# way: 4 float4 of P and 4 of V feed 64 FMAs into a 4 × 4 patch of O.
+# of Q and 4 of K and does 4 × 4 × 4 = **64 FMAs from 8 loads**. `PV` is tiled alike: 4 float4
+# of P and 4 of V feed 64 FMAs into a 4 × 4 patch of O.
 
 # %%
 tiling.register_tiles()
@@ -104,12 +102,11 @@ tiling.register_tiles()
 tiling.work_per_load("03_coarsened")
 
 # %% [markdown]
-# Each load now feeds 8 FMAs instead of ½, each wavefront 5.3 FFMA instructions instead of 1/33.
-# Per step the FMA pipes need 64 / 4 = 16 clocks, shared memory 12, instruction issue
-# (64 FFMA + 8 loads) / 4 = 18: the loops are **issue-bound at 16 / 18 ≈ 89 %** of the FFMA
-# peak. The 12 wavefronts: a Q load serves 2 distinct rows (`ty`, `ty + 1`, 16 lanes each), 32
-# bytes, 1 wavefront; a K load serves 16 distinct rows, 256 bytes, at least 2 — *if* the rows
-# fall in different banks.
+# A load now feeds 8 FMAs instead of ½. Per step the FMA pipes need 64 / 4 = 16 clocks, shared
+# memory 12, instruction issue (64 FFMA + 8 loads) / 4 = 18: the loops are **issue-bound at
+# 16 / 18 ≈ 89 %** of the FFMA peak. The 12 wavefronts: a Q load serves 2 distinct rows (`ty`,
+# `ty + 1`, 16 lanes each), 32 bytes, 1 wavefront; a K load serves 16 distinct rows, 256 bytes,
+# at least 2 — *if* the rows fall in different banks.
 #
 # ## 4 · Change 3: padding against bank conflicts
 #
@@ -144,21 +141,20 @@ nb.show_source("03_coarsened", "Tiles")
 # %% [markdown]
 # `TM × TN` is the score patch per thread (4 × 4 at D = 64). At D = 128 the launch uses BC = 32,
 # so TN = 2 and G = 2: a 4 × 8 O patch and a 4 × 2 score patch keep registers in check. `LDQ`,
-# `LDK`, `LDP` are the padded strides of section 4.
+# `LDK`, `LDP` are section 4's padded strides.
 
 # %%
 nb.show_source("03_coarsened", "coarsened_kernel")
 
 # %% [markdown]
-# * **Grid.** Block `b` is query tile `b % tiles` of (batch, head) `b / tiles`. It loads its Q tile
-#   once and keeps `m`, `l`, `acc` in registers.
-# * **K/V loop.** `n_tiles` stops at the diagonal when causal. Two barriers bracket the float4
+# * **Grid.** Block `b` is query tile `b % tiles` of (batch, head) `b / tiles`; it loads its Q tile
+#   once.
+# * **K/V loop.** `n_tiles` stops at the diagonal when causal; two barriers bracket the float4
 #   copy of K and V into shared memory.
-# * **`S = QKᵀ`.** Section 3's loop: per 4-wide `k`, TM + TN float4 loads, TM·TN·4 FMAs.
-# * **Online softmax.** Mask, then the row max over the 16 lanes sharing `ty`: 4
-#   `__shfl_xor_sync` steps. Each thread rescales its `acc` and `l` by `alpha` and writes `p` to
-#   shared memory, because `PV` needs whole rows of P.
-# * **`O += PV`.** After a barrier, 4 float4 of P (broadcast) and one float4 of each V row.
+# * **`S = QKᵀ`**, section 3's loop, then the **online softmax**: mask, the row max over the 16
+#   lanes sharing `ty` in 4 `__shfl_xor_sync` steps, `acc` and `l` rescaled by `alpha`, and `p`
+#   written to shared memory, since `PV` needs whole rows of P.
+# * **`O += PV`** after a barrier: 4 float4 of P (broadcast) and one float4 of each V row.
 # * **Epilogue.** `row_sum16` adds the 16 partial `l`; O goes out as float4, once.
 #
 # ## 6 · Resources: registers, shared memory, occupancy
@@ -187,15 +183,15 @@ waves = blocks / (occ["blocks"] * sms)
 print(f"teaching config: {blocks} blocks on {sms} SMs x {occ['blocks']} = {waves:.2f} waves")
 
 # %% [markdown]
-# A quarter of the thread slots is low occupancy, but each thread carries 16 independent score
-# accumulators, so FMA latency is covered by instruction-level parallelism. What 16 warps cannot
-# fully cover are the three barriers per tile and the K/V copy.
+# A quarter of the thread slots is low occupancy, but each thread's 16 independent score
+# accumulators hide FMA latency (instruction-level parallelism); not so the three barriers per
+# tile and the K/V copy.
 
 # %% [markdown]
 # ## 7 · Prediction, before measuring
 #
-# Per 64 × 64 tile each thread issues, at D = 64 (counts from the source; the last three are
-# estimates of what the compiler emits):
+# Per 64 × 64 tile each thread issues, at D = 64 (counted from the source; the last three
+# estimate what the compiler emits):
 #
 # | work | instructions per thread per tile |
 # |---|---|
@@ -207,20 +203,20 @@ print(f"teaching config: {blocks} blocks on {sms} SMs x {occ['blocks']} = {waves
 # | K, V copy: 8 float4 loads + 8 stores, bounds checks | ≈ 200 |
 # | **total** | **≈ 2850, of which 2048 FFMA** |
 #
-# 1. **Issue.** 4 instructions per clock per SM, so the FMA pipes are busy at most
+# 1. **Issue.** At 4 instructions per clock per SM the FMA pipes are busy at most
 #    2048 / 2850 ≈ **72 %** of the time. (Shared memory: 32 × 12 = 384 wavefronts per warp and
-#    tile against 512 FMA clocks — close, but not the limit.)
-# 2. **Latency.** With 16 warps per SM and barriers every tile, expect between half and all of
-#    that: **36 – 72 %** of the FFMA peak.
+#    tile against 512 FMA clocks — close, not the limit.)
+# 2. **Latency.** With 16 warps per SM and barriers every tile, expect half to all of that:
+#    **36 – 72 %** of the FFMA peak.
 # 3. **Tail.** 1024 blocks at 2 per SM on 132 SMs are 3.9 waves; the partial last one costs ≈ 3 %.
 # 4. **Which peak.** Stage 03 issues FFMAs like a matrix multiply, so scale by the measured fp32
-#    matmul ceiling: cuBLAS's SGEMM, at the clock the GPU holds under that load.
+#    matmul ceiling: cuBLAS's SGEMM, at the clock the GPU holds under load.
 #
-# **Stage 02**, by the same model, is limited by shared-memory clocks: 1.4 % of the FFMA peak on
+# **Stage 02**, by the same model, is bound by shared-memory clocks: 1.4 % of the FFMA peak on
 # 64 of 132 SMs, at the 1.98 GHz boost clock 0.0143 × 64 / 132 × 66.9 ≈ **0.46 TFLOP/s**.
 #
 # So: **stage 03 at 35 – 70 % of the fp32 matmul ceiling**, and a speedup over stage 02 of that
-# divided by 0.46 TFLOP/s. For this GPU:
+# over 0.46 TFLOP/s. For this GPU:
 
 # %%
 clock_ghz = 1.98  # boost clock of an H100 or H200 SXM, as in notebook 02: put your GPU's here
@@ -241,10 +237,9 @@ print(f"FFMA peak at {clock_ghz} GHz: {ffma_peak:.1f} TFLOP/s; measured fp32 mat
 # %% [markdown]
 # ## 8 · Measure
 #
-# On a GPU this builds the stage, checks it against a float64 reference on fresh inputs
-# (N = 1, 17, 1000, 4096; D = 64 and 128; causal and not), times it at the teaching config
-# (B = 4, H = 16, N = 1024, D = 64, fp32) and records the rows. Without a GPU it shows the
-# recorded rows.
+# Live, this builds the stage, checks it against float64 on fresh inputs (N = 1, 17, 1000, 4096;
+# D = 64 and 128; causal and not), times it at the teaching config (B = 4, H = 16, N = 1024,
+# D = 64, fp32) and records the rows; replay shows the recorded ones.
 
 # %%
 ev = nb.evaluate("03_coarsened")
@@ -269,22 +264,20 @@ print(f"{t.pct_sdpa_best:.0f}% of the fastest fp32 PyTorch attention")
 # ### Discussion
 #
 # The model predicted 18–36 TFLOP/s; stage 03 ran at about 30 TFLOP/s, 59 % of the fp32 matmul
-# ceiling, in the upper half of the band. Stage 02 landed within a few percent of its
-# shared-memory bound (about 0.44 against 0.46 TFLOP/s), so the speedup, about 68×, is inside
-# its 39–78× band too. Two counts carried the prediction across two orders of magnitude before
-# any timing: FMAs per wavefront, 1/33 → 5.3, and a grid 16 times larger.
+# ceiling, in the band's upper half. Stage 02 landed within a few percent of its shared-memory
+# bound (about 0.44 against 0.46 TFLOP/s), so the speedup, about 68×, is inside its 39–78× band
+# too. Two counts carried it across two orders of magnitude: FMAs per wavefront (1/33 → 5.3) and
+# a grid 16 times larger.
 #
 # Stage 03 reaches about 94 % of `sdpa_efficient`, a fused fp32 CUDA-core kernel like this one.
 # `sdpa_math` and `torch_naive` run cuBLAS's SGEMM, yet fall behind: they write the N × N scores
-# to memory and read them back. The band could only bracket latency; the profile says where in
-# it the kernel sits, and why.
+# to memory and read them back.
 #
 # ## 10 · The profile: did the conflicts go?
 #
-# Padding targets shared-memory load bank conflicts: stage 02's `Kj[tx*d + x]` was 32-way, the
-# padded float4 reads need the minimum number of wavefronts. Two more predictions: 16-byte
-# global loads make **16 sectors per request** the ideal, and occupancy should be **about 25 %**
-# (section 6).
+# Padding should remove the 32-way load conflicts of stage 02's `Kj[tx*d + x]`. Also predicted:
+# 16-byte global loads make **16 sectors per request** the ideal, and occupancy should be
+# **about 25 %** (section 6).
 
 # %%
 p03 = nb.profile("03_coarsened")
@@ -313,23 +306,22 @@ for returned in (False, True):
 # ### Discussion
 #
 # Padding worked. Load conflicts were 90 % of stage 02's 4.6·10⁹ wavefronts and are 0.2 % of
-# stage 03's 1.1·10⁸ — the raw count fell 20 000-fold, but the share is what says the loads now
-# take their minimum passes. Store conflicts *rose*, from 0.7·10⁶ to 2.4·10⁶, yet they are 2 % of
-# the wavefronts: the 2-way P store of section 4's exercise, a rounding error rather than a
-# regression. Sectors per request (16) and occupancy (24 %) came out as predicted.
+# stage 03's 1.1·10⁸: the share, not the 20 000-fold fall in the raw count, says the loads now
+# take their minimum passes. Store conflicts *rose*, from 0.7·10⁶ to 2.4·10⁶, yet are 2 % of the
+# wavefronts: the 2-way P store of section 4's exercise, not a regression. Sectors per request
+# (16) and occupancy (24 %) came out as predicted.
 #
-# The wavefront total did not: it is about **twice** section 3's count. It matches, within 3 %,
-# once the path back to the registers is counted: it carries 128 bytes a clock, 4 bytes a lane,
-# so a float4 load costs a warp 4 passes however few addresses it has — 2 when neighbouring lanes
-# share one, as Q's and P's do. Then shared memory needs 768 wavefronts per warp and tile, more
-# than the ≈ 712 issue clocks: **shared memory, not issue, is the tighter limit**, and the
-# profile shows it busy at least three clocks in four.
+# The wavefront total did not: it is about **twice** section 3's count, within 3 % once the path
+# back to the registers is counted. That path carries 128 bytes a clock, 4 bytes a lane, so a
+# float4 load costs a warp 4 passes however few addresses it has (2 when neighbouring lanes share
+# one, as Q's and P's do). Shared memory then needs 768 wavefronts per warp and tile against
+# ≈ 712 issue clocks: **shared memory, not issue, is the tighter limit**, busy at least three
+# clocks in four.
 #
-# The stalls agree. The largest, `short_scoreboard` (28 %), is a warp waiting for a shared-memory
+# The stalls agree: the largest, `short_scoreboard` (28 %), is a warp waiting for a shared-memory
 # load. A warp issues (`selected`) 18 % of its time, with about 3.8 warps per scheduler: two issue
-# slots in three used, and with 2048 of ≈ 2850 instructions FFMA the pipes are ≈ 48 % busy —
-# close to the measured 45 % of the FFMA peak. The prediction held, partly for the wrong
-# reason; the profile caught it.
+# slots in three used; with 2048 of ≈ 2850 instructions FFMA, the pipes are ≈ 48 % busy, close
+# to the measured 45 % of the FFMA peak. The prediction held, partly for the wrong reason.
 #
 # ## 11 · Against every stage and baseline
 #
@@ -339,9 +331,8 @@ for returned in (False, True):
 plots.ladder(last="03_coarsened")
 
 # %% [markdown]
-# On the roofline every fp32 kernel at this config has the same arithmetic intensity (the FLOPs
-# over the bytes of q, k, v and o moved once), far right of the ridge point: the stages stack up
-# vertically, and the climb is all about how much of the compute roof a kernel reaches.
+# On the roofline the fp32 stages share one intensity, far right of the ridge, and stack
+# vertically:
 
 # %%
 plots.roofline(last="03_coarsened")
@@ -349,8 +340,7 @@ plots.roofline(last="03_coarsened")
 # %% [markdown]
 # ## Next: stage 04
 #
-# Stage 03 runs on the CUDA cores, so the fp32 FMA rate is its roof. The tensor cores have a far
-# higher one:
+# On the CUDA cores, the fp32 FMA rate is stage 03's roof. The tensor cores' is far higher:
 
 # %%
 tc = roof["matmul_fp16_tflops"]
@@ -358,9 +348,9 @@ print(f"fp16 tensor-core matmul ceiling: {tc:.0f} TFLOP/s = {tc / ceiling:.0f}x 
       f"one; stage 03 runs at {100 * t.tflops / tc:.1f}% of it.")
 
 # %% [markdown]
-# Tuning stage 03 further could at best close the gap to the fp32 ceiling. **Stage 04** changes
-# the roof: on this stage's FA-2 structure it computes `QKᵀ` and `PV` with WMMA tensor-core
-# instructions, fp16 inputs and fp32 accumulation — a warp multiplies whole 16 × 16 fragments.
+# Tuning stage 03 could at best close the gap to the fp32 ceiling. **Stage 04** changes the roof:
+# on this FA-2 structure, `QKᵀ` and `PV` become WMMA tensor-core instructions, a warp multiplying
+# whole 16 × 16 fp16 fragments into fp32.
 
 # %% [markdown]
 # ## Exercises
@@ -430,44 +420,42 @@ labs.check("03.occupancy", answer)
 # %% [markdown]
 # **Instructor's answer.** *1.* Probably hurt. A 4 × 8 patch loads 4 + 8 float4 for 4 · 8 · 4 = 128
 # FMAs, 10.7 a load instead of 8: a third fewer wavefronts per FMA. But S's accumulators double
-# (16 → 32), pushing the kernel past 128 registers, where 256-thread blocks fit once per SM: 8
-# warps instead of 16, with `short_scoreboard` already the top stall (28 %) and barriers to cover.
-# Count it, then measure: occupancy, not the pipe, may set the time.
+# (16 → 32), pushing past 128 registers: one 256-thread block per SM, 8 warps instead of 16, with
+# `short_scoreboard` already the top stall (28 %) and barriers to cover. Occupancy, not the pipe,
+# may then set the time; measure it.
 
 # %% [markdown]
-# **Instructor's answer.** *2.* No. The P store's conflicts are 2 % of the wavefronts, so removing
-# them saves at most about 2 % of a pipe's time. The profile points at larger items: shared memory
-# busy at least 76 % of the clocks, because a float4 load costs a warp 4 passes on the way back to
-# the registers (twice the counted wavefronts), and `short_scoreboard` at 28 %. Fix first the
-# shared-memory bytes per FMA, or change the roof: the tensor cores' is 13× higher (stage 04).
+# **Instructor's answer.** *2.* No: conflicts that are 2 % of the wavefronts cost at most about 2 %
+# of a pipe's time. The profile points at larger items: shared memory busy at least 76 % of the
+# clocks, a float4 load costing a warp 4 passes back to the registers (twice the counted
+# wavefronts), and `short_scoreboard` at 28 %. Fix the shared-memory bytes per FMA first, or
+# change the roof: the tensor cores' is 13× higher (stage 04).
 
 # %% [markdown]
 # **Instructor's answer.** *3.* A measured ceiling includes what the datasheet leaves out (the
-# clock held under load, issue limits, the power cap), so it is the right yardstick for a kernel
-# doing the same kind of work: stage 03 issues FFMAs like SGEMM, whose 51.7 TFLOP/s is 77 % of the
-# FFMA peak at 1.98 GHz. It misleads when the library is not the best the hardware can do (a shape
-# it is not tuned for), when it uses instructions the kernel cannot, or when the kernel is bound by
-# something else, such as shared memory or latency.
+# clock held under load, issue limits, the power cap), so it suits a kernel doing the same work:
+# stage 03 issues FFMAs like SGEMM, whose 51.7 TFLOP/s is 77 % of the FFMA peak at 1.98 GHz. It
+# misleads when the library falls short of the hardware (an untuned shape), uses instructions the
+# kernel cannot, or when the kernel is bound by something else, such as shared memory or latency.
 
 # %% [markdown]
 # **Instructor's answer.** *4.* That nothing is grossly wrong, not that each count is right: a band
-# 2× wide absorbs a 2× error. Here the wavefront count was off by 1.91×, which moved the binding
-# unit from issue to shared memory, and the time still fell in the band. Check each term against
-# its counter before trusting the model for the next change.
+# 2× wide absorbs a 2× error. Here the wavefront count was off by 1.91×, moving the binding unit
+# from issue to shared memory, and the time still fell in the band. Check each term against its
+# counter before trusting the model for the next change.
 
 # %% [markdown]
 # ## Summary
 #
-# - Stage 02's speed was set by FMAs per shared-memory wavefront (1/33); a 4 × 4 register tile
-#   per thread raises it to 5.3 by the bank model, and padding keeps the K reads at the minimum.
-# - The FlashAttention-2 loop order gives one block per query tile: 16 times the blocks, and `m`,
-#   `l`, `O` in registers.
-# - Counting clocks per unit gave a band, 18–36 TFLOP/s, that the measured 30 TFLOP/s (68×
-#   stage 02) fell into.
-# - A bank-conflict count is read against the wavefronts: 0.2 % of them is conflict-free in
-#   practice, whatever the raw count.
-# - The profile checks a model's reasons: float4 loads cost twice the wavefronts counted, making
-#   shared memory, with issue, the limit on the CUDA cores.
+# - Stage 02 was bound by FMAs per shared-memory wavefront (1/33); a 4 × 4 register tile per
+#   thread raises it to 5.3 by the bank model, and padding keeps the K reads at the minimum.
+# - The FlashAttention-2 loop order, one block per query tile, gives 16 times the blocks and keeps
+#   `m`, `l`, `O` in registers.
+# - Clocks counted per unit gave a band, 18–36 TFLOP/s; stage 03 measured 30 (68× stage 02).
+# - Read bank conflicts as a share of the wavefronts: 0.2 % is conflict-free in practice,
+#   whatever the raw count.
+# - The profile checks a model's reasons: float4 loads cost twice the counted wavefronts, so
+#   shared memory, with issue, limits the CUDA cores.
 
 # %%
 nb.reached("03_coarsened")

@@ -18,20 +18,7 @@
 # **Prerequisites:** notebook 04 (WMMA, the round trips, the measured tensor-core ceiling) and
 # notebook 03 (wavefronts, occupancy, prediction bands).
 #
-# **Time:** about 35 min to read, 60 min to work through.
-#
-# The PTX ISA says which lane holds which element of the matrices of `mma.sync.aligned.m16n8k16`
-# (a 16 × 16 by 16 × 8 product) and of `ldmatrix`, the instruction that loads them. With that map:
-#
-# 1. S = QKᵀ stays in registers, and the online softmax runs there: the 4 lanes holding a row
-#    agree on its max and sum with two shuffles;
-# 2. P is, register for register, already the input layout of P V: rounded to 16 bits in place,
-#    never stored;
-# 3. K and V come from shared memory with `ldmatrix` (V with `.trans`), rows padded by 16 bytes
-#    so the loads are free of bank conflicts.
-#
-# Every picture and count before the measurement is computed from the ISA's rules and the
-# kernel's own indexing (`flashlab/fragments.py`) and needs no GPU.
+# **Time:** about 25 min to read, 60 min to work through.
 
 # %%
 # %matplotlib inline
@@ -54,30 +41,29 @@ print(the)
 # %% [markdown]
 # ## 1 · What changes from stage 04
 #
-# A WMMA fragment leaves unspecified which elements each lane holds. A product is fine with that;
-# a softmax is not: it needs each row's max and sum, and nothing tells a lane which row its values
-# are in. PTX's warp-level `mma.sync` **publishes the layout** (PTX ISA, "Matrix Fragments for
-# mma.m16n8k16 with floating point type"). The kernel's header says what follows:
+# A product does not care which elements a lane holds; a softmax, which needs each row's max and
+# sum, does. PTX's warp-level `mma.sync` **publishes the layout** (PTX ISA, "Matrix Fragments for
+# mma.m16n8k16 with floating point type"). The kernel's header says what that buys:
 
 # %%
 nb.show_lines("05_mma", r"^// Stage 05", r"^#include")
 
 # %% [markdown]
-# `kernels/ptx.cuh` wraps each PTX instruction in one line of inline assembly. The
-# multiply-accumulate, for fp16 (bf16 differs only in the type names):
+# `kernels/ptx.cuh` wraps each PTX instruction in one line of inline assembly; the
+# multiply-accumulate, for fp16 (bf16 differs only in type names):
 
 # %%
 nb.show_source("ptx.cuh", "mma_m16n8k16")
 
 # %% [markdown]
-# `{%4, %5, %6, %7}` is A, 16 × 16, four 32-bit registers a lane, two 16-bit values each;
-# `{%8, %9}` is B, 16 × 8, two registers; the accumulator C = D, 16 × 8 in fp32, four floats a lane.
+# A is `{%4, %5, %6, %7}`, two 16-bit values a register; B is `{%8, %9}`; the accumulator C = D
+# is four fp32 floats a lane.
 #
 # ## 2 · The m16n8k16 fragments
 #
 # The ISA numbers lane `l` by its **groupID** `g = l / 4` (0..7) and **threadID_in_group**
-# `t = l % 4` (0..3). The 4 lanes sharing `g` are a **quad**. The rules (`fragments.py` writes
-# them out once and derives every figure from them):
+# `t = l % 4` (0..3). The 4 lanes sharing `g` are a **quad**. The rules, from which
+# `fragments.py` derives every figure:
 #
 # * **A** (16 × 16, row-major): lane `l` holds rows `g` and `g + 8`, columns `2t, 2t + 1` and
 #   `2t + 8, 2t + 9` — eight halves `a0..a7`, two to a register.
@@ -85,23 +71,16 @@ nb.show_source("ptx.cuh", "mma_m16n8k16")
 #   `2t, 2t + 1, 2t + 8, 2t + 9` — `b0..b3`, two registers.
 # * **C, D** (16 × 8, fp32): lane `l` holds rows `g` and `g + 8`, columns `2t, 2t + 1` — `c0..c3`.
 #
-# Each cell below names the lane (`T`) that holds the element and its number in that lane; the
-# colour is the lane.
+# Each cell shows its lane (`T`, also the colour) and the element's number in that lane:
 
 # %%
 for kind in "ABC":
     display(fr.fragment_figure(kind))
 
 # %% [markdown]
-# Two facts the whole kernel rests on:
-#
-# * **A row of C lives in one quad**: row `r` is spread over lanes `4(r % 8) .. 4(r % 8) + 3`,
-#   two columns each per 16 × 8 tile (section 4).
-# * **C's layout is A's, split in two**: the left 8 columns of A are laid out like one C tile, the
-#   right 8 like another (section 5).
-#
-# A check of the rules: a matrix scattered into the lanes and gathered back, and one `mma`
-# emulated on the fragments against a plain matrix product.
+# The kernel rests on two facts: **a row of C lives in one quad** (section 4), and **C's layout
+# is A's, split in two** (section 5). A check of the rules: a matrix scattered into lanes and
+# gathered back, and one `mma` emulated on the fragments against a plain product.
 
 # %%
 rng = np.random.default_rng(0)
@@ -125,36 +104,33 @@ print("mma on the fragments == A @ B + C:",
 fr.ldmatrix_figure(trans=False)
 
 # %% [markdown]
-# Q is read once, before the loop over K/V tiles, into `qf[kk]`, one A fragment per 16 columns
-# (k-step `kk`) of the head dimension:
+# Q is read once, before the K/V loop, into `qf[kk]`: one A fragment per 16 columns (k-step
+# `kk`) of the head dimension:
 
 # %%
 nb.show_lines("05_mma", r"uint32_t qf\[KD\]\[4\];", r"ldmatrix_x4\(qf")
 
 # %% [markdown]
-# **K.** In S = Q Kᵀ the B operand is Kᵀ, wanted column by column, and a column of Kᵀ is a row of
-# K as shared memory stores it: a plain `ldmatrix` of K's rows is the B fragment. One
-# `ldmatrix.x4` reads **8 keys × 32 dims**: `b[0], b[1]` are the B fragment of k-step `kk`,
-# `b[2], b[3]` that of `kk + 1`:
+# **K.** In S = Q Kᵀ, B is Kᵀ, wanted column by column, and a column of Kᵀ is a row of K as
+# stored: a plain `ldmatrix` of K's rows gives it. One `ldmatrix.x4` reads **8 keys × 32 dims**,
+# the B fragments of k-steps `kk` (`b[0], b[1]`) and `kk + 1` (`b[2], b[3]`):
 
 # %%
 nb.show_lines("05_mma", r"float s\[NS\]\[4\] = \{\};", r"qf\[kk \+ 1\], b\[2\]")
 
 # %% [markdown]
-# **V.** In O = P V, B is V itself (16 keys × 8 dims), whose columns are 16 values a row stride
-# apart. `ldmatrix.trans` transposes each 8 × 8 matrix on the way, so a quad receives a column
-# where it would have received a row. Lanes 0–15 point at 16 consecutive keys, lanes 16–31 at the
-# same keys 8 dims further: one call fills the B fragments of two 8-dim tiles of O.
+# **V.** In O = P V, B is V itself (16 keys × 8 dims), its columns strided by a row.
+# `ldmatrix.trans` transposes each 8 × 8 matrix on the way, so a quad receives a column instead
+# of a row. Lanes 0–15 point at 16 consecutive keys, lanes 16–31 at the same keys 8 dims on: one
+# call fills the B fragments of two 8-dim tiles of O.
 
 # %%
 display(fr.ldmatrix_figure(trans=True))
 nb.show_lines("05_mma", r"for \(int d = 0; d < NO; d \+= 2\)", r"o\[d \+ 1\], a, b\[2\]")
 
 # %% [markdown]
-# The loads do what the text claims, on a random 64 × 64 tile, with the kernel's own address rules
-# (`fragments.KERNEL_LDMATRIX`; `tests/test_fragments.py` checks them against `kernels/05_mma.cu`
-# lane by lane): K's `ldmatrix` gives the B fragments of Kᵀ, V's `.trans` those of V, and V
-# *without* `.trans` would not.
+# Checked on a random 64 × 64 tile with the kernel's own address rules
+# (`fragments.KERNEL_LDMATRIX`):
 
 # %%
 Kt, Vt = (rng.standard_normal((64, 64)).astype(np.float16) for _ in range(2))
@@ -175,23 +151,20 @@ print(f"V without .trans: {(plain[:, :4] == fr.to_fragment(Vt[16:32, 16:24], 'B'
 # %% [markdown]
 # ## 4 · The quad: a row's max and sum in two shuffles
 #
-# After S = Q Kᵀ a warp holds its 16 × 64 scores as 8 accumulator tiles. By the C rule, lane `l`
-# holds columns `2t, 2t + 1` of rows `g` and `g + 8` in every tile: 16 of each row's 64 scores;
-# the other 48 are in its quad. A lane reduces its own 16, then `__shfl_xor_sync` with mask 1
-# swaps with `t ^ 1` and mask 2 with the other pair: after two steps all four lanes have the row's
-# max. The sum works the same way, once, after the last tile.
+# After S = Q Kᵀ a warp holds its 16 × 64 scores as 8 accumulator tiles. By the C rule a lane
+# holds 16 of each of its two rows' 64 scores; the other 48 are in its quad. A lane reduces its
+# own 16; then `__shfl_xor_sync` with mask 1 swaps with `t ^ 1`, mask 2 with the other pair, and
+# all four lanes have the row's max. The sum works the same way, once, after the last tile.
 
 # %%
 display(fr.quad_figure())
 nb.show_lines("05_mma", r"for \(int n = 0; n < NS; n\+\+\) mx = fmaxf", r"mx, 2\)\);")
 
 # %% [markdown]
-# Stage 03 needed 4 shuffle steps for a row over 16 lanes. Here it is two, with no shared memory
-# and no barrier. After the last tile the quad also knows each row's log-sum-exp,
-# (m + log₂ sum)·ln 2 with m in log2 units: a backward pass recomputes P from it (notebook 14).
-# The kernel stores it only when asked, `attn(q, k, v, return_lse=True)`: the launch then picks
-# the instantiation with `WITH_LSE` true; the one measured here has no such store. The same in
-# numpy, on the fragments:
+# Stage 03 needed 4 shuffle steps over 16 lanes; here two, with no shared memory and no barrier.
+# The quad also ends with each row's log-sum-exp, (m + log₂ sum)·ln 2 with m in log2 units, which
+# a backward pass needs (notebook 14); the kernel stores it only when asked (`return_lse=True`),
+# not in the timed kernel. The same in numpy:
 
 # %%
 S = rng.standard_normal((16, 64)).astype(np.float32)
@@ -215,8 +188,8 @@ print("every lane's result == numpy's row max:",
 nb.show_lines("05_mma", r"const uint32_t a\[4\] = \{pack2", r"\};")
 
 # %% [markdown]
-# `fragments.repack_map()` derives this from the two layouts for all 256 elements of a 16 × 16
-# block of P (and asserts it); lane 5's eight, and the re-pack checked on numbers:
+# `fragments.repack_map()` derives this for all 256 elements of a 16 × 16 block of P; lane 5's
+# eight, and the re-pack checked on numbers:
 
 # %%
 rm = fr.repack_map()
@@ -229,9 +202,9 @@ rm[rm.a_lane == 5]
 # %% [markdown]
 # ## 6 · One warp, one K/V tile, in numpy
 #
-# `fragments.warp_tile` is the kernel's loop body for one warp, with the kernel's loops and
-# `ldmatrix` addresses: `ldmatrix` and `mma` emulated on (32, registers) arrays, the softmax by
-# quad shuffles, P re-packed. Against plain numpy, `softmax(Q Kᵀ / √D) V`:
+# `fragments.warp_tile` emulates the kernel's loop body for one warp: `ldmatrix` and `mma` on
+# (32, registers) arrays with the kernel's addresses, the softmax by quad shuffles, P re-packed.
+# Against plain numpy, `softmax(Q Kᵀ / √D) V`:
 
 # %%
 D, BR, BC = 64, 64, 64  # the teaching config's head dim; the kernel's tile sizes
@@ -274,19 +247,18 @@ steps
 #
 # `ldmatrix.x4` is served one 8 × 8 matrix at a time: 8 rows of 16 bytes, one 128-byte wavefront
 # **if the 8 rows start in different banks**. At D = 64 a K row is 128 bytes: unpadded, every row
-# starts in bank 0 and the load takes 8 wavefronts per matrix — 8-way conflicted. The kernel stores
-# rows `LD = D + 8` halves apart, so row `r` starts `4r` banks further and 8 rows cover all 32
-# banks. Red: the 8 rows one phase reads.
+# starts in bank 0, so 8 wavefronts per matrix, 8-way conflicted. The kernel stores rows
+# `LD = D + 8` halves apart, so row `r` starts `4r` banks further and 8 rows cover all 32 banks.
+# Red: the 8 rows one phase reads.
 
 # %%
 display(fr.bank_map(2 * D))
 fr.bank_map(2 * D + 16)
 
 # %% [markdown]
-# What that costs per K/V tile and block, counted from the kernel's addresses (`tile_cost`: each
-# `ldmatrix` through the bank model, plus the 16-byte stores that copy K and V in). An SM serves
-# one wavefront per clock, so FLOPs per wavefront × SMs × the boost clock is the most shared
-# memory allows:
+# The cost per K/V tile and block, from the kernel's addresses (`tile_cost`: each
+# `ldmatrix` through the bank model, plus the 16-byte stores that copy K and V in). At one
+# wavefront per clock, FLOPs per wavefront × SMs × boost clock is the most shared memory allows:
 
 # %%
 clock_ghz = 1.98  # boost clock of an H100 or H200 SXM, as in notebooks 02-04
@@ -306,13 +278,12 @@ for label, pad in (("unpadded", 0), ("+16 bytes a row (stage 05)", 16)):
 #
 # Per K/V tile, a block of 4 warps asks its SM for (D = 64, BR = BC = 64, fp16):
 #
-# * **tensor cores**: 4 · BR · BC · D FLOPs, 256 `mma.sync`, at the measured fp16 matmul
+# * **tensor cores**: 4 · BR · BC · D FLOPs (256 `mma.sync`) at the measured fp16 matmul
 #   ceiling's rate per SM at the boost clock;
 # * **shared memory**: section 7's padded wavefronts, one per clock;
-# * **instruction issue**: 4 warp-instructions per clock; `mma` and `ldmatrix` counts are exact,
-#   the rest estimated from the source;
+# * **instruction issue**: 4 warp-instructions per clock (counts below, some estimated);
 # * **MUFU**: one `ex2` per score, 16 per clock;
-# * **DRAM**: 2 · BC · D · 2 bytes of K and V. A head's 16 query tiles run side by side, so one
+# * **DRAM**: 2 · BC · D · 2 bytes of K and V; a head's 16 query tiles run side by side, so one
 #   brings a K/V tile from DRAM and the L2 serves the other 15.
 
 # %%
@@ -338,11 +309,10 @@ bound = cost.flops / limits.max() * per_s / 1e12  # TFLOP/s if that limit were a
 limits.round(0)
 
 # %% [markdown]
-# The largest entry is the bound; the others run at the same time on other units. As in
-# notebook 03, the band spans **latency** — loads are synchronous, so a block waits for each K/V
-# tile, and two barriers per tile stop all 4 warps; only other blocks fill the gap — from half to
-# all of the bound, times the **tail**: the launch bounds leave room for 3 blocks per SM at
-# D = 64, and the last wave runs part-full. Expect the lower half: `mma.sync` is Ampere's
+# The largest entry is the bound; the others overlap it. As in notebook 03, the band runs from
+# half to all of it for **latency** (synchronous K/V loads and two barriers per tile stall all 4
+# warps; only other blocks fill the gap), times the **tail** (the launch bounds allow 3 blocks per
+# SM at D = 64; the last wave runs part-full). Expect the lower half: `mma.sync` is Ampere's
 # instruction, and on Hopper only `wgmma`, which cuBLAS uses, reaches the ceiling's rate.
 
 # %%
@@ -365,16 +335,14 @@ print(f"the L2 must deliver {need_l2:.1f} TB/s of K and V to keep up with the bo
       f"{need_l2 / roof['copy_tbps']:.1f}x the DRAM copy bandwidth")
 
 # %% [markdown]
-# Two risks are in the printout: the L2 must feed every block its own copy of each K/V tile, and
-# `mma.sync` may not reach the ceiling's rate.
+# The printout shows a second risk: the L2 must feed every block its own copy of each K/V tile.
 #
 # ## 9 · Measure
 #
-# On a GPU this builds the stage, checks it against a float64 reference (N = 1, 17, 1000, 4096;
-# D = 64 and 128; causal and not; fp16 and bf16), then times it together with stage 04 and
-# SDPA's flash and cuDNN backends, run by run in turn at each config (the teaching configs, then
-# the FlashAttention sweep), three rounds over, as `flashlab run` does, so that their ratios come
-# from one run, and records the rows. Without a GPU it shows the recorded rows.
+# Live, this builds the stage, checks it against float64 (N = 1, 17, 1000, 4096; D = 64 and 128;
+# causal and not; fp16 and bf16), times it in turn with stage 04 and SDPA's flash and cuDNN
+# backends, three rounds over, as `flashlab run` does, and records the rows; replay shows the
+# recorded ones.
 
 # %%
 ev = nb.evaluate("05_mma")
@@ -400,14 +368,14 @@ with nb.unless_missing():
 #
 # The model predicted 185–369 TFLOP/s; stage 05 ran at about 170 TFLOP/s in fp16 (bf16 the
 # same), **below the band**: 40 % of its shared-memory bound, about 70 % of `sdpa_flash` against
-# the 74–149 % predicted. It is still about 1.5× stage 04. Either the traffic was miscounted, or
-# shared memory was not kept busy; the sweep and the profile below decide which.
+# the 74–149 % predicted, though about 1.5× stage 04. Either the traffic was miscounted or shared
+# memory was not kept busy; the profile decides which.
 
 # %% [markdown]
 # ## 11 · Over the FlashAttention sweep, and on the ladder
 #
-# The FlashAttention paper's sweep: 16k tokens (B · N), H · D = 2048, N from 512 to 16k, D = 64
-# and 128, causal and not, fp16. Stage 05 against PyTorch's SDPA backends:
+# The FlashAttention paper's sweep (16k tokens (B · N), H · D = 2048, N from 512 to 16k, D = 64
+# and 128, causal and not, fp16), stage 05 against PyTorch's SDPA backends:
 
 # %%
 with nb.unless_missing():
@@ -420,9 +388,8 @@ with nb.unless_missing():
 plots.scaling(last="05_mma")
 
 # %% [markdown]
-# Every stage at the teaching config in fp16 (stages 01–03 are fp32-only: notebook 03's
-# ladder), then the roofline, where the tensor-core stages are the first that climb towards the
-# fp16 roof.
+# The fp16 ladder at the teaching config (stages 01–03, fp32 only, are on notebook 03's), then
+# the roofline:
 
 # %%
 display(plots.ladder(dtype="fp16", last="05_mma"))
@@ -431,8 +398,8 @@ plots.roofline(last="05_mma")
 # %% [markdown]
 # ## 12 · The profile: shared-memory traffic and the tensor pipe
 #
-# Two counters say whether the idea worked: **shared-memory wavefronts**, `ldmatrix` included —
-# section 7's model predicts the number for a whole launch — and the **tensor pipe**'s activity.
+# Two counters test the idea: **shared-memory wavefronts** (`ldmatrix` included), which
+# section 7's model predicts, and the **tensor pipe**'s activity.
 
 # %%
 predicted_wavefronts = fr.launch_wavefronts(fl.TEACHING.B, fl.TEACHING.H, fl.TEACHING.N, D)
@@ -455,28 +422,25 @@ with nb.unless_missing():
 #
 # **The count was right; the unit was idle.** The wavefronts match section 7 within 3 %, and the
 # idea worked: 2.9·10⁷ wavefronts in stage 04, 1.1·10⁷ here. Conflicts fell from 2.1·10⁵ to
-# 7·10² loads, but both are under 1 % of the wavefronts — noise either way. Yet that traffic
-# kept shared memory busy at most 44 % of the clocks, the tensor pipe 30 %, the issue slots
-# about 38 %. **No unit is even half busy**: the kernel is bound by no throughput but by
-# **latency**, warps with nothing ready to issue. The band's lower edge assumed the binding unit
-# busy at least half the time — the assumption that failed.
+# 7·10² loads, both under 1 % of the wavefronts: noise. Yet shared memory was busy at most 44 %
+# of the clocks, the tensor pipe 30 %, the issue slots about 38 %. **No unit is even half busy**:
+# the kernel is bound by **latency**, warps with nothing ready to issue, which breaks the band's
+# assumption of a binding unit busy at least half the time.
 #
-# **What the warps wait for.** The largest stall, `long_scoreboard` (21 %), is a warp waiting for
-# a global load: the synchronous copy of each K/V tile, which a block makes and then waits for at
-# a barrier. Next, `wait` (20 %): an instruction waiting a fixed number of clocks for an
-# arithmetic result, in chains such as `mma`s accumulating into the same registers. Few warps
-# hide it: 157 registers a thread allow 3 blocks, 12 warps per SM (18 % occupancy), 3 per
-# scheduler. The two named risks are not what the profile shows: the tensor pipe is mostly idle,
-# and the K/V loads appear as latency, not as a throttle on the memory pipe (`lg_throttle` is 0).
+# **What the warps wait for.** `long_scoreboard` (21 %) is the synchronous copy of each K/V tile,
+# awaited at a barrier; `wait` (20 %) a fixed wait for an arithmetic result, in chains such as
+# `mma`s accumulating into the same registers. Few warps hide them: 157 registers a thread allow
+# 3 blocks, 12 warps per SM (18 % occupancy), 3 per scheduler. Neither named risk shows: the
+# tensor pipe is mostly idle, and the K/V loads appear as latency, not as a memory-pipe throttle
+# (`lg_throttle` is 0).
 #
-# **Size.** The teaching config is small — 2.6 waves of blocks, 16 K/V tiles each — so prologue,
-# epilogue and the last wave weigh more. With up to 8 times the blocks, the sweep reaches up to
-# 233 TFLOP/s, the bottom of the band, at a median 0.73× `sdpa_flash`.
+# **Size.** The teaching config is small (2.6 waves of blocks, 16 K/V tiles each); with up to 8
+# times the blocks, the sweep reaches 233 TFLOP/s, the bottom of the band, at a median 0.73×
+# `sdpa_flash`.
 #
 # ## 13 · Resources: registers, no spills, and the instructions
 #
-# Everything a warp keeps across tiles is in registers — Q's fragments, O's accumulators, `m`,
-# `l` — plus the 8 tiles of S while a tile is processed. What `ptxas` reports, and what it allows:
+# What `ptxas` reports for the registers of section 6's table, and what it allows:
 
 # %%
 res = nb.resources("05_mma")
@@ -493,8 +457,8 @@ with nb.unless_missing():
               f"blocks per SM allowed by {occ['limits']}: {occ['blocks']} ({occ['warps']} warps)")
 
 # %% [markdown]
-# Registers decide, as in stage 03. The machine code shows the idea directly (static counts, the
-# loops being unrolled): `HMMA` is `mma.sync`, `LDSM` is `ldmatrix`, and no `LDL`/`STL` spills.
+# Registers decide, as in stage 03. The machine code shows the idea (static counts of unrolled
+# loops): `HMMA` is `mma.sync`, `LDSM` is `ldmatrix`, and no `LDL`/`STL` spills.
 
 # %%
 with nb.unless_missing():
@@ -511,9 +475,9 @@ with nb.unless_missing():
 # %% [markdown]
 # ## Next: stage 06
 #
-# The padding costs shared memory and gives every row an odd stride. **Stage 06** drops it and
-# stores 16-byte chunk `c` of row `r` at chunk `c XOR (r % 8)`: rows are 128-byte multiples again,
-# and the 8 rows of an `ldmatrix` phase still land in 8 different bank groups.
+# Padding also gives every row an odd stride. **Stage 06** drops it and stores 16-byte chunk `c`
+# of row `r` at chunk `c XOR (r % 8)`: rows are 128-byte multiples again, and the 8 rows of an
+# `ldmatrix` phase still land in 8 different bank groups.
 
 # %%
 display(fr.bank_map(2 * D, swizzle=True))
@@ -606,46 +570,43 @@ labs.check("05.fragment_owner", answer)
 #    would it make unnecessary, and which would it not?
 
 # %% [markdown]
-# **Instructor's answer.** *1.* Overlap the K/V copy first. The largest stall is `long_scoreboard`
-# (21 %), the wait for each synchronous tile copy, and `cp.async` into a second buffer costs only
-# shared memory, which is plentiful (27 KiB a block: shared memory would allow 8 blocks, registers
-# allow 3). More warps per SM need the 157 registers cut to 128 for a fourth block, risking spills;
-# more independent work per warp (two row tiles) needs more registers, so fewer warps. Stage 07
-# measured the first: 1.40×.
+# **Instructor's answer.** *1.* Overlap the K/V copy first. The largest stall, `long_scoreboard`
+# (21 %), is the wait for each synchronous tile copy, and `cp.async` into a second buffer costs
+# only shared memory, which is plentiful (27 KiB a block: room for 8; registers allow 3). A
+# fourth block needs the 157 registers cut to 128, risking spills; two row tiles per warp need
+# more registers, so fewer warps. Stage 07 measured the first: 1.40×.
 
 # %% [markdown]
 # **Instructor's answer.** *2.* It bounds the kernel and checks the idea: it said how much traffic
-# `mma.sync` removes (2.9·10⁷ → 1.1·10⁷ wavefronts, as measured) and how far the kernel is from its
-# busiest unit (40 % of the bound), so how much better latency hiding could buy. It cannot predict
-# the time of a latency-bound kernel; that needs the latency side (warps per SM, dependent chains,
-# synchronous loads), which the profile supplies.
+# `mma.sync` removes (2.9·10⁷ → 1.1·10⁷ wavefronts, as measured) and how far the kernel is from
+# its busiest unit (40 % of the bound), so what better latency hiding could buy. A latency-bound
+# kernel's time needs the latency side (warps per SM, dependent chains, synchronous loads), which
+# the profile supplies.
 
 # %% [markdown]
-# **Instructor's answer.** *3.* At the configs the kernel will serve, as a range with the config
+# **Instructor's answer.** *3.* At the configs the kernel will serve, as a range with the configs
 # named: over the sweep 0.62–1.00× `sdpa_flash`, median 0.73×. The teaching config is a small
-# launch (2.6 waves of blocks, 16 K/V tiles each) where prologue, epilogue and the last wave weigh
-# more; one point, any point, can flatter or understate a kernel.
+# launch (2.6 waves of blocks, 16 K/V tiles each); any one point can flatter or understate a
+# kernel.
 
 # %% [markdown]
-# **Instructor's answer.** *4.* `wgmma` takes B (and optionally A) from shared memory through a
-# descriptor, so the `ldmatrix` loads of K and V, and the registers holding their fragments, go.
-# The bank work stays in another form: its shared-memory operands must be in one of the swizzled
-# layouts it reads (a 128-byte swizzle, like stage 06's), so padding is out. The accumulator is
-# still in registers with a published layout, so the quad-shuffle softmax and P kept in registers
-# as the A operand stay.
+# **Instructor's answer.** *4.* `wgmma` reads B (and optionally A) from shared memory through a
+# descriptor, so K's and V's `ldmatrix` loads and fragment registers go. Padding goes too: its
+# shared-memory operands must be swizzled (128 bytes, like stage 06's). The accumulator keeps a
+# published register layout, so the quad-shuffle softmax and P in registers as the A operand
+# stay.
 
 # %% [markdown]
 # ## Summary
 #
-# - The PTX ISA publishes which lane holds which element of an `m16n8k16` fragment; with it the
-#   softmax runs in registers, a row's max and sum in two shuffles within a quad.
+# - Published `m16n8k16` layouts keep the softmax in registers: a row's max and sum take two
+#   quad shuffles.
 # - C's layout is A's split in two, so P is re-packed in place; only Q, K and V touch shared
-#   memory, through `ldmatrix` on rows padded by 16 bytes.
-# - Shared-memory traffic fell from 2.9·10⁷ to 1.1·10⁷ wavefronts, as counted, and the stage ran
-#   about 1.5× stage 04 — but below its predicted band.
-# - The profile explains the miss: no unit half busy, warps waiting on synchronous K/V loads and
-#   dependent instructions, with 12 warps per SM to hide it. A traffic count bounds a kernel; only
-#   latency hiding reaches the bound.
+#   memory, by `ldmatrix` on rows padded by 16 bytes.
+# - Wavefronts fell from 2.9·10⁷ to 1.1·10⁷, as counted; the stage ran about 1.5× stage 04,
+#   below its band.
+# - No unit was half busy: 12 warps per SM could not hide synchronous K/V loads and dependent
+#   instructions. A traffic count bounds a kernel; only latency hiding reaches the bound.
 
 # %%
 nb.reached("05_mma")
