@@ -708,14 +708,17 @@ def drawings(df=None, profile=None, gpu=None):
     return out
 
 
-def save_all(df=None, outdir=None, gpu=None, profile=None):
-    """Write every figure as data/figures/NAME.png; returns the paths written."""
+def save_all(df=None, outdir=None, gpu=None, profile=None, overwrite=True):
+    """Write every figure as data/figures/NAME.png; returns the paths of the figures there.
+    overwrite=False (a replay: nothing was measured) draws only the figures missing, and leaves
+    those a run recorded as they are."""
     outdir = paths.figures_dir() if outdir is None else Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, draw in drawings(df, profile, gpu).items():
         path = outdir / f"{name}.png"
-        draw().savefig(path, dpi=110, metadata={"Software": None})
+        if overwrite or not path.exists():
+            draw().savefig(path, dpi=110, metadata={"Software": None})
         written.append(path)
     return written
 

@@ -47,13 +47,15 @@ def table(df=None, gpu=None, teaching_only=True) -> str:
 
 
 def replay(out=print):
-    """Print the recorded results (one GPU: tables.gpu_shown) and draw the figures."""
+    """Print the recorded results (one GPU: tables.gpu_shown) and draw the figures that are
+    missing: nothing was measured, so the recorded ones stay as their runs drew them (a clean
+    clone stays clean)."""
     df = RESULTS.load()
     df.attrs["replay"] = True
     out(f"No CUDA GPU here: replaying the results recorded in {RESULTS.path()}, measured on "
         f"{tables.provenance(df)}.")
     out(table(df))
-    figs = plots.save_all(df)
+    figs = plots.save_all(df, overwrite=False)
     if figs:
         out("figures: " + ", ".join(str(f) for f in figs))
     return df

@@ -48,6 +48,8 @@ def assert_png(path):
 def test_run_replays_the_recorded_table(data_dir, tmp_path):
     for name in FIGURES:
         (data_dir / "figures" / name).unlink()
+    kept = {p.name: p.read_bytes() for p in (data_dir / "figures").glob("*.png")}
+    assert kept  # figures a run recorded: a replay must leave them as they are
     proc = flashlab("run", data=data_dir, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -67,6 +69,7 @@ def test_run_replays_the_recorded_table(data_dir, tmp_path):
     for name in FIGURES:
         assert_png(data_dir / "figures" / name)
     assert lines[-1].startswith("figures: ")
+    assert {name: (data_dir / "figures" / name).read_bytes() for name in kept} == kept
 
 
 def test_run_with_nothing_recorded(empty_data_dir, tmp_path):
