@@ -429,7 +429,7 @@ with nb.unless_missing():
 #
 # **What the warps wait for.** `long_scoreboard` (21 %) is the synchronous copy of each K/V tile,
 # awaited at a barrier; `wait` (20 %) a fixed wait for an arithmetic result, in chains such as
-# `mma`s accumulating into the same registers. Few warps hide them: 157 registers a thread allow
+# `mma`s accumulating into the same registers. Few warps hide them: 162 registers a thread allow
 # 3 blocks, 12 warps per SM (18 % occupancy), 3 per scheduler. Neither named risk shows: the
 # tensor pipe is mostly idle, and the K/V loads appear as latency, not as a memory-pipe throttle
 # (`lg_throttle` is 0).
@@ -524,7 +524,7 @@ labs.check("05.fragment_owner", answer)
 # `// BEGIN EXERCISE 05.online_softmax` and `// END EXERCISE 05.online_softmax`. The stub leaves P
 # as the raw scores and `l` at 0.
 #
-# **What to write:** section 4's update in registers: the new running max `m[h]`; the factor
+# **What to write:** notebook 00's online-softmax update, in registers: the new running max `m[h]`; the factor
 # `alpha` = 2^(old max − new max); the lane's scores `s[n][2h]`, `s[n][2h + 1]` replaced by P =
 # 2^(s − max) (`exp2_approx`); the lane's share of the row sum added into `l[h]`; its O values
 # `o[d][2h]`, `o[d][2h + 1]` rescaled by `alpha`. A row with no key yet (max −∞) must keep P = 0,
@@ -573,7 +573,7 @@ labs.check("05.fragment_owner", answer)
 # **Instructor's answer.** *1.* Overlap the K/V copy first. The largest stall, `long_scoreboard`
 # (21 %), is the wait for each synchronous tile copy, and `cp.async` into a second buffer costs
 # only shared memory, which is plentiful (27 KiB a block: room for 8; registers allow 3). A
-# fourth block needs the 157 registers cut to 128, risking spills; two row tiles per warp need
+# fourth block needs the 162 registers cut to 128, risking spills; two row tiles per warp need
 # more registers, so fewer warps. Stage 07 measured the first: 1.40×.
 
 # %% [markdown]
