@@ -46,6 +46,22 @@ def table(df=None, gpu=None, teaching_only=True) -> str:
     return header + "\n" + shown.to_string(index=False, formatters=fmt, na_rep="-")
 
 
+def backward_table(df=None, dtype="fp16") -> str:
+    """The backward passes at the teaching config as text (tables.backward_at_teaching): each
+    stage's beside SDPA's cuDNN backward timed in turn with it, on the GPU that recorded it; ""
+    while none is recorded."""
+    rows = tables.backward_at_teaching(df, dtype)
+    if rows.empty:
+        return ""
+    t = teaching(dtype)
+    shown = rows.rename(columns={"ms": "backward ms", "tflops": "TFLOP/s",
+                                 "baseline_ms": "cuDNN ms", "speedup": "x cuDNN"})
+    fmt = {"backward ms": "{:.3f}".format, "TFLOP/s": "{:.1f}".format,
+           "cuDNN ms": "{:.3f}".format, "x cuDNN": "{:.3f}".format}
+    return (f"backward passes, B={t.B} H={t.H} N={t.N} D={t.D} {dtype} (cuDNN's backward timed "
+            f"in turn with each):\n" + shown.to_string(index=False, formatters=fmt, na_rep="-"))
+
+
 def replay(out=print):
     """Print the recorded results (one GPU: tables.gpu_shown) and draw the figures that are
     missing: nothing was measured, so the recorded ones stay as their runs drew them (a clean
@@ -55,6 +71,9 @@ def replay(out=print):
     out(f"No CUDA GPU here: replaying the results recorded in {RESULTS.path()}, measured on "
         f"{tables.provenance(df)}.")
     out(table(df))
+    back = backward_table()
+    if back:
+        out(back)
     figs = plots.save_all(df, overwrite=False)
     if figs:
         out("figures: " + ", ".join(str(f) for f in figs))

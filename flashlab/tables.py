@@ -419,6 +419,32 @@ def timed_with(rows, slug, pass_="backward") -> pd.DataFrame:
     return rows[rows["time"] == mine["time"].max()] if len(mine) else rows.iloc[:0]
 
 
+def backward_at_teaching(df=None, dtype="fp16", baseline="sdpa_cudnn") -> pd.DataFrame:
+    """Each stage with a backward pass at the teaching config in `dtype`, on the GPU that
+    recorded its backward there: the backward's ms and TFLOP/s, and `baseline`'s backward timed
+    in turn with it (NaN where a later run has replaced that row). Columns stage, gpu, causal,
+    ms, tflops, baseline_ms, speedup (the baseline's time over the stage's); one row per stage
+    and mask. Empty while no backward is recorded."""
+    from dataclasses import replace
+    df = ok(RESULTS.load(every=True) if df is None else df)
+    out = []
+    for st in [s for s in _stages() if s.has_backward]:
+        for causal in (False, True):
+            here = at_config(df, replace(teaching(dtype), causal=causal), pass_="backward")
+            mine = here[here["stage"] == st.slug]
+            if mine.empty:
+                continue
+            mine = mine.sort_values("time").iloc[-1]
+            ran = timed_with(on_gpu(here, mine["gpu"]), st.slug)
+            theirs = ran[ran["stage"] == baseline]
+            base = float(theirs["median_ms"].iloc[-1]) if len(theirs) else float("nan")
+            out.append(dict(stage=st.slug, gpu=mine["gpu"], causal=causal, ms=mine["median_ms"],
+                            tflops=mine["tflops"], baseline_ms=base,
+                            speedup=base / mine["median_ms"]))
+    return pd.DataFrame(out, columns=["stage", "gpu", "causal", "ms", "tflops", "baseline_ms",
+                                      "speedup"])
+
+
 def recorded_checks(name=None, gpu=None) -> pd.DataFrame:
     """The recorded correctness cases (all, or one stage's, of one GPU if given)."""
     return recorded(name, gpu, CHECKS)

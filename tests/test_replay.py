@@ -12,6 +12,7 @@ import pytest
 
 matplotlib.use("Agg")  # before pyplot is imported: no screen needed
 
+import flashlab as fl  # noqa: E402
 from flashlab import cli, paths, plots, runner, tables  # noqa: E402
 from flashlab.tables import RESULTS as results  # noqa: E402
 
@@ -66,6 +67,11 @@ def test_run_replays_the_recorded_table(data_dir, tmp_path):
     for stage in teaching["stage"].unique():
         assert stage in body
     assert "Traceback" not in proc.stderr
+    # and the backward passes, each beside cuDNN's backward timed in turn with it
+    assert "backward passes, B=4 H=16 N=1024 D=64 fp16" in proc.stdout
+    for st in [s for s in fl.stages() if s.has_backward]:
+        if len(tables.backward_at_teaching().query("stage == @st.slug")):
+            assert st.slug in proc.stdout.split("backward passes")[1]
     for name in FIGURES:
         assert_png(data_dir / "figures" / name)
     assert lines[-1].startswith("figures: ")
@@ -226,6 +232,7 @@ def test_replay_in_process(data_dir):
     df = runner.replay(out=printed.append)
     assert printed[0].startswith("No CUDA GPU")
     assert printed[1] == runner.table(df)
+    assert printed[2] == runner.backward_table() and "23_tma_store_backward" in printed[2]
     assert len(df) == len(results.load())
 
 
