@@ -350,3 +350,15 @@ def test_the_lesson_splits_the_registers_as_stage_20_does():
     threads, producer, consumer = _setmaxnreg_budget(fl.stage(20).source.read_text())
     after = warpspec_backward.registers().loc["20: after setmaxnreg"]
     assert (after["a producer thread"], after["a consumer thread"]) == (producer, consumer)
+
+
+def test_the_backward_sweep_tool_refuses_a_stage_without_a_backward():
+    """tools/backward_sweep.py (the acceptance run of the Hopper backward, on a GPU): a stage with
+    no backward pass is refused in one line, before anything is built or timed."""
+    import subprocess
+    import sys
+    from flashlab import paths
+    proc = subprocess.run([sys.executable, str(paths.ROOT / "tools" / "backward_sweep.py"), "23", "13"],
+                          capture_output=True, text=True, cwd=paths.ROOT, timeout=120)
+    assert proc.returncode == 2, proc
+    assert "13_lazy_rescale has none" in proc.stderr and "Traceback" not in proc.stderr
