@@ -213,6 +213,25 @@ def test_a_trainer_stepped_by_hand_trains_as_train_does():
     assert [loss for loss, _ in by_hand] == pytest.approx(model.train("sdpa", **kw)["loss"], abs=1e-6)
 
 
+def test_a_registered_stage_trains_a_model_made_as_the_readme_says():
+    """README's recipe, on the CPU with a stand-in: AutoModelForCausalLM.from_config with the
+    registered name runs every attention layer on it, forward and backward; a config with
+    attention dropout (GPT2Config's default) is refused with a ValueError naming dropout."""
+    from transformers import AutoModelForCausalLM, GPT2Config
+    attn = DifferentiableStridedStandIn()
+    name = model.register(model.SDPA(attn), name="fl_readme_recipe")
+    small = dict(n_layer=1, n_head=1, n_embd=64, vocab_size=256, n_positions=32)
+    m = AutoModelForCausalLM.from_config(GPT2Config(attn_pdrop=0.0, **small),
+                                         attn_implementation=name).train()
+    x = torch.randint(0, 256, (2, 16))
+    m(x, labels=x, use_cache=False).loss.backward()
+    assert attn.seen and all(attn.seen)  # called, and recorded by autograd
+    assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
+    dropped = AutoModelForCausalLM.from_config(GPT2Config(**small), attn_implementation=name).train()
+    with pytest.raises(ValueError, match="dropout"):
+        dropped(x, labels=x, use_cache=False)
+
+
 def test_the_training_corpus_is_shipped_text_in_seeded_windows():
     a, b = model.corpus(64, 5, seed=1), model.corpus(64, 5, seed=1)
     assert a.shape == (5, 65) and torch.equal(a, b) and int(a.max()) < 256
