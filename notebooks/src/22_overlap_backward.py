@@ -22,7 +22,7 @@
 # **Prerequisites:** notebook 20 (the warp-specialized backward); notebook 12 (the two overlaps
 # of FlashAttention-3 in the forward); notebook 19 (the backward's five products on `wgmma`).
 #
-# **Time:** about 17 min to read, 25 min to work through.
+# **Time:** about 19 min to read, 25 min to work through.
 
 # %%
 # %matplotlib inline
@@ -151,12 +151,13 @@ with nb.unless_missing():
 # ### Discussion
 #
 # At the teaching config (fp16, B = 4, H = 16, N = 1024, D = 64) on the H200, stage 22's backward
-# ran at 303 TFLOP/s without the mask, 1.01 times stage 20 and 0.95 times cuDNN's, and at 190
+# ran at 302 TFLOP/s without the mask, 1.01 times stage 20 and 0.95 times cuDNN's, and at 188
 # TFLOP/s with it, level with both. That config is at D = 64, where the schedule is stage 20's.
 #
 # At D = 128 the prediction held, in size too: stage 22 ran 1.01–1.035 times stage 20 over the
-# sweep in fp16 and in bf16, the gain growing from N = 512 to 8k. Against cuDNN's backward it moved
-# from 0.92–1.05 to 0.93–1.08: ahead from N = 8k, and from 4k with the mask.
+# sweep, the gain growing from N = 512 to 8k. The tables above are fp16's; bf16, timed in the same
+# run, agrees within 0.01. Against cuDNN's backward it moved from 0.92–1.05 to 0.93–1.08 over
+# both dtypes (0.94–1.08 in fp16): ahead from N = 8k, and from 4k with the mask.
 #
 # At D = 64 the prediction missed. With the schedule of stage 20 it still ran 1.00–1.03 times
 # stage 20, against cuDNN 0.96–1.09. The one change there is that S^T and dP^T are committed as
@@ -166,7 +167,8 @@ with nb.unless_missing():
 # done. The profile below is the place to look for it; a kernel you did not predict deserves a
 # second measurement before you trust your story about it.
 #
-# What remains behind cuDNN is the short sequences: 0.93–0.99 up to 4k at D = 128, and
+# What remains behind cuDNN is the short sequences: 0.93–0.99 at D = 128 up to 4k without the
+# mask and up to 2k with it, and
 # 0.96–0.98 up to 2k at D = 64 without the mask. There the
 # overlap inside a query block cannot help, since what costs is a block's start and end (K and
 # V copied in, dK and dV stored), and nothing in this stage overlaps those with another
@@ -196,11 +198,11 @@ with nb.unless_missing():
 # ### Discussion
 #
 # The profile is of the teaching config, D = 64, where the schedule is stage 20's, and it shows
-# how little changed there: the kernel took 0.1172 ms against 0.1180, the tensor pipe was busy
-# 41.4 % of it against 41.0 %. The stalls barely moved either. The MIO throttle (the queue to
+# how little changed there: the kernel took 0.1180 ms against 0.1190, the tensor pipe was busy
+# 41.6 % of it against 41.1 %. The stalls barely moved either. The MIO throttle (the queue to
 # shared memory and the special-function units, where the exponentials go) fell from 10.2 % to
 # 9.6 %, the math-pipe throttle from 2.1 % to 1.7 %, and the consumers' own waits (`stall_wait`)
-# rose a little, from 15.4 % to 15.8 %. That fits the reading above: the same work, issued in a
+# rose a little, from 15.3 % to 15.9 %. That fits the reading above: the same work, issued in a
 # slightly different order. Most of both kernels' time still goes to the long scoreboard (25 %:
 # the consumers on the producer's mbarriers) and the named barriers (17 %), which this stage
 # does not touch. The overlap at D = 128 would show in the tensor pipe's share at that head dim.
@@ -255,7 +257,7 @@ with nb.unless_missing():
 
 # %% [markdown]
 # **Instructor's answer.** *2.* The tensor pipe's share of the kernel's time should rise and
-# its duration fall by about the same factor (the sweep's 2–3 % at D = 128). The stall the
+# its duration fall by about the same factor (the sweep's 1–3.5 % at D = 128). The stall the
 # overlap removes is the consumers' wait on their own groups. If the share does not move, the
 # other consumer was already filling those gaps, and the gain comes from somewhere else.
 
@@ -278,7 +280,7 @@ with nb.unless_missing():
 # - Registers decide where a schedule fits: at D = 128 it does; at D = 64, with 128-row query
 #   blocks, it would spill, and stage 20's order stays.
 # - On the H200 stage 22 ran 1.01–1.035 times stage 20 at D = 128 and 1.00–1.03 at D = 64 over the
-#   sweep, 0.93–1.09 times cuDNN's backward: ahead from 4k–8k, behind on short sequences, where a
+#   sweep, 0.93–1.09 times cuDNN's backward in fp16 and bf16: ahead from 4k–8k, behind on short sequences, where a
 #   block's start and end cost the most.
 
 # %%

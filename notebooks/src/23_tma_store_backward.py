@@ -17,7 +17,7 @@
 # **Prerequisites:** notebook 22 (the overlapped backward); notebook 12 (the TMA store of O);
 # notebook 20 (the producer and the ring of Q_i and dO_i).
 #
-# **Time:** about 17 min to read, 25 min to work through.
+# **Time:** about 18 min to read, 25 min to work through.
 
 # %%
 # %matplotlib inline
@@ -151,9 +151,11 @@ with nb.unless_missing():
 #
 # The sweep above was timed in turn with stages 18 and 22 and both SDPA backwards on the H200
 # (`data/runs/backward-18-22-23-fp16-h200-20261201T0708Z.log`, and `…-bf16-…` for bf16; every
-# gradient check passed in both dtypes, and the bits are stage 22's). At D = 128 the prediction
-# held: 1.12 at N = 512, inside the band, 1.06 at 1k, 1.02 at 4k and nothing from 8k, a gain
-# falling as 1/N, a little slower under the mask, where blocks walk fewer query blocks. At D = 64
+# gradient check passed in both dtypes, and the bits are stage 22's). At the teaching config
+# (D = 64, N = 1024) it ran 1.06 times stage 22 with and without the mask. At D = 128 the
+# prediction held: 1.12 at N = 512, about 57 µs of stage 22's 541, inside the band; 1.06 at 1k,
+# 1.02 at 4k and nothing from 8k, a gain falling as 1/N, a little slower under the mask, where
+# blocks walk fewer query blocks. At D = 64
 # it missed: 1.09 at N = 512, the low edge of the band, though section 1 put the stores there at
 # 120 µs. That number came from profiled kernel times, and stage 22's D = 64 kernel measured
 # 501 µs in one profiled run and 571–582 in others: a weak basis for a prediction. The in-turn
@@ -161,10 +163,13 @@ with nb.unless_missing():
 # noise: an earlier run (`backward-22-short-diag-h200-20261201T0352Z.log`) put the same pair at
 # 1.001.
 #
+# The machine code holds what was predicted: the backward kernel has `UTMASTG`s (four at
+# D = 128, two at D = 64) and no `STG` (`flashlab sass 23`, which needs no GPU).
+#
 # Against cuDNN's backward: 1.003–1.108 over the whole fp16 sweep and 1.003–1.110 in bf16. Stage
 # 22 was 0.93–0.99 below 8k at D = 128; stage 23 is above 1.0 at every length, though only level
-# (1.003–1.010) from 2k to 4k at D = 128. There the walk, not the block's end, sets the time, and
-# cuDNN's walk is as fast as this one.
+# (1.003–1.010) from 2k to 4k at D = 128 without the mask. There the walk, not the block's end,
+# sets the time, and cuDNN's walk is as fast as this one.
 #
 # About 85 µs of the fixed cost remain: the blocks' starts (launch, set-up, K_j and V_j in, some
 # 60 µs of the grid) and what is left of their ends. That is the next target. A persistent grid,
@@ -193,7 +198,7 @@ with nb.unless_missing():
 # section 1, warps stalled on *drain* 2.8 % of their active time and on *LG throttle* (the queue
 # to global memory full) 5.9 %. In stage 23 no store request is left (0 sectors), *drain* fell to
 # 0.1 % and *LG throttle* to 0, as predicted. What the blocks gained went to the tensor pipe, busy
-# 44.8 % of the time against 41.5; the barrier and long-scoreboard stalls rose a little, since the
+# 44.9 % of the time against 41.5; the barrier and long-scoreboard stalls rose a little, since the
 # walk is now a larger share of a shorter kernel.
 
 # %% [markdown]
