@@ -41,7 +41,8 @@ print(here)
 # A consumer warpgroup of stage 20 owns 64 keys of its block. For each query block it runs five
 # products and two pieces of arithmetic between them:
 #
-# 1. S^T = K_w Q_i^T and dP^T = V_w dO_i^T, issued together as one group;
+# 1. S^T = K_w Q_i^T and dP^T = V_w dO_i^T, issued together as one group (a commit group: the
+#    `wgmma`s issued since the last `wgmma.commit_group`; `wgmma.wait_group N` counts these);
 # 2. `wgmma.wait_group 0`: both are complete;
 # 3. P = exp2(S^T · scale · log2 e − L) and dS = P ∘ (dP^T − Δ), element by element;
 # 4. dV += P^T dO_i and dK += dS^T Q_i, with P and dS as register operands;
@@ -78,8 +79,8 @@ display(overlap_backward.live_registers())
 
 # %% [markdown]
 # At D = 128 that is 208 of the 240 registers `setmaxnreg` gives a consumer: 32 are left for
-# addresses, indices and the loop. At D = 64 a query block has 128 rows, so S^T and dP^T are
-# twice as large, and 224 leaves 16. The compiler spilled there: local-memory stores and loads
+# addresses, indices and the loop. At D = 64 a query block has 128 rows, so S^T and dP^T double
+# while dK's and dV's accumulators halve: 224 registers, which leaves 16. The compiler spilled there: local-memory stores and loads
 # in the loop. So at D = 64 the kernel waits for dP^T and goes on as stage 20 did. The
 # registers, not the idea, decide.
 #
@@ -113,10 +114,9 @@ with nb.unless_missing():
 # with its own products, if their schedules are offset. In stage 20 they are only loosely offset:
 # the two named barriers around the dS^T tile bring them back into step every query block.
 #
-# So the gap is partly filled already, and what the overlap can win is smaller. Stage 20's
-# profile gives an upper bound: the tensor pipe was busy about 40 % of the time at the teaching
-# config. Exponentials and FMAs on the other pipes are a part of the remaining 60 %, and not all
-# of them can hide.
+# So the gap is partly filled already, and what the overlap can win is smaller. In stage 20's
+# profile the tensor pipe was idle about 60 % of the time at the teaching config: at most that
+# could be reclaimed, and only the part spent on P and dS is within the overlap's reach.
 #
 # **Prediction.** Stage 22 faster than stage 20 at D = 128 by a few percent, at every N of the
 # sweep; unchanged at D = 64, where the schedule is stage 20's; the tensor pipe a little busier.

@@ -43,7 +43,8 @@ print(here)
 # at about 145 µs, a cost every block pays once. An SM runs 15.5 blocks one after another: about
 # 9 µs a block, four query blocks' worth of work.
 #
-# Two timing-only variants of stage 22 take it apart
+# Two modified copies of stage 22, used only for timing, take it apart: one whose blocks walk no
+# query block, one that skips the stores of dK and dV
 # (`data/runs/backward-22-short-diag-h200-20261201T0349Z.log`). Blocks that walk no query block
 # took 133 µs. Blocks that skip the stores of dK and dV took 330 µs against 415: the stores cost
 # 84 µs, 5.4 µs a block (72–84 µs at every N at D = 128, about 120 at N = 512, D = 64). One
@@ -84,7 +85,8 @@ display(tma_store_backward.figure())
 # 3. `fence.proxy.async`, so that the TMA (the async proxy) sees those writes;
 # 4. a second named barrier: both tiles are whole;
 # 5. one thread has the TMA write the tiles, and waits only until the TMA has *read* shared
-#    memory, which the next block may reuse. The global writes finish as the next block starts.
+#    memory: once this block's threads exit, the SM gives its shared memory to the next block.
+#    The global writes finish as the next block starts.
 #
 # The bits do not change: the same values, rounded the same way.
 #
@@ -106,7 +108,8 @@ nb.show_diff("22_overlap_backward", "23_tma_store_backward", context=1)
 # - the bytes still go to memory: 128 MiB, about 30 µs at notebook 00's 4.2 TB/s, now beside the
 #   next block's loads, which they may slow.
 #
-# So 45–70 µs saved, the same at every N (the same blocks). Over stage 22's whole backward:
+# So 84 µs less 10–15 for the new end and some of the 30 for the bytes: about 45–70 µs saved,
+# the same at every N (the same blocks). Over stage 22's whole backward:
 
 # %%
 tma_store_backward.predicted().round(3)
